@@ -1,0 +1,1 @@
+"""The `compare` CLI, launchers, metrics and normalisation maths, the results store and reports."""

@@ -1,0 +1,106 @@
+"""Paged attention in plain torch: every token's K/V is written into cache blocks, and every query reads its
+context back through its block table, so each CPU run exercises the same paging a GPU kernel uses.
+
+The flat token batch is ordered decodes first (one token per sequence) then prefill chunks. Decodes run as one
+batched call over the gathered blocks; each prefill chunk runs on its own, reading its whole context (cached
+prefix and the chunk itself) from the cache. A GPU backend implements the same `AttentionBackend` interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's new tokens in this step: rows [start, start+num_tokens) of the flat batch."""
+
+    start: int
+    num_tokens: int
+    context_len: int  # tokens of context after this chunk (cached prefix + chunk)
+    block_table: torch.Tensor  # [num_blocks] ids, long
+
+
+@dataclass
+class AttentionBatch:
+    """What attention needs to know about one forward pass, shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] long: cache slot of each token (block_id * block_size + offset)
+    num_decode: int = 0
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
+    decode_context_lens: torch.Tensor | None = None  # [num_decode] long (includes the new token)
+    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+class AttentionBackend(Protocol):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor: ...
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store each token's key and value at its slot; caches are [num_blocks, block_size, kv_heads, head_dim]."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The first `context_len` cached rows of one sequence, in order: [context_len, kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-context_len // block_size)
+    rows = cache.index_select(0, block_table[:num_blocks])
+    return rows.flatten(0, 1)[:context_len]
+
+
+def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """True where a decode query may attend: positions below its context length."""
+    positions = torch.arange(num_slots, device=context_lens.device)
+    return (positions[None, :] < context_lens[:, None])[:, None, None, :]
+
+
+class TorchPagedAttention:
+    """Reference paged attention on torch SDPA (CPU, or any device as a fallback)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        out = torch.empty_like(q)
+        nd = batch.num_decode
+        if nd:
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch, scale)
+        for chunk in batch.prefills:
+            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+            out[rows] = self._prefill(q[rows], k_cache, v_cache, chunk, scale)
+        return out
+
+    @staticmethod
+    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                scale: float) -> torch.Tensor:
+        tables = batch.decode_block_tables
+        nd, kvh, hd = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+        keys = k_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
+        values = v_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask,
+                                             scale=scale, enable_gqa=True)
+        return out.squeeze(2)
+
+    @staticmethod
+    def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk,
+                 scale: float) -> torch.Tensor:
+        n, ctx = chunk.num_tokens, chunk.context_len
+        keys = gather_context(k_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
+        values = gather_context(v_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
+        query = q.transpose(0, 1).unsqueeze(0)
+        if n == ctx:
+            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # Query i sits at absolute position ctx - n + i and sees every key up to it.
+            allowed = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
+        return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,98 @@
+"""The engine's two configuration objects: how the engine runs, and how one request samples."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
+          "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4}
+
+
+def parse_bytes(value: int | str) -> int:
+    """Parse a memory size such as 4294967296, "4GiB" or "512MB" into bytes."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(value)
+    if not match:
+        raise ValueError(f"cannot read {value!r} as a memory size (examples: 2GiB, 512MiB, 1000000)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+@dataclass
+class EngineConfig:
+    """Everything that decides how the engine loads a model and schedules work.
+
+    `model` is a checkpoint directory, a hub id, a built-in name (`smollm2-135m`) or `random:<shape>`.
+    KV memory is given either as a block count (`num_kv_blocks`) or a byte budget (`kv_cache_memory`);
+    with neither, the CPU gets enough blocks for every sequence at full length (capped at 1 GiB) and a
+    GPU gets `gpu_memory_utilization` of its memory minus what the weights and activations take.
+    """
+
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | str | None = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's own limit, capped at 4096
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    cuda_graph_batch_sizes: list[int] | None = None  # None: the default buckets up to max_num_seqs
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+
+
+@dataclass
+class SamplingParams:
+    """How one request chooses its tokens and when it stops (names and defaults as in vLLM)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k}")
+        self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

@@ -1,0 +1,253 @@
+"""The engine: requests in, tokens out, one `step()` at a time.
+
+    engine = Engine(EngineConfig(model="random:tiny", device="cpu"))
+    outs = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0.0))
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from reference_engine.block_manager import BlockManager
+from reference_engine.config import EngineConfig, SamplingParams
+from reference_engine.loader import resolve_dtype, resolve_model
+from reference_engine.model_runner import ModelRunner
+from reference_engine.sampler import Sampler
+from reference_engine.scheduler import Scheduler
+from reference_engine.sequence import RequestOutput, Sequence, Status
+from reference_engine.tokenizer import load_tokenizer
+
+log = logging.getLogger("reference_engine")
+
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_CPU_KV_BUDGET = 1024**3
+
+
+@dataclass
+class SetupReport:
+    """What starting the engine cost: phase durations (seconds) and memory (bytes)."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    num_kv_blocks: int = 0
+    kv_cache_bytes: int = 0
+    weights_bytes: int = 0
+    device: str = ""
+    dtype: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    preemptions: int
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.setup = SetupReport()
+        t0 = time.perf_counter()
+        self.device = _resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        resolved = resolve_model(config.model)
+        self.spec = resolved.spec
+        self.max_model_len = self._max_model_len(config)
+        self.tokenizer = load_tokenizer(resolved.checkpoint, self.spec, config.tokenizer)
+        t1 = time.perf_counter()
+        self._phase("resolve_model", t1 - t0, f"model {config.model} resolved, tokenizer loaded")
+        torch.manual_seed(config.seed)
+        self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,
+                                  config.seed)
+        self.setup.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+        t2 = time.perf_counter()
+        self._phase("load_weights", t2 - t1,
+                    f"weights loaded: {self.setup.weights_bytes / 2**30:.3f} GiB, {self.dtype} on {self.device}")
+        num_blocks = self._num_kv_blocks(config)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.setup.num_kv_blocks = num_blocks
+        self.setup.kv_cache_bytes = num_blocks * self.runner.kv_bytes_per_block()
+        t3 = time.perf_counter()
+        self._phase("allocate_kv_cache", t3 - t2,
+                    f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens, "
+                    f"{self.setup.kv_cache_bytes / 2**30:.3f} GiB")
+        self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler(self.spec.eos_token_ids, self.device, config.seed)
+        self.eos_token_ids = set(self.spec.eos_token_ids)
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.setup.phases["total"] = time.perf_counter() - t0
+
+    def _phase(self, name: str, seconds: float, message: str) -> None:
+        self.setup.phases[name] = seconds
+        log.info("%s in %.3f s", message, seconds)
+
+    def _max_model_len(self, config: EngineConfig) -> int:
+        spec = self.spec
+        limit = spec.max_position_embeddings
+        if spec.sliding_window:
+            limit = min(limit, spec.sliding_window)
+        if config.max_model_len is None:
+            return min(limit, DEFAULT_MAX_MODEL_LEN)
+        if config.max_model_len > limit:
+            why = "sliding-window attention is not implemented" if spec.sliding_window == limit else \
+                "the model's max_position_embeddings"
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds {limit} ({why})")
+        return config.max_model_len
+
+    def _num_kv_blocks(self, config: EngineConfig) -> int:
+        per_block = self.runner.kv_bytes_per_block()
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks
+        if config.kv_cache_memory is not None:
+            budget = int(config.kv_cache_memory)
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = total * (1.0 - config.gpu_memory_utilization)
+            budget = int(free - reserve - 2 * 1024**3)  # 2 GiB headroom for activations and graphs
+        else:
+            full = -(-self.max_model_len // config.block_size) * config.max_num_seqs * per_block
+            budget = min(full, DEFAULT_CPU_KV_BUDGET)
+        blocks = budget // per_block
+        if blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no {per_block}-byte block")
+        return blocks
+
+    # ---- requests -------------------------------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError for input the engine cannot serve exactly as asked."""
+        params = params or SamplingParams()
+        prompt = list(prompt_token_ids)
+        self._validate(prompt, params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        seq = Sequence(request_id, prompt, params, next(self._arrivals), generator)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        vocab = self.spec.vocab_size
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
+                             "which leaves no room for an output token")
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds max_model_len {self.max_model_len}")
+        need = self.block_manager.blocks_for(total)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(f"the request needs {need} KV blocks but the cache holds only "
+                             f"{self.block_manager.num_blocks}")
+        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad_stop:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad_stop[:5]}")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; None if it is unknown or already finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, "abort"
+        return RequestOutput.of(seq, [])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample; return the requests that gained a token this step."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            if self.scheduler.has_work():
+                raise RuntimeError(f"no request could be scheduled ({self.stats()}); this is an engine bug")
+            return []
+        logits, sampling = self.runner.execute(batch.items)
+        for seq, n in batch.items:
+            seq.num_computed_tokens += n
+            self.block_manager.register_full_blocks(seq)
+        if not sampling:
+            return []
+        tokens = self.sampler(logits, sampling)
+        outputs = []
+        for seq, token in zip(sampling, tokens, strict=True):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.remove(seq)
+                self._seqs.pop(seq.request_id, None)
+                seq.status, seq.finish_reason = Status.FINISHED, reason
+            outputs.append(RequestOutput.of(seq, [token]))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+            if token in params.stop_token_ids:
+                return "stop"
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def generate(self, prompts: list[list[int]] | list[str],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts (token ids, or text to encode) to completion; outputs in the order given."""
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = []
+        for prompt, p in zip(prompts, params, strict=True):
+            tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            ids.append(self.add_request(tokens, p))
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks, kv_blocks_free=bm.num_free_blocks,
+            prefix_queried_tokens=bm.prefix_queried_tokens, prefix_hit_tokens=bm.prefix_hit_tokens,
+            preemptions=self.scheduler.num_preemptions)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but no CUDA device is visible")
+    return dev

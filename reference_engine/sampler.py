@@ -1,0 +1,72 @@
+"""Token choice outside the model (and outside any CUDA graph): greedy, temperature, top-k, top-p, seeds.
+
+Random rows draw with the exponential-race trick, argmax(p / q) with q ~ Exp(1), which samples exactly from p.
+A request with its own seed draws q from its own generator, so its tokens do not depend on what else shares
+the batch; the rest draw from the engine's generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference_engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: tuple[int, ...], device: torch.device, seed: int) -> None:
+        self.eos_token_ids = list(eos_token_ids)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def stop_ids(self, seq: Sequence) -> list[int]:
+        """Tokens that end this request (and that min_tokens therefore forbids early)."""
+        ids = list(seq.params.stop_token_ids)
+        if not seq.params.ignore_eos:
+            ids += self.eos_token_ids
+        return ids
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One token per row of `logits` ([len(seqs), vocab], float32)."""
+        for row, seq in enumerate(seqs):
+            if seq.num_output_tokens < seq.params.min_tokens:
+                banned = self.stop_ids(seq)
+                if banned:
+                    logits[row, banned] = float("-inf")
+        greedy = [seq.params.greedy for seq in seqs]
+        if all(greedy):
+            return logits.argmax(dim=-1).tolist()
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, g in enumerate(greedy) if not g]
+        tokens[rows] = self._sample(logits[rows], [seqs[i] for i in rows])
+        return tokens.tolist()
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        device = logits.device
+        temperature = torch.tensor([s.params.temperature for s in seqs], device=device, dtype=logits.dtype)
+        logits = logits / temperature[:, None]
+        top_k = [s.params.top_k for s in seqs]
+        top_p = [s.params.top_p for s in seqs]
+        if any(top_k) or any(p < 1.0 for p in top_p):
+            logits = _top_k_top_p(logits, top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        q = torch.empty_like(probs)
+        shared = [i for i, s in enumerate(seqs) if s.generator is None]
+        if shared:
+            q[shared] = torch.empty(len(shared), probs.shape[1], device=device).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                q[i].exponential_(generator=seq.generator)
+        return (probs / q).argmax(dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask everything outside each row's top-k, then outside the smallest set whose mass reaches top-p."""
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)
+    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+    p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)

@@ -1,0 +1,107 @@
+"""Continuous batching: each step mixes running sequences' decodes and prefill chunks with newly admitted ones.
+
+Every step has a token budget (max_num_batched_tokens) and a sequence cap (max_num_seqs). Running sequences
+go first, oldest first; a long prompt is prefilled in chunks that fit the budget. When KV blocks run out, the
+newest running sequence is preempted: its blocks are released and it waits at the head of the queue to be
+recomputed (its blocks often still sit in the prefix cache, so the recompute is mostly cache hits).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from reference_engine.block_manager import BlockManager
+from reference_engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    """Sequences to run this step with their number of new tokens; `preempted` were sent back to waiting."""
+
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and release its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.release(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        queue = deque(self.running)
+        still_running: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n == 0:
+                still_running.append(seq)
+                continue
+            need = bm.blocks_for(seq.num_computed_tokens + n) - len(seq.block_table)
+            while need > bm.num_free_blocks and queue:
+                self._preempt(queue.pop(), batch)
+            if need > bm.num_free_blocks:
+                self._preempt(seq, batch)
+                continue
+            bm.grow(seq, seq.num_computed_tokens + n)
+            batch.items.append((seq, n))
+            still_running.append(seq)
+            budget -= n
+        self.running = still_running
+        if not batch.preempted:
+            budget = self._admit(batch, budget)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hit_blocks, hit_hashes = bm.match_prefix(seq.token_ids)
+            cached = len(hit_blocks) * bm.block_size
+            n = min(len(seq) - cached, budget)
+            if bm.admission_cost(hit_blocks, cached + n) > bm.num_free_blocks:
+                break
+            self.waiting.popleft()
+            bm.admit(seq, hit_blocks, hit_hashes, cached + n)
+            seq.num_computed_tokens = cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = min(cached, seq.prompt_len)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.items.append((seq, n))
+            budget -= n
+        return budget
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.block_manager.release(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        batch.preempted.append(seq)

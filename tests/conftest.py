@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny checkpoints made here, and the built-in SmolLM2-135M converted once per machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from checkpoints import make_checkpoint
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    """Llama 3 style (GQA, llama3 rope scaling, untied), saved as several safetensors shards with an index."""
+    return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama", shard=True)
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory) -> Path:
+    """Qwen2 style (q/k/v bias, tied embeddings), one safetensors file."""
+    return make_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("mistral"), "mistral")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from reference_engine.builtin_models import builtin_checkpoint
+
+    return builtin_checkpoint("smollm2-135m")

@@ -1,0 +1,1 @@
+"""Datasets (token-exact prompts), arrival schedules, the async load generator and per-request records."""
