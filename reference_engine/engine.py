@@ -181,6 +181,7 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; return the requests that gained a token this step."""
         batch = self.scheduler.schedule()

@@ -74,7 +74,6 @@ class ModelRunner:
         return (torch.tensor(input_ids, device=dev), torch.tensor(positions, device=dev), batch,
                 sample_rows, sample_seqs)
 
-    @torch.inference_mode()
     def execute(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; return float32 logits for the sequences that sample, in the order returned."""
         input_ids, positions, batch, sample_rows, sample_seqs = self.prepare(items)

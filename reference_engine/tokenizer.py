@@ -1,6 +1,6 @@
 """The tokenizer that goes with a model: the checkpoint's own, or a synthetic one for random weights.
 
-A random-weight model has no tokenizer of its own; the synthetic one maps token id i to the word `t{i}`, so
+A random-weight model has no tokenizer of its own; the synthetic one maps token id i to the word `<i>`, so
 any id sequence has a text form that encodes back to exactly the same ids (what workloads need to build
 token-exact prompts).
 """
@@ -28,13 +28,18 @@ def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | Non
 def synthetic_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {f"t{i}": i for i in range(spec.vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    vocab = {_word(i): i for i in range(spec.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=_word(0)))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     eos = spec.eos_token_ids[0] if spec.eos_token_ids else None
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        unk_token="t0",
-        bos_token=f"t{spec.bos_token_id}" if spec.bos_token_id is not None else None,
-        eos_token=f"t{eos}" if eos is not None else None,
+        unk_token=_word(0),
+        bos_token=_word(spec.bos_token_id) if spec.bos_token_id is not None else None,
+        eos_token=_word(eos) if eos is not None else None,
     )
+
+
+def _word(token_id: int) -> str:
+    # Bracketed, so that no word is a substring of another (special tokens match inside words).
+    return f"<{token_id}>"

@@ -1,0 +1,186 @@
+"""Engine behaviour on CPU: preemption, chunked prefill, prefix caching, sampling, aborts and bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+
+import pytest
+import torch
+
+from reference_engine import Engine, EngineConfig, SamplingParams
+from reference_engine.model_config import UnsupportedModelError
+from reference_engine.sampler import Sampler
+from reference_engine.sequence import Sequence
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def random_prompts(n: int, vocab: int, lo: int = 1, hi: int = 60) -> list[list[int]]:
+    rng = random.Random()
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def assert_nothing_held(engine: Engine) -> None:
+    stats = engine.stats()
+    assert stats.running == 0 and stats.waiting == 0
+    assert stats.kv_blocks_used == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+    assert all(block.ref_count == 0 for block in engine.block_manager.blocks)
+
+
+def test_preemption_gives_the_same_tokens_and_leaks_nothing(llama_dir):
+    prompts = random_prompts(32, 300, 5, 40)
+    ample = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32))
+    expected = [o.token_ids for o in ample.generate(prompts, GREEDY)]
+    assert ample.scheduler.num_preemptions == 0
+    # 40 blocks of 4 tokens hold 160 tokens; 32 requests of up to 64 tokens need far more.
+    tight = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32, num_kv_blocks=40))
+    got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
+    assert tight.scheduler.num_preemptions > 0
+    assert got == expected
+    assert_nothing_held(tight)
+
+
+def test_chunked_prefill_matches_one_shot_prefill(qwen2_dir):
+    prompts = random_prompts(6, 300, 20, 90)
+    whole = Engine(EngineConfig(model=str(qwen2_dir), device="cpu", max_num_batched_tokens=4096))
+    chunked = Engine(EngineConfig(model=str(qwen2_dir), device="cpu", max_num_batched_tokens=7))
+    assert [o.token_ids for o in chunked.generate(prompts, GREEDY)] == \
+        [o.token_ids for o in whole.generate(prompts, GREEDY)]
+    assert_nothing_held(chunked)
+
+
+def test_prefix_cache_hits_and_gives_the_same_tokens(llama_dir):
+    rng = random.Random()
+    stem = [rng.randrange(3, 300) for _ in range(40)]
+    prompts = [stem + [rng.randrange(3, 300) for _ in range(rng.randint(1, 10))] for _ in range(5)]
+    cold = Engine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=False))
+    warm = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=16))
+    expected = [o.token_ids for o in cold.generate(prompts, GREEDY)]
+    first = warm.generate(prompts[:1], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    rest = warm.generate(prompts[1:], GREEDY)
+    assert [first.token_ids] + [o.token_ids for o in rest] == expected
+    assert all(o.num_cached_tokens == 32 for o in rest)  # two full 16-token blocks of the 40-token stem
+    assert warm.stats().prefix_hit_tokens == 4 * 32
+
+
+def test_abort_frees_blocks_mid_generation(llama_dir):
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4))
+    ids = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in random_prompts(6, 300)]
+    for _ in range(5):
+        engine.step()
+    assert engine.stats().kv_blocks_used > 0
+    for rid in ids[::2]:
+        out = engine.abort(rid)
+        assert out.finished and out.finish_reason == "abort"
+    assert engine.abort(ids[0]) is None
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_nothing_held(engine)
+
+
+def test_stop_conditions(qwen2_dir):
+    engine = Engine(EngineConfig(model=str(qwen2_dir), device="cpu"))
+    prompt = random_prompts(1, 300, 10, 10)[0]
+    free_run = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))[0]
+    tokens = free_run.token_ids
+    stop_at = tokens[5]
+    first = tokens.index(stop_at)
+    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_at],
+                                                   ignore_eos=True))[0]
+    assert out.token_ids == tokens[:first + 1] and out.finish_reason == "stop"
+    # min_tokens forbids the stop token until enough tokens exist.
+    out = engine.generate([prompt], SamplingParams(max_tokens=20, min_tokens=first + 3, temperature=0.0,
+                                                   stop_token_ids=[stop_at], ignore_eos=True))[0]
+    assert len(out.token_ids) >= first + 3 and stop_at not in out.token_ids[:first + 2]
+    # EOS stops unless ignore_eos; treat the free run's 3rd token as EOS to force it.
+    engine.eos_token_ids = {tokens[2]}
+    engine.sampler.eos_token_ids = [tokens[2]]
+    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0))[0]
+    assert out.token_ids == tokens[:tokens.index(tokens[2]) + 1] and out.finish_reason == "stop"
+    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))[0]
+    assert out.token_ids == tokens and out.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu"))
+    prompt = random_prompts(1, 300, 12, 12)[0]
+    params = SamplingParams(max_tokens=32, temperature=1.0, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    alone = engine.generate([prompt], params)[0].token_ids
+    others = random_prompts(7, 300)
+    unseeded = SamplingParams(max_tokens=40, temperature=1.3, ignore_eos=True)
+    batch = engine.generate([*others[:3], prompt, *others[3:]], [unseeded] * 3 + [params] + [unseeded] * 4)
+    assert batch[3].token_ids == alone
+    different = engine.generate([prompt], SamplingParams(max_tokens=32, temperature=1.0, top_p=0.95, top_k=50,
+                                                         seed=4321, ignore_eos=True))[0].token_ids
+    assert different != alone
+    again = Engine(EngineConfig(model=str(llama_dir), device="cpu", seed=99)).generate([prompt], params)[0]
+    assert again.token_ids == alone
+
+
+def _sampled_frequencies(logits_row: torch.Tensor, params: SamplingParams, n: int) -> Counter:
+    sampler = Sampler((), torch.device("cpu"), seed=random.randrange(2**31))
+    seqs = [Sequence(str(i), [1], params, i, None) for i in range(n)]
+    tokens = sampler(logits_row.repeat(n, 1), seqs)
+    return Counter(tokens)
+
+
+def test_sampler_draws_from_the_filtered_distribution():
+    logits = torch.randn(12) * 2
+    n = 40000
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    freq = _sampled_frequencies(logits, SamplingParams(temperature=0.7), n)
+    for token in range(12):
+        expected = probs[token].item()
+        assert abs(freq[token] / n - expected) < 4 * (expected * (1 - expected) / n) ** 0.5 + 1e-3
+    # top-k keeps exactly the k largest; top-p the smallest prefix reaching p.
+    order = torch.argsort(logits, descending=True).tolist()
+    freq = _sampled_frequencies(logits, SamplingParams(temperature=1.0, top_k=3), 5000)
+    assert set(freq) <= set(order[:3]) and len(freq) == 3
+    sorted_probs = torch.softmax(logits, -1)[order]
+    keep = int((sorted_probs.cumsum(0) < 0.8).sum().item()) + 1
+    freq = _sampled_frequencies(logits, SamplingParams(temperature=1.0, top_p=0.8), 5000)
+    assert set(freq) <= set(order[:keep])
+    assert _sampled_frequencies(logits, SamplingParams(temperature=0.0), 10) == Counter({order[0]: 10})
+
+
+def test_bad_input_is_refused_clearly(llama_dir, tmp_path):
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=64))
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(list(range(3, 70)), SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="exceeds max_model_len"):
+        engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=30))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([], SamplingParams())
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([5, 10**6], SamplingParams())
+    for bad in (dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-5),
+                dict(min_tokens=5, max_tokens=2)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint"):
+        Engine(EngineConfig(model=str(tmp_path / "no-such-model"), device="cpu"))
+    gpt2 = tmp_path / "gpt2"
+    shutil.copytree(llama_dir, gpt2)
+    cfg = json.loads((gpt2 / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    (gpt2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        Engine(EngineConfig(model=str(gpt2), device="cpu"))
+    with pytest.raises(ValueError, match="max_model_len"):
+        Engine(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=10**6))
+    with pytest.raises(ValueError, match="unknown random shape"):
+        Engine(EngineConfig(model="random:nope", device="cpu"))
+
+
+def test_random_shapes_and_synthetic_tokenizer_round_trip():
+    engine = Engine(EngineConfig(model="random:tiny", device="cpu"))
+    ids = random_prompts(1, engine.spec.vocab_size, 30, 30)[0]
+    text = engine.tokenizer.decode(ids)
+    assert engine.tokenizer.encode(text) == ids
+    out = engine.generate([ids], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5

@@ -1,0 +1,98 @@
+"""Paged attention (through shuffled block tables) against dense causal attention on contiguous tensors."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference_engine.attention import AttentionBatch, PrefillChunk, TorchPagedAttention, decode_mask
+
+
+def dense_attention(q, k, v, scale):
+    """q: [n, H, d] queries at the last n positions of k/v [ctx, KVH, d]; plain causal softmax attention."""
+    n, heads, _ = q.shape
+    ctx, kv_heads, _ = k.shape
+    group = heads // kv_heads
+    k = k.repeat_interleave(group, dim=1).double()
+    v = v.repeat_interleave(group, dim=1).double()
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    qpos = torch.arange(ctx - n, ctx)[:, None]
+    scores = scores.masked_fill(torch.arange(ctx)[None, :] > qpos, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", F.softmax(scores, dim=-1), v)
+
+
+def scatter_into_cache(num_blocks, block_size, seqs_kv, rng):
+    """Place each sequence's K/V in randomly chosen, non-contiguous blocks; return caches and block tables."""
+    kv_heads, head_dim = seqs_kv[0][0].shape[1:]
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)  # garbage where nothing is written
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = []
+    for k, v in seqs_kv:
+        n_blocks = math.ceil(k.shape[0] / block_size)
+        table = [free.pop() for _ in range(n_blocks)]
+        tables.append(table)
+        for i in range(k.shape[0]):
+            b, off = table[i // block_size], i % block_size
+            k_cache[b, off], v_cache[b, off] = k[i], v[i]
+    return k_cache, v_cache, tables
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
+def test_decode_and_prefill_match_dense(block_size, heads, kv_heads):
+    rng = random.Random()
+    head_dim = 16
+    scale = head_dim**-0.5
+    # Ragged contexts; each sequence has some tokens already cached and some new this step.
+    specs = [(rng.randint(1, 70), 1) for _ in range(5)] + [(rng.randint(0, 40), rng.randint(2, 30)) for _ in range(4)]
+    seqs = []
+    for cached, new in specs:
+        ctx = cached + new
+        seqs.append((torch.randn(ctx, kv_heads, head_dim), torch.randn(ctx, kv_heads, head_dim),
+                     torch.randn(new, heads, head_dim), cached, new))
+    total_blocks = sum(math.ceil((c + n) / block_size) for c, n in specs) + 5
+    # The cache holds only the already-cached tokens; the new ones are written by the attention call.
+    prior = [(k[:cached], v[:cached]) for k, v, _, cached, _ in seqs]
+    placeholders = [(torch.zeros(c + n, kv_heads, head_dim), torch.zeros(c + n, kv_heads, head_dim))
+                    for c, n in specs]
+    k_cache, v_cache, tables = scatter_into_cache(total_blocks, block_size, placeholders, rng)
+    for (k_prior, v_prior), table in zip(prior, tables, strict=True):
+        for i in range(k_prior.shape[0]):
+            k_cache[table[i // block_size], i % block_size] = k_prior[i]
+            v_cache[table[i // block_size], i % block_size] = v_prior[i]
+    # Flat batch: decodes (new == 1) first, then prefill chunks.
+    q_rows, k_rows, v_rows, slots = [], [], [], []
+    prefills, decode_tables, decode_lens = [], [], []
+    for (k, v, q, cached, new), table in zip(seqs, tables, strict=True):
+        start = len(q_rows)
+        for i in range(new):
+            pos = cached + i
+            q_rows.append(q[i])
+            k_rows.append(k[pos])
+            v_rows.append(v[pos])
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        if new == 1:
+            decode_tables.append(table)
+            decode_lens.append(cached + 1)
+        else:
+            prefills.append(PrefillChunk(start, new, cached + new, torch.tensor(table)))
+    width = max(len(t) for t in decode_tables)
+    lens = torch.tensor(decode_lens)
+    batch = AttentionBatch(
+        slot_mapping=torch.tensor(slots), num_decode=len(decode_tables),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]),
+        decode_context_lens=lens, decode_mask=decode_mask(lens, width * block_size), prefills=prefills)
+    out = TorchPagedAttention().forward(torch.stack(q_rows), torch.stack(k_rows), torch.stack(v_rows),
+                                        k_cache, v_cache, batch, scale)
+    row = 0
+    for k, v, q, _cached, new in seqs:
+        ref = dense_attention(q, k, v, scale)
+        got = out[row:row + new].double()
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+        row += new
