@@ -135,7 +135,7 @@ class Engine:
         """Queue a request; raises ValueError for input the engine cannot serve exactly as asked."""
         params = params or SamplingParams()
         prompt = list(prompt_token_ids)
-        self._validate(prompt, params)
+        self.validate_request(prompt, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -147,7 +147,8 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+    def validate_request(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise ValueError, with a message fit for a client, for a request this engine cannot serve."""
         if not prompt:
             raise ValueError("the prompt is empty")
         vocab = self.spec.vocab_size

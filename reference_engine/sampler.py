@@ -25,7 +25,20 @@ class Sampler:
         return ids
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One token per row of `logits` ([len(seqs), vocab], float32)."""
+        """One token per row of `logits` ([len(seqs), vocab], float32); records logprobs where asked."""
+        tokens = self._choose(logits, seqs)
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
+        if wanted:
+            rows = torch.tensor(wanted, device=logits.device)
+            chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device)
+            logprobs = logits.index_select(0, rows).log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
+            for i, value in zip(wanted, logprobs.tolist(), strict=True):
+                seqs[i].logprobs.append(value)
+        return tokens
+
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
+            logits = logits.clone()  # the caller's logits stay raw, for logprobs
         for row, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.params.min_tokens:
                 banned = self.stop_ids(seq)

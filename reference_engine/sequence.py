@@ -34,6 +34,7 @@ class Sequence:
         self.num_cached_prompt_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        self.logprobs: list[float] = []  # one per generated token, when params.logprobs
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -62,8 +63,10 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop token), "length", "abort"
     num_cached_tokens: int = 0
+    new_logprobs: list[float] | None = None  # log-probabilities of new_token_ids, when asked for
 
     @classmethod
     def of(cls, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        logprobs = seq.logprobs[len(seq.logprobs) - len(new_token_ids):] if seq.params.logprobs else None
         return cls(seq.request_id, seq.token_ids[:seq.prompt_len], seq.output_token_ids, new_token_ids,
-                   seq.status is Status.FINISHED, seq.finish_reason, seq.num_cached_prompt_tokens)
+                   seq.status is Status.FINISHED, seq.finish_reason, seq.num_cached_prompt_tokens, logprobs)

@@ -34,3 +34,22 @@ def smollm2_dir() -> Path:
     from reference_engine.builtin_models import builtin_checkpoint
 
     return builtin_checkpoint("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(llama_dir, tmp_path_factory):
+    """Our server on the tiny Llama checkpoint (short context, so length limits are easy to hit)."""
+    from servers import reference_server
+
+    with reference_server(str(llama_dir), tmp_path_factory.mktemp("logs"), "--max-model-len", "256",
+                          "--max-num-seqs", "32", "--max-body-bytes", "65536") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir, tmp_path_factory):
+    from servers import reference_server
+
+    with reference_server(str(smollm2_dir), tmp_path_factory.mktemp("logs"), "--max-model-len", "1024",
+                          "--served-model-name", "smollm2", "--num-kv-blocks", "512") as server:
+        yield server

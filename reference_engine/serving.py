@@ -1,0 +1,80 @@
+"""What both wire protocols share: running one request and turning engine outputs into per-token events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from reference_engine.async_engine import AsyncEngine
+from reference_engine.config import SamplingParams
+from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.server_metrics import ServerMetrics
+
+
+@dataclass
+class TokenEvent:
+    """One generated token as a client sees it."""
+
+    token_id: int
+    text: str  # the text this token adds (empty while a character is incomplete or a stop string may follow)
+    logprob: float | None
+    index: int  # 1-based position among generated tokens
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string; None for EOS or length
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str]
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def generate_tokens(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
+                          request_id: str, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """Submit (the caller has already done so via `submit`) and yield one event per generated token."""
+    detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,
+                                   req.include_stop_str_in_output)
+    arrival = time.perf_counter()
+    last = arrival
+    model = metrics.model
+    metrics.prompt_tokens.labels(model).inc(len(req.prompt_ids))
+    stop_ids = set(req.params.stop_token_ids)
+    index = 0
+    async with aclosing(async_engine.stream(request_id)) as outputs:
+        async for out in outputs:
+            now = time.perf_counter()
+            for k, token in enumerate(out.new_token_ids):
+                index += 1
+                metrics.generation_tokens.labels(model).inc()
+                (metrics.ttft if index == 1 else metrics.itl).labels(model).observe(now - last)
+                last = now
+                detok.add(token)
+                done = out.finished and k == len(out.new_token_ids) - 1
+                event = TokenEvent(token, "", out.new_logprobs[k] if out.new_logprobs else None, index)
+                if detok.stop_string is not None:
+                    async_engine.abort(request_id)
+                    event.finished, event.finish_reason, event.stop_reason = True, "stop", detok.stop_string
+                elif done:
+                    event.finished, event.finish_reason = True, out.finish_reason
+                    if out.finish_reason == "stop" and token in stop_ids:
+                        event.stop_reason = token
+                event.text = detok.delta(event.finished)
+                if event.finished:
+                    metrics.e2e.labels(model).observe(now - arrival)
+                    metrics.request_success.labels(model, event.finish_reason).inc()
+                yield event
+                if event.finished:
+                    return
