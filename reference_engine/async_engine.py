@@ -42,6 +42,7 @@ class AsyncEngine:
         self._driver: asyncio.Task | None = None
         self.error: BaseException | None = None
         self.accepting = True
+        self.num_aborted = 0  # requests abandoned before they finished (client gone, stop string, shutdown)
 
     def start(self) -> None:
         self._driver = asyncio.get_running_loop().create_task(self._drive(), name="engine-driver")
@@ -86,6 +87,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         if self._queues.pop(request_id, None) is None:
             return
+        self.num_aborted += 1
         pending = [entry for entry in self._to_add if entry[0] != request_id]
         if len(pending) == len(self._to_add):
             self._to_abort.add(request_id)

@@ -284,15 +284,16 @@ async def read_json(request: web.Request) -> Any:
                             f"{exc.colno}") from exc
 
 
-def parse_body(body: Any, model: type[BaseModel]) -> Any:
+def parse_body(body: Any, model: type[BaseModel], status: int = 400) -> Any:
+    """Validate a parsed body; schema errors get `status` (OpenAI servers say 400, TGI's router 422)."""
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        raise ApiError(status, f"the request body must be a JSON object, got {type(body).__name__}")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(400, f"{where}: {first['msg']} ({exc.error_count()} error(s) in the request)",
+        raise ApiError(status, f"{where}: {first['msg']} ({exc.error_count()} error(s) in the request)",
                        where) from exc
 
 

@@ -197,7 +197,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
-    p.add_argument("--max-waiting", type=int, default=None, help="answer 503 when this many requests wait")
+    p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds running requests get on SIGTERM")
     p.add_argument("--log-level", default="INFO")

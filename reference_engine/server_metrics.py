@@ -31,6 +31,8 @@ class ServerMetrics:
                                       labels, registry=r)
         self.prefix_hits = Counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                    labels, registry=r)
+        self.aborted = Counter("reference:num_aborted_requests", "Requests abandoned before finishing "
+                               "(client disconnect, stop string, shutdown).", labels, registry=r)
         self.preemptions = Counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
                                    labels, registry=r)
         self.prompt_tokens = Counter("reference:prompt_tokens", "Prompt tokens received.", labels, registry=r)
@@ -47,6 +49,7 @@ class ServerMetrics:
         self._seen_queries = 0
         self._seen_hits = 0
         self._seen_preemptions = 0
+        self._seen_aborted = 0
 
     def render(self, async_engine: AsyncEngine, graph_buckets: int = 0, graph_pool_bytes: int = 0) -> bytes:
         """Refresh the gauges from the engine's live state, then serialise everything."""
@@ -64,4 +67,6 @@ class ServerMetrics:
         self.preemptions.labels(m).inc(stats.preemptions - self._seen_preemptions)
         self._seen_queries, self._seen_hits = stats.prefix_queried_tokens, stats.prefix_hit_tokens
         self._seen_preemptions = stats.preemptions
+        self.aborted.labels(m).inc(async_engine.num_aborted - self._seen_aborted)
+        self._seen_aborted = async_engine.num_aborted
         return generate_latest(self.registry)

@@ -132,7 +132,7 @@ class TGIRoutes:
 
     async def generate(self, request: web.Request, wrap_in_list: bool = False,
                        req: TGIRequest | None = None) -> web.Response:
-        req = req or parse_body(await read_json(request), TGIRequest)
+        req = req or parse_body(await read_json(request), TGIRequest, 422)
         start = time.perf_counter()
         _, gen, events = self._start(req)
         tokens, last = [], None
@@ -157,7 +157,7 @@ class TGIRoutes:
         return gen.params.seed if not gen.params.greedy else None
 
     async def generate_stream(self, request: web.Request, req: TGIRequest | None = None) -> web.StreamResponse:
-        req = req or parse_body(await read_json(request), TGIRequest)
+        req = req or parse_body(await read_json(request), TGIRequest, 422)
         _, gen, events = self._start(req)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "x-compute-type": self.state.compute_type,
@@ -184,7 +184,7 @@ class TGIRoutes:
         return response
 
     async def compat(self, request: web.Request) -> web.StreamResponse:
-        req = parse_body(await read_json(request), TGIRequest)
+        req = parse_body(await read_json(request), TGIRequest, 422)
         if req.stream:
             return await self.generate_stream(request, req)
         return await self.generate(request, wrap_in_list=True, req=req)

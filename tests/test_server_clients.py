@@ -105,3 +105,18 @@ def test_seeded_sampling_over_http_is_reproducible(setup):
     out = engine.generate([engine.tokenizer.encode(PROMPTS[0])],
                           SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True))[0]
     assert engine.tokenizer.decode(out.token_ids, skip_special_tokens=True) == first
+
+
+def test_stop_string_truncates_and_reports_it(setup):
+    server, engine, model = setup
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    prompt = random.choice(PROMPTS)
+    want, _ = expected_text(engine, engine.tokenizer.encode(prompt), max_tokens=24, ignore_eos=True)
+    stop = want[len(want) // 2:len(want) // 2 + 3]
+    if not stop.strip():
+        stop = want[-3:]
+    done = client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0.0, stop=[stop],
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].text == want[:want.index(stop)]
+    assert done.choices[0].finish_reason == "stop"
+    assert done.model_extra.get("choices") is None and done.choices[0].model_extra["stop_reason"] == stop
