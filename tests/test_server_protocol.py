@@ -228,16 +228,22 @@ def test_api_key(llama_dir, tmp_path, protocol):
 def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
     with reference_server(str(llama_dir), tmp_path, "--max-num-seqs", "1", "--max-waiting", "2",
                           "--max-model-len", "1024") as server:
+        async def wait_for(session, name: str, value: float) -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if _metric(await (await session.get(server.url + "/metrics")).text(), name) == value:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"{name} never reached {value}")
+
         async def main():
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": "long one", "max_tokens": 1000, "ignore_eos": True}
-                tasks = [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))
-                         for _ in range(3)]
-                while True:  # until one runs and two wait
-                    metrics = await (await session.get(server.url + "/metrics")).text()
-                    if _metric(metrics, "reference:num_requests_waiting") == 2:
-                        break
-                    await asyncio.sleep(0.02)
+                tasks = [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))]
+                await wait_for(session, "reference:num_requests_running", 1)
+                tasks += [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))
+                          for _ in range(2)]
+                await wait_for(session, "reference:num_requests_waiting", 2)
                 resp = await session.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
                 status, retry, payload = resp.status, resp.headers.get("Retry-After"), await resp.json()
                 tgi = await session.post(server.url + "/generate", json={"inputs": "x"})
