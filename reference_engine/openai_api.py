@@ -123,12 +123,9 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, with_details: bool) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                             "completion_tokens": completion_tokens}
-    if with_details:
-        usage["prompt_tokens_details"] = None
-    return usage
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens}
 
 
 class OpenAIRoutes:
@@ -193,25 +190,30 @@ class OpenAIRoutes:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason,
                       "stop_reason": last.stop_reason, "prompt_logprobs": None}
             body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [choice], "usage": _usage(len(prompt_ids), last.index, True)}
+                    "choices": [choice], "usage": {**_usage(len(prompt_ids), last.index), "prompt_tokens_details": None},
+                    "system_fingerprint": self.state.fingerprint}
             return web.json_response(body, dumps=dumps)
         options = req.stream_options or StreamOptions()
+        continuous = options.include_usage and options.continuous_usage_stats
         response = await start_sse(request)
         n_prompt = len(prompt_ids)
         async for ev in events:
             choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason,
-                      "stop_reason": ev.stop_reason}
+                      "stop_reason": ev.stop_reason, "prompt_token_ids": None, "token_ids": None}
             chunk: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
                                      "model": model, "choices": [choice]}
-            if options.include_usage:
-                chunk["usage"] = _usage(n_prompt, ev.index, True) if options.continuous_usage_stats else None
+            if continuous:
+                chunk["usage"] = _usage(n_prompt, ev.index)
             await send_event(response, chunk)
             if ev.finished and options.include_usage:
-                await send_event(response, {"id": request_id, "object": "text_completion", "created": created,
-                                            "model": model, "choices": [],
-                                            "usage": _usage(n_prompt, ev.index, False)})
+                await send_event(response, self._usage_chunk(request_id, "text_completion", created, n_prompt,
+                                                              ev.index))
         await send_done(response)
         return response
+
+    def _usage_chunk(self, request_id: str, obj: str, created: int, n_prompt: int, n_out: int) -> dict[str, Any]:
+        return {"id": request_id, "object": obj, "created": created, "model": self.state.served_model_name,
+                "choices": [], "usage": _usage(n_prompt, n_out), "system_fingerprint": self.state.fingerprint}
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         req = parse_body(await read_json(request), ChatCompletionRequest)
@@ -235,29 +237,33 @@ class OpenAIRoutes:
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": last.finish_reason,
                       "stop_reason": last.stop_reason}
             body = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [choice], "usage": _usage(n_prompt, last.index, True), "prompt_logprobs": None}
+                    "choices": [choice], "usage": {**_usage(n_prompt, last.index), "prompt_tokens_details": None},
+                    "prompt_logprobs": None, "system_fingerprint": self.state.fingerprint}
             return web.json_response(body, dumps=dumps)
         options = req.stream_options or StreamOptions()
+        continuous = options.include_usage and options.continuous_usage_stats
         response = await start_sse(request)
 
-        def chunk(delta: dict[str, Any], finish: TokenEvent | None, completion_tokens: int) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                      "finish_reason": finish.finish_reason if finish else None}
-            if finish is not None:
-                choice["stop_reason"] = finish.stop_reason
+        def chunk(choice: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
             body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
                                     "model": model, "choices": [choice]}
-            if options.include_usage and options.continuous_usage_stats:
-                body["usage"] = _usage(n_prompt, completion_tokens, False)
+            if continuous:
+                body["usage"] = {**_usage(n_prompt, completion_tokens), "completion_tokens_details": None}
             return body
 
-        await send_event(response, chunk({"role": "assistant", "content": ""}, None, 0))
+        first = chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None}, 0)
+        await send_event(response, {**first, "prompt_token_ids": None, "prompt_text": None})
         async for ev in events:
-            await send_event(response, chunk({"content": ev.text}, ev if ev.finished else None, ev.index))
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": ev.text}, "logprobs": None,
+                                      "finish_reason": ev.finish_reason}
+            if ev.finished:
+                choice["stop_reason"] = ev.stop_reason
+            choice["token_ids"] = None
+            await send_event(response, chunk(choice, ev.index))
             if ev.finished and options.include_usage:
-                await send_event(response, {"id": request_id, "object": "chat.completion.chunk",
-                                            "created": created, "model": model, "choices": [],
-                                            "usage": _usage(n_prompt, ev.index, False)})
+                await send_event(response, self._usage_chunk(request_id, "chat.completion.chunk", created,
+                                                              n_prompt, ev.index))
         await send_done(response)
         return response
 

@@ -61,6 +61,7 @@ class ServerState:
         self.eos_ids = set(self.engine.spec.eos_token_ids)
         self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []))
         self.compute_type = "gpu+optimized" if self.engine.device.type == "cuda" else "cpu"
+        self.fingerprint = f"reference-{self.version}"
 
     def submit(self, request_id: str, gen: GenerationRequest) -> None:
         if not self.async_engine.accepting:

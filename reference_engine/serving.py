@@ -39,7 +39,8 @@ class GenerationRequest:
 
 
 def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """`cmpl-` / `chatcmpl-` and 16 hex digits, as vLLM names its requests."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
 async def generate_tokens(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,

@@ -43,8 +43,11 @@ def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out_dir)
+    # head_dim 32: vLLM's CPU attention kernels support no smaller head. Llama and Mistral take head_dim from
+    # the config (so q/k/v are wider than the hidden size, which the engine must handle); Qwen2 in vLLM derives
+    # it from hidden_size / heads, so Qwen2 gets hidden 128.
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                   rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
     if family == "llama":
         # Llama 3 style: GQA, large theta, llama3 rope scaling (with a short original context so it bites).
@@ -52,7 +55,8 @@ def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: 
                              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 128})
     elif family == "qwen2":
-        config = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False)
+        config = Qwen2Config(**{**common, "hidden_size": 128}, tie_word_embeddings=True, rope_theta=1000000.0,
+                             use_sliding_window=False)
     elif family == "mistral":
         config = MistralConfig(**common, tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None)
     else:

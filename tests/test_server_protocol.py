@@ -9,13 +9,12 @@ import random
 import re
 import signal
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 import requests
 from servers import reference_server
-
-CHUNK_KEYS = ["id", "object", "created", "model", "choices"]
 
 
 def sse_events(body: bytes, prefix: bytes) -> list[bytes]:
@@ -28,45 +27,75 @@ def sse_events(body: bytes, prefix: bytes) -> list[bytes]:
     return [e[len(prefix):] for e in events]
 
 
-def test_completion_stream_framing(tiny_server):
-    body = {"prompt": "a cache block", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    raw = requests.post(tiny_server.url + "/v1/completions", json=body, timeout=60)
+DATA = Path(__file__).parent / "data"
+
+
+def json_shape(value):
+    """Keys in order and value types, recursively: what must match for a client to parse both alike."""
+    if isinstance(value, dict):
+        return [(k, json_shape(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return ["list", json_shape(value[0])] if value else ["list"]
+    return type(value).__name__
+
+
+def recorded_chunks(name: str) -> list[dict]:
+    payloads = sse_events((DATA / name).read_bytes(), b"data: ")
+    assert payloads[-1] == b"[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+def our_chunks(url: str, path: str, body: dict) -> list[dict]:
+    raw = requests.post(url + path, json=body, timeout=120)
     assert raw.status_code == 200 and raw.headers["Content-Type"].startswith("text/event-stream")
     payloads = sse_events(raw.content, b"data: ")
     assert payloads[-1] == b"[DONE]"
-    chunks = [json.loads(p) for p in payloads[:-1]]
-    assert len(chunks) == 6  # five token chunks, then the usage chunk
-    first, middle, last, usage = chunks[0], chunks[2], chunks[4], chunks[5]
-    assert list(first) == [*CHUNK_KEYS, "usage"]
-    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", first["id"]) and first["object"] == "text_completion"
-    assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
-    assert list(first["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason"]
-    assert first["choices"][0]["finish_reason"] is None and middle["choices"][0]["finish_reason"] is None
-    assert first["usage"] == {"prompt_tokens": first["usage"]["prompt_tokens"], "total_tokens":
-                              first["usage"]["prompt_tokens"] + 1, "completion_tokens": 1, "prompt_tokens_details": None}
-    assert middle["usage"]["completion_tokens"] == 3
-    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["stop_reason"] is None
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
-    assert "prompt_tokens_details" not in usage["usage"]
-    # The compact JSON has no spaces after separators and raw (unescaped) UTF-8, as pydantic writes it.
-    assert b'","object":"text_completion","created":' in payloads[0]
+    return [json.loads(p) for p in payloads[:-1]]
 
 
-def test_chat_stream_framing(tiny_server):
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    raw = requests.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=60)
-    payloads = sse_events(raw.content, b"data: ")
-    assert payloads[-1] == b"[DONE]"
-    chunks = [json.loads(p) for p in payloads[:-1]]
-    role, tokens, usage = chunks[0], chunks[1:-1], chunks[-1]
-    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None}]
-    assert list(role) == CHUNK_KEYS and role["object"] == "chat.completion.chunk"
-    assert len(tokens) == 4 and all(list(c["choices"][0]["delta"]) == ["content"] for c in tokens)
-    assert tokens[-1]["choices"][0]["finish_reason"] == "length" and "stop_reason" in tokens[-1]["choices"][0]
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+def test_completion_stream_matches_recorded_vllm(smollm2_server):
+    """Same checkpoint and request as the recorded vLLM 0.32 stream: same chunk shapes, same text per chunk
+    (empty-text chunks for tokens inside a multi-byte character included), same usage."""
+    vllm = recorded_chunks("vllm_cpu_completion_stream.txt")
+    ours = our_chunks(smollm2_server.url, "/v1/completions", {
+        "model": "smollm2", "prompt": "I love sushi 🍣 and ramen", "max_tokens": 16, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert len(ours) == len(vllm) == 17
+    for mine, theirs in zip(ours, vllm, strict=True):
+        assert json_shape(mine) == json_shape(theirs)
+        assert mine["usage"] == theirs["usage"]
+        if mine["choices"]:
+            assert mine["choices"][0]["text"] == theirs["choices"][0]["text"]
+            assert mine["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
+    assert re.fullmatch(r"cmpl-[0-9a-f]{16}", ours[0]["id"]) and len({c["id"] for c in ours}) == 1
+    assert sum(1 for c in ours if c["choices"] and c["choices"][0]["text"] == "") >= 10
+
+
+def test_chat_stream_matches_recorded_vllm(smollm2_server):
+    vllm = recorded_chunks("vllm_cpu_chat_stream.txt")
+    ours = our_chunks(smollm2_server.url, "/v1/chat/completions", {
+        "model": "smollm2", "messages": [{"role": "user", "content": "What is 'cat' in Japanese? Write it in hiragana."}],
+        "max_tokens": 64, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert len(ours) == len(vllm)
+    for mine, theirs in zip(ours, vllm, strict=True):
+        assert json_shape(mine) == json_shape(theirs)
+        assert mine["usage"] == theirs["usage"]
+        if mine["choices"]:
+            assert mine["choices"][0]["delta"] == theirs["choices"][0]["delta"]
+    assert ours[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stream_without_continuous_usage(tiny_server):
+    body = {"prompt": "a cache block", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks = our_chunks(tiny_server.url, "/v1/completions", body)
+    assert len(chunks) == 6 and all("usage" not in c for c in chunks[:5])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    plain = our_chunks(tiny_server.url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True, "stream": True})
+    assert len(plain) == 4 and all("usage" not in c for c in plain)
+    assert plain[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
 
 
 def test_tgi_stream_framing(tiny_server):
