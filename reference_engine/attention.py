@@ -3,13 +3,12 @@ context back through its block table, so each CPU run exercises the same paging 
 
 The flat token batch is ordered decodes first (one token per sequence) then prefill chunks. Decodes run as one
 batched call over the gathered blocks; each prefill chunk runs on its own, reading its whole context (cached
-prefix and the chunk itself) from the cache. A GPU backend implements the same `AttentionBackend` interface.
+prefix and the chunk itself) from the cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,13 +32,9 @@ class AttentionBatch:
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
     decode_context_lens: torch.Tensor | None = None  # [num_decode] long (includes the new token)
-    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool
+    decode_max_context: int = 0  # longest decode context (host int): bounds the GPU kernel's partitions
+    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool (torch path)
     prefills: list[PrefillChunk] = field(default_factory=list)
-
-
-class AttentionBackend(Protocol):
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor: ...
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -64,43 +59,41 @@ def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
     return (positions[None, :] < context_lens[:, None])[:, None, None, :]
 
 
-class TorchPagedAttention:
-    """Reference paged attention on torch SDPA (CPU, or any device as a fallback)."""
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                    scale: float) -> torch.Tensor:
+    """Attention of every query in the flat batch over its cached context (already written)."""
+    out = torch.empty_like(q)
+    nd = batch.num_decode
+    if nd:
+        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, batch, scale)
+    for chunk in batch.prefills:
+        rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+        out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+    return out
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
-        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        out = torch.empty_like(q)
-        nd = batch.num_decode
-        if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch, scale)
-        for chunk in batch.prefills:
-            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            out[rows] = self._prefill(q[rows], k_cache, v_cache, chunk, scale)
-        return out
 
-    @staticmethod
-    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                scale: float) -> torch.Tensor:
-        tables = batch.decode_block_tables
-        nd, kvh, hd = q.shape[0], k_cache.shape[2], k_cache.shape[3]
-        keys = k_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
-        values = v_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask,
-                                             scale=scale, enable_gqa=True)
-        return out.squeeze(2)
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                     scale: float) -> torch.Tensor:
+    tables = batch.decode_block_tables
+    nd, kvh, hd = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+    keys = k_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
+    values = v_cache[tables].view(nd, -1, kvh, hd).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask,
+                                         scale=scale, enable_gqa=True)
+    return out.squeeze(2)
 
-    @staticmethod
-    def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk,
-                 scale: float) -> torch.Tensor:
-        n, ctx = chunk.num_tokens, chunk.context_len
-        keys = gather_context(k_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
-        values = gather_context(v_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
-        query = q.transpose(0, 1).unsqueeze(0)
-        if n == ctx:
-            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            # Query i sits at absolute position ctx - n + i and sees every key up to it.
-            allowed = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
-        return out.squeeze(0).transpose(0, 1)
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk,
+                      scale: float) -> torch.Tensor:
+    """One sequence's chunk of queries over its whole context read back from the cache (prefix included)."""
+    n, ctx = chunk.num_tokens, chunk.context_len
+    keys = gather_context(k_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
+    values = gather_context(v_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
+    query = q.transpose(0, 1).unsqueeze(0)
+    if n == ctx:
+        out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # Query i sits at absolute position ctx - n + i and sees every key up to it.
+        allowed = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
+    return out.squeeze(0).transpose(0, 1)

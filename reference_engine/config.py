@@ -46,6 +46,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = None  # None: the default buckets up to max_num_seqs
+    kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
     seed: int = 0
 
     def __post_init__(self) -> None:

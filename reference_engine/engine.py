@@ -36,6 +36,9 @@ class SetupReport:
     num_kv_blocks: int = 0
     kv_cache_bytes: int = 0
     weights_bytes: int = 0
+    cuda_graph_buckets: list[int] = field(default_factory=list)
+    cuda_graph_capture_seconds: dict[int, float] = field(default_factory=dict)
+    cuda_graph_pool_bytes: int = 0
     device: str = ""
     dtype: str = ""
 
@@ -70,7 +73,7 @@ class Engine:
         self._phase("resolve_model", t1 - t0, f"model {config.model} resolved, tokenizer loaded")
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,
-                                  config.seed)
+                                  config.seed, config.kernels)
         self.setup.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
         t2 = time.perf_counter()
         self._phase("load_weights", t2 - t1,
@@ -83,6 +86,14 @@ class Engine:
         self._phase("allocate_kv_cache", t3 - t2,
                     f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens, "
                     f"{self.setup.kv_cache_bytes / 2**30:.3f} GiB")
+        if self.device.type == "cuda" and not config.enforce_eager:
+            report = self.runner.capture_cuda_graphs(config.max_num_seqs, config.cuda_graph_batch_sizes)
+            self.setup.cuda_graph_buckets = sorted(report.seconds_per_bucket)
+            self.setup.cuda_graph_capture_seconds = dict(report.seconds_per_bucket)
+            self.setup.cuda_graph_pool_bytes = report.pool_bytes
+            self._phase("capture_cuda_graphs", report.total_seconds,
+                        f"CUDA graphs captured: {len(report.seconds_per_bucket)} buckets "
+                        f"{self.setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB")
         self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -117,9 +128,12 @@ class Engine:
         if config.kv_cache_memory is not None:
             budget = int(config.kv_cache_memory)
         elif self.device.type == "cuda":
+            activations = self.runner.profile_activation_bytes(config.max_num_batched_tokens)
             free, total = torch.cuda.mem_get_info(self.device)
-            reserve = total * (1.0 - config.gpu_memory_utilization)
-            budget = int(free - reserve - 2 * 1024**3)  # 2 GiB headroom for activations and graphs
+            graphs_reserve = 0 if config.enforce_eager else 1024**3
+            budget = int(total * config.gpu_memory_utilization - (total - free) - activations - graphs_reserve)
+            log.info("memory: %.2f GiB total, %.2f GiB in use, %.2f GiB peak activations -> KV budget %.2f GiB",
+                     total / 2**30, (total - free) / 2**30, activations / 2**30, budget / 2**30)
         else:
             full = -(-self.max_model_len // config.block_size) * config.max_num_seqs * per_block
             budget = min(full, DEFAULT_CPU_KV_BUDGET)

@@ -124,10 +124,10 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
 
 
 def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dtype: torch.dtype,
-                backend, seed: int = 0) -> LlamaModel:
+                ops, seed: int = 0) -> LlamaModel:
     """Allocate the model straight on its device (no CPU copy of random weights) and fill its weights."""
     with torch.device("meta"):
-        model = LlamaModel(resolved.spec, max_len, backend)
+        model = LlamaModel(resolved.spec, max_len, ops)
     model = model.to_empty(device=device).to(dtype)
     if resolved.spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,26 +1,76 @@
 """Turns a scheduled batch into tensors, runs the model over the paged KV cache, and returns the logits to sample.
 
-The flat batch puts single-token steps (decodes) first and prefill chunks after, so a decode-only batch is a
-contiguous prefix that a CUDA graph can replay.
+The flat batch puts single-token steps (decodes) first and prefill chunks after. A decode-only batch that
+fits a captured bucket replays a CUDA graph; everything else runs eagerly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from reference_engine.attention import AttentionBatch, PrefillChunk, TorchPagedAttention, decode_mask
+from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask
+from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
 from reference_engine.loader import ResolvedModel, build_model
+from reference_engine.ops import ops_for
 from reference_engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    """One step's inputs as host lists, in flat-batch order (decodes first)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    decode_tables: list[list[int]] = field(default_factory=list)
+    decode_lens: list[int] = field(default_factory=list)
+    prefills: list[tuple[int, int, int, list[int]]] = field(default_factory=list)  # start, n, context, table
+    sample_rows: list[int] = field(default_factory=list)
+    sample_seqs: list[Sequence] = field(default_factory=list)
+
+
+def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInputs:
+    bs = block_size
+    ordered = [it for it in items if it[1] == 1] + [it for it in items if it[1] > 1]
+    step = StepInputs()
+    for seq, n in ordered:
+        start = seq.num_computed_tokens
+        table = seq.block_table
+        offset = len(step.input_ids)
+        step.input_ids.extend(seq.token_ids[start:start + n])
+        step.positions.extend(range(start, start + n))
+        step.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+        if n == 1:
+            step.decode_tables.append(table)
+            step.decode_lens.append(start + 1)
+        else:
+            step.prefills.append((offset, n, start + n, table))
+        if start + n == len(seq):
+            step.sample_rows.append(offset + n - 1)
+            step.sample_seqs.append(seq)
+    return step
 
 
 class ModelRunner:
     def __init__(self, resolved: ResolvedModel, device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 block_size: int, seed: int) -> None:
+                 block_size: int, seed: int, kernels: str = "auto") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.max_model_len = max_model_len
         self.spec = resolved.spec
-        self.backend = TorchPagedAttention()
-        self.model = build_model(resolved, max_model_len, device, dtype, self.backend, seed)
+        self.ops = ops_for(device, kernels)
+        self.model = build_model(resolved, max_model_len, device, dtype, self.ops, seed)
         self.num_blocks = 0
+        self.graphs: CUDAGraphRunner | None = None
+
+    @property
+    def num_graph_buckets(self) -> int:
+        return len(self.graphs.graphs) if self.graphs else 0
+
+    @property
+    def graph_pool_bytes(self) -> int:
+        return self.graphs.report.pool_bytes if self.graphs else 0
 
     def kv_bytes_per_block(self) -> int:
         return self.spec.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8) * self.block_size
@@ -35,50 +85,73 @@ class ModelRunner:
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.num_blocks = num_blocks
 
-    def prepare(self, items: list[tuple[Sequence, int]]
-                ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[int], list[Sequence]]:
-        """Flat input ids, positions, attention metadata, and which rows/sequences sample a token."""
-        bs = self.block_size
-        ordered = [it for it in items if it[1] == 1] + [it for it in items if it[1] > 1]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        sample_seqs: list[Sequence] = []
-        prefills: list[PrefillChunk] = []
-        num_decode = 0
-        for seq, n in ordered:
-            start = seq.num_computed_tokens
-            table = seq.block_table
-            offset = len(input_ids)
-            input_ids.extend(seq.token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            if n == 1:
-                num_decode += 1
-            else:
-                prefills.append(PrefillChunk(offset, n, start + n, torch.tensor(table, device=self.device)))
-            if start + n == len(seq):
-                sample_rows.append(offset + n - 1)
-                sample_seqs.append(seq)
-        dev = self.device
-        batch = AttentionBatch(slot_mapping=torch.tensor(slots, device=dev), num_decode=num_decode,
-                               prefills=prefills)
-        if num_decode:
-            decodes = [seq for seq, _ in ordered[:num_decode]]
-            width = max(len(seq.block_table) for seq in decodes)
-            tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in decodes]
-            batch.decode_block_tables = torch.tensor(tables, device=dev)
-            batch.decode_context_lens = torch.tensor([seq.num_computed_tokens + 1 for seq in decodes], device=dev)
-            batch.decode_mask = decode_mask(batch.decode_context_lens, width * bs)
-        return (torch.tensor(input_ids, device=dev), torch.tensor(positions, device=dev), batch,
-                sample_rows, sample_seqs)
+    @torch.inference_mode()
+    def profile_activation_bytes(self, max_num_batched_tokens: int) -> int:
+        """Peak memory of the largest step the scheduler may run (a prefill of max_num_batched_tokens, split
+        into sequences of at most max_model_len), beyond weights and its own small KV cache; measured, not
+        estimated, so the KV cache can take the rest of the GPU."""
+        lengths = []
+        left = max_num_batched_tokens
+        while left > 0:
+            lengths.append(min(left, self.max_model_len))
+            left -= lengths[-1]
+        blocks = [-(-n // self.block_size) for n in lengths]
+        self.allocate_kv_cache(sum(blocks))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        step, first = StepInputs(), 0
+        for n, nb in zip(lengths, blocks, strict=True):
+            table = list(range(first, first + nb))
+            offset = len(step.input_ids)
+            step.input_ids.extend([1] * n)
+            step.positions.extend(range(n))
+            step.slots.extend(table[p // self.block_size] * self.block_size + p % self.block_size for p in range(n))
+            step.prefills.append((offset, n, n, table))
+            step.sample_rows.append(offset + n - 1)
+            first += nb
+        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
+                            torch.tensor(step.positions, device=self.device), self.attention_batch(step))
+        self.model.logits(hidden[torch.tensor(step.sample_rows, device=self.device)])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.allocate_kv_cache(0)
+        torch.cuda.empty_cache()
+        return peak
+
+    def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None) -> CaptureReport:
+        self.graphs = CUDAGraphRunner(self.model, self.max_model_len, self.block_size, self.device)
+        return self.graphs.capture(graph_batch_sizes(max_num_seqs, sizes))
 
     def execute(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; return float32 logits for the sequences that sample, in the order returned."""
-        input_ids, positions, batch, sample_rows, sample_seqs = self.prepare(items)
-        hidden = self.model(input_ids, positions, batch)
-        if not sample_rows:
+        step = step_inputs(items, self.block_size)
+        if self.graphs is not None and not step.prefills and self.graphs.bucket_for(len(step.input_ids)):
+            logits = self.graphs.run(step.input_ids, step.positions, step.slots, step.decode_tables,
+                                     step.decode_lens)
+            rows = step.sample_rows
+            if len(rows) < logits.shape[0]:
+                logits = logits[torch.tensor(rows, device=self.device)]
+            return logits, step.sample_seqs
+        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
+                            torch.tensor(step.positions, device=self.device), self.attention_batch(step))
+        if not step.sample_rows:
             return torch.empty(0, self.spec.vocab_size, device=self.device), []
-        rows = torch.tensor(sample_rows, device=self.device)
-        return self.model.logits(hidden.index_select(0, rows)), sample_seqs
+        rows = torch.tensor(step.sample_rows, device=self.device)
+        return self.model.logits(hidden.index_select(0, rows)), step.sample_seqs
+
+    def attention_batch(self, step: StepInputs) -> AttentionBatch:
+        dev = self.device
+        batch = AttentionBatch(slot_mapping=torch.tensor(step.slots, device=dev),
+                               num_decode=len(step.decode_lens),
+                               prefills=[PrefillChunk(start, n, ctx, torch.tensor(table, device=dev))
+                                         for start, n, ctx, table in step.prefills])
+        if step.decode_lens:
+            width = max(len(t) for t in step.decode_tables)
+            tables = [t + [0] * (width - len(t)) for t in step.decode_tables]
+            batch.decode_block_tables = torch.tensor(tables, device=dev, dtype=torch.int32)
+            batch.decode_context_lens = torch.tensor(step.decode_lens, device=dev, dtype=torch.int32)
+            batch.decode_max_context = max(step.decode_lens)
+            if self.ops.name == "torch":
+                batch.decode_mask = decode_mask(batch.decode_context_lens, width * self.block_size)
+        return batch

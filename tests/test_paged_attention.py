@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_engine.attention import AttentionBatch, PrefillChunk, TorchPagedAttention, decode_mask
+from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask, write_kv
+from reference_engine.ops import TorchOps
 
 
 def dense_attention(q, k, v, scale):
@@ -43,9 +44,27 @@ def scatter_into_cache(num_blocks, block_size, seqs_kv, rng):
     return k_cache, v_cache, tables
 
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(params=["torch", "triton"])
+def ops(request):
+    """Both implementations; Triton runs compiled on a GPU and under its interpreter on the CPU."""
+    if request.param == "torch":
+        return TorchOps()
+    pytest.importorskip("triton")
+    from reference_engine.triton_ops import TritonOps
+
+    return TritonOps()
+
+
+DTYPES = [torch.float32, torch.bfloat16] if DEVICE.type == "cuda" else [torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [1, 7, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
-def test_decode_and_prefill_match_dense(block_size, heads, kv_heads):
+def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype):
     rng = random.Random()
     head_dim = 16
     scale = head_dim**-0.5
@@ -83,16 +102,26 @@ def test_decode_and_prefill_match_dense(block_size, heads, kv_heads):
         else:
             prefills.append(PrefillChunk(start, new, cached + new, torch.tensor(table)))
     width = max(len(t) for t in decode_tables)
-    lens = torch.tensor(decode_lens)
+    dev = DEVICE
+    lens = torch.tensor(decode_lens, dtype=torch.int32, device=dev)
+    for chunk in prefills:
+        chunk.block_table = chunk.block_table.to(dev)
     batch = AttentionBatch(
-        slot_mapping=torch.tensor(slots), num_decode=len(decode_tables),
-        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]),
-        decode_context_lens=lens, decode_mask=decode_mask(lens, width * block_size), prefills=prefills)
-    out = TorchPagedAttention().forward(torch.stack(q_rows), torch.stack(k_rows), torch.stack(v_rows),
-                                        k_cache, v_cache, batch, scale)
+        slot_mapping=torch.tensor(slots, device=dev), num_decode=len(decode_tables),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.int32,
+                                         device=dev),
+        decode_context_lens=lens, decode_max_context=max(decode_lens),
+        decode_mask=decode_mask(lens, width * block_size), prefills=prefills)
+    k_cache, v_cache = k_cache.to(dev, dtype), v_cache.to(dev, dtype)
+    write_kv(k_cache, v_cache, torch.stack(k_rows).to(dev, dtype), torch.stack(v_rows).to(dev, dtype),
+             batch.slot_mapping)
+    out = ops.attend(torch.stack(q_rows).to(dev, dtype), k_cache, v_cache, batch, scale).cpu()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     row = 0
     for k, v, q, _cached, new in seqs:
+        # The reference sees the same (rounded) inputs the kernels see.
+        k, v, q = (t.to(dtype).double() for t in (k, v, q))
         ref = dense_attention(q, k, v, scale)
         got = out[row:row + new].double()
-        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+        assert torch.allclose(got, ref, rtol=tol, atol=tol), (got - ref).abs().max()
         row += new

@@ -1,0 +1,121 @@
+"""CUDA-graph capture and replay of decode steps.
+
+One graph per padded batch-size bucket, captured largest first into one shared memory pool (the smaller
+graphs reuse the largest one's activation memory). Inputs live in static buffers; a batch of n sequences
+replays the smallest bucket >= n, and the padded rows use slot -1 (their K/V are written nowhere) and a
+one-token context. Attention is launched for max_model_len so one capture serves every context length.
+The LM head runs inside the graph; sampling runs outside it. Capture time per bucket and the pool's memory
+are measured for the setup report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from reference_engine.attention import AttentionBatch
+from reference_engine.model import LlamaModel
+
+log = logging.getLogger("reference_engine")
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
+
+
+def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> list[int]:
+    """Buckets 1, 2, 4, 8, 16, 24, 32, then steps of 16 up to max_num_seqs (or the sizes given)."""
+    sizes = explicit or [*DEFAULT_BUCKETS, *range(48, max_num_seqs + 1, 16)]
+    return sorted({s for s in sizes if 1 <= s <= max_num_seqs})
+
+
+@dataclass
+class CaptureReport:
+    seconds_per_bucket: dict[int, float] = field(default_factory=dict)
+    pool_bytes_per_bucket: dict[int, int] = field(default_factory=dict)  # pool growth when capturing each
+    total_seconds: float = 0.0
+    pool_bytes: int = 0
+
+
+class CUDAGraphRunner:
+    def __init__(self, model: LlamaModel, max_model_len: int, block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self.device = device
+        self.max_blocks = -(-max_model_len // block_size)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.report = CaptureReport()
+        self.max_batch = 0
+
+    def _alloc(self, max_batch: int) -> None:
+        dev = self.device
+        self.max_batch = max_batch
+        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=dev)
+        self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        # Host staging for one step's inputs, pinned so the copies are asynchronous.
+        self.host_rows = torch.zeros(3, max_batch, dtype=torch.long, pin_memory=True)
+        self.host_lens = torch.ones(max_batch, dtype=torch.int32, pin_memory=True)
+        self.host_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=True)
+
+    def _batch(self, size: int) -> AttentionBatch:
+        return AttentionBatch(slot_mapping=self.slot_mapping[:size], num_decode=size,
+                              decode_block_tables=self.block_tables[:size],
+                              decode_context_lens=self.context_lens[:size], decode_max_context=self.max_model_len)
+
+    def _forward(self, size: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self._batch(size))
+        return self.model.logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self, sizes: list[int]) -> CaptureReport:
+        self._alloc(max(sizes))
+        pool = torch.cuda.graph_pool_handle()
+        start = time.perf_counter()
+        for size in sorted(sizes, reverse=True):
+            t0 = time.perf_counter()
+            reserved = torch.cuda.memory_reserved(self.device)
+            self._forward(size)  # warm-up: compiles kernels and sizes workspaces outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[size] = self._forward(size)
+            torch.cuda.synchronize(self.device)
+            self.graphs[size] = graph
+            self.report.seconds_per_bucket[size] = time.perf_counter() - t0
+            self.report.pool_bytes_per_bucket[size] = torch.cuda.memory_reserved(self.device) - reserved
+        self.report.total_seconds = time.perf_counter() - start
+        self.report.pool_bytes = sum(self.report.pool_bytes_per_bucket.values())
+        return self.report
+
+    def bucket_for(self, n: int) -> int | None:
+        for size in sorted(self.graphs):
+            if size >= n:
+                return size
+        return None
+
+    def run(self, input_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+            context_lens: list[int]) -> torch.Tensor:
+        """Replay the bucket that fits these n decode rows; returns logits [n, vocab] (a view, valid until
+        the next replay)."""
+        n = len(input_ids)
+        size = self.bucket_for(n)
+        rows, lens, host_tables = self.host_rows, self.host_lens, self.host_tables
+        rows[:, :n] = torch.tensor([input_ids, positions, slots])
+        rows[2, n:size] = -1  # padded rows: no cache write, a one-token context over block 0
+        lens[:n] = torch.tensor(context_lens, dtype=torch.int32)
+        lens[n:size] = 1
+        width = max(len(t) for t in tables)
+        host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        host_tables[n:size, :width] = 0
+        self.input_ids[:size].copy_(rows[0, :size], non_blocking=True)
+        self.positions[:size].copy_(rows[1, :size], non_blocking=True)
+        self.slot_mapping[:size].copy_(rows[2, :size], non_blocking=True)
+        self.context_lens[:size].copy_(lens[:size], non_blocking=True)
+        self.block_tables[:size, :width].copy_(host_tables[:size, :width], non_blocking=True)
+        self.graphs[size].replay()
+        return self.logits[size][:n]

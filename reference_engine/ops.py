@@ -1,0 +1,76 @@
+"""The model's hot-path operations, in plain torch: the reference every faster implementation is checked
+against, and what runs on the CPU. `ops_for(device)` picks Triton kernels on CUDA (reference_engine/triton_ops.py).
+
+Numerics follow Hugging Face's Llama step for step (normalise in float32, round, then scale; rotary tables in
+float32 cast to the activation dtype), so logits agree with transformers to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference_engine import attention
+from reference_engine.attention import AttentionBatch
+
+
+class TorchOps:
+    """Reference implementations; each method is one step of a decoder layer."""
+
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(dtype)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
+        summed = x + residual
+        return self.rms_norm(summed, weight, eps), summed
+
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """Split fused q/k/v, rotate q and k, store k and v in the cache; return rotated q [T, heads, dim]."""
+        head_dim = k_cache.shape[-1]
+        q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+        q = q.view(-1, num_heads, head_dim)
+        k = k.view(-1, num_kv_heads, head_dim)
+        v = v.view(-1, num_kv_heads, head_dim)
+        c = cos[positions].to(q.dtype).unsqueeze(1)
+        s = sin[positions].to(q.dtype).unsqueeze(1)
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        attention.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+               scale: float) -> torch.Tensor:
+        return attention.paged_attention(q, k_cache, v_cache, batch, scale)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+Ops = TorchOps  # the interface every implementation follows
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def ops_for(device: torch.device, kernels: str = "auto") -> TorchOps:
+    """`auto`: Triton kernels on CUDA (imported only there), torch elsewhere; or `torch` / `triton` forced
+    (Triton on the CPU needs TRITON_INTERPRET=1)."""
+    if kernels not in ("auto", "torch", "triton"):
+        raise ValueError(f"kernels must be auto, torch or triton, got {kernels!r}")
+    if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):
+        from reference_engine.triton_ops import TritonOps
+
+        return TritonOps()
+    return TorchOps()

@@ -1,0 +1,161 @@
+"""Triton kernels for the decode hot path. Each is checked against the torch reference in `ops.py`.
+
+- paged decode attention, split over the context (flash-decoding): one program per (sequence, kv head,
+  context partition) handles every query head of its GQA group, then a second kernel merges the partitions by
+  their log-sum-exp;
+- rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
+  slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
+- RMSNorm, with the residual add fused in;
+- SiLU(gate) * up.
+
+Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
+give bit-identical results and the norms match Hugging Face's arithmetic.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, scale,
+    stride_qt, stride_qh,
+    stride_cb, stride_ct, stride_ch,
+    stride_bt,
+    stride_ot, stride_oh, stride_os,
+    stride_lt, stride_lh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    start = part * PARTITION
+    if start < ctx:
+        end = tl.minimum(start + PARTITION, ctx)
+        offs_g = tl.arange(0, GROUP_P2)
+        offs_d = tl.arange(0, HEAD_DIM)
+        heads = kv_head * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None], other=0.0).to(tl.float32)
+        m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_P2], tl.float32)
+        acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
+        for n0 in range(0, PARTITION, BLOCK_N):  # fixed trip count; tokens past `end` are masked off
+            offs_n = start + n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+            row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+            k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(part_out_ptr + seq * stride_ot + heads[:, None] * stride_oh + part * stride_os + offs_d[None, :],
+                 out, mask=g_mask[:, None])
+        tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
+
+
+@triton.jit
+def _merge_partitions_kernel(
+    part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
+    stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
+    HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + seq)
+    n_parts = tl.cdiv(ctx, PARTITION)
+    offs_p = tl.arange(0, MAX_PARTS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    p_mask = offs_p < n_parts
+    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask, other=float("-inf"))
+    weight = tl.exp(lse - tl.max(lse, axis=0))
+    weight = tl.where(p_mask, weight, 0.0)
+    weight = weight / tl.sum(weight, axis=0)
+    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os + offs_d[None, :],
+                    mask=p_mask[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], axis=0)
+    tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    qkv_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
+    stride_qkv, stride_cos, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    half: tl.constexpr = HEAD_DIM // 2
+    pos = tl.load(positions_ptr + t)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rot_d = (offs_d + half) % HEAD_DIM  # partner of each element in rotate_half
+    sign = tl.where(offs_d < half, -1.0, 1.0)
+    row = qkv_ptr + t * stride_qkv
+    dtype = q_out_ptr.dtype.element_ty
+    cos = tl.load(cos_ptr + pos * stride_cos + offs_d).to(dtype)
+    sin = tl.load(sin_ptr + pos * stride_cos + offs_d).to(dtype)
+    # q: rotated, written out. Products and sum round like torch's bf16 ops: x*cos, rot*sin, then the add.
+    offs_h = tl.arange(0, HEADS_P2)
+    h_mask = offs_h[:, None] < NUM_HEADS
+    q = tl.load(row + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=h_mask, other=0.0)
+    q_rot = tl.load(row + offs_h[:, None] * HEAD_DIM + rot_d[None, :], mask=h_mask, other=0.0)
+    q_new = (q * cos[None, :]).to(dtype) + ((q_rot * sign[None, :]).to(dtype) * sin[None, :]).to(dtype)
+    tl.store(q_out_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], q_new.to(dtype), mask=h_mask)
+    slot = tl.load(slots_ptr + t)
+    if slot >= 0:
+        dest = (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+        offs_k = tl.arange(0, KV_HEADS_P2)
+        k_mask = offs_k[:, None] < NUM_KV_HEADS
+        k_base = row + NUM_HEADS * HEAD_DIM
+        k = tl.load(k_base + offs_k[:, None] * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
+        k_rot = tl.load(k_base + offs_k[:, None] * HEAD_DIM + rot_d[None, :], mask=k_mask, other=0.0)
+        k_new = (k * cos[None, :]).to(dtype) + ((k_rot * sign[None, :]).to(dtype) * sin[None, :]).to(dtype)
+        cache_off = dest + offs_k[:, None] * stride_ch + offs_d[None, :]
+        tl.store(k_cache_ptr + cache_off, k_new.to(dtype), mask=k_mask)
+        v = tl.load(k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
+        tl.store(v_cache_ptr + cache_off, v, mask=k_mask)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_r, stride_o, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    dtype = x.dtype
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the add rounds to the activation dtype, as torch's
+        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    normed = (xf * tl.rsqrt(var + eps)).to(dtype)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + offs, (w.to(tl.float32) * normed.to(tl.float32)).to(dtype), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = col < n_cols
+    gate = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + n_cols + col, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    tl.store(out_ptr + row * stride_o + col, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)

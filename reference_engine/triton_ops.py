@@ -1,0 +1,99 @@
+"""Triton implementations of the model's hot-path operations (CUDA; imported only there, or on the CPU under
+TRITON_INTERPRET=1 for tests). Prefill attention stays on torch SDPA, which runs FlashAttention kernels on
+the GPU; it reads the whole context, cached prefix included, back from the paged cache."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from reference_engine import attention, triton_kernels
+from reference_engine.attention import AttentionBatch
+from reference_engine.ops import TorchOps
+
+PARTITION = 128  # context tokens per decode program: small enough that batch 1 still fills the GPU
+
+
+def _decode_block_n(group_p2: int, head_dim: int) -> int:
+    """Context tokens per inner step, keeping the [group, tokens, head_dim] product tile at 8K elements."""
+    return max(8, min(64, 8192 // (group_p2 * head_dim)))
+
+
+class TritonOps(TorchOps):
+    name = "triton"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        rows, cols = x.shape
+        triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), cols,
+                                                 eps, HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(cols))
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
+        out = torch.empty_like(x)
+        rows, cols = x.shape
+        triton_kernels._rms_norm_kernel[(rows,)](x, residual, weight, out, x.stride(0), residual.stride(0),
+                                                 out.stride(0), cols, eps, HAS_RESIDUAL=True,
+                                                 BLOCK=triton.next_power_of_2(cols))
+        return out, residual
+
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        tokens = qkv.shape[0]
+        head_dim = k_cache.shape[-1]
+        q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        triton_kernels._rope_write_kv_kernel[(tokens,)](
+            qkv, positions, cos, sin, q, k_cache, v_cache, slot_mapping,
+            qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
+            HEADS_P2=triton.next_power_of_2(num_heads), KV_HEADS_P2=triton.next_power_of_2(num_kv_heads),
+            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1])
+        return q
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+               scale: float) -> torch.Tensor:
+        out = torch.empty_like(q)
+        nd = batch.num_decode
+        if nd:
+            self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
+                                  batch.decode_max_context, scale, out[:nd])
+        for chunk in batch.prefills:
+            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+            out[rows] = attention.prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+        return out
+
+    @staticmethod
+    def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                         context_lens: torch.Tensor, max_context: int, scale: float, out: torch.Tensor) -> None:
+        """One query token per sequence over its paged context; `max_context` bounds the partitions launched
+        (a CUDA graph passes max_model_len, so one capture serves every length)."""
+        seqs, heads, head_dim = q.shape
+        kv_heads = k_cache.shape[2]
+        group = heads // kv_heads
+        group_p2 = triton.next_power_of_2(group)
+        parts = triton.cdiv(max_context, PARTITION)
+        part_out = torch.empty(seqs, heads, parts, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(seqs, heads, parts, dtype=torch.float32, device=q.device)
+        triton_kernels._decode_partition_kernel[(seqs, kv_heads, parts)](
+            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, scale,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, GROUP_P2=group_p2, PARTITION=PARTITION,
+            BLOCK_N=_decode_block_n(group_p2, head_dim))
+        triton_kernels._merge_partitions_kernel[(seqs, heads)](
+            part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, PARTITION=PARTITION, MAX_PARTS=triton.next_power_of_2(parts))
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        rows, double = gate_up.shape
+        cols = double // 2
+        out = torch.empty(rows, cols, dtype=gate_up.dtype, device=gate_up.device)
+        block = 1024
+        triton_kernels._silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](
+            gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block)
+        return out
