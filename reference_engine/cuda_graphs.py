@@ -52,14 +52,14 @@ class CUDAGraphRunner:
     def _alloc(self, max_batch: int) -> None:
         dev = self.device
         self.max_batch = max_batch
-        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=dev)
+        # Token ids, positions, slots and context lengths share one buffer: one host-to-device copy a step.
+        self.rows = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
+        self.rows[2] = -1
+        self.rows[3] = 1
+        self.input_ids, self.positions, self.slot_mapping, self.context_lens = self.rows.unbind(0)
         self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
-        self.context_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
-        # Host staging for one step's inputs, pinned so the copies are asynchronous.
-        self.host_rows = torch.zeros(3, max_batch, dtype=torch.long, pin_memory=True)
-        self.host_lens = torch.ones(max_batch, dtype=torch.int32, pin_memory=True)
+        # Host staging, pinned so that the copies are asynchronous.
+        self.host_rows = torch.zeros(4, max_batch, dtype=torch.long, pin_memory=True)
         self.host_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=True)
 
     def _batch(self, size: int) -> AttentionBatch:
@@ -78,6 +78,7 @@ class CUDAGraphRunner:
         start = time.perf_counter()
         for size in sorted(sizes, reverse=True):
             t0 = time.perf_counter()
+            torch.cuda.empty_cache()  # what stays reserved after this is the graphs' pool (and their outputs)
             reserved = torch.cuda.memory_reserved(self.device)
             self._forward(size)  # warm-up: compiles kernels and sizes workspaces outside the capture
             torch.cuda.synchronize(self.device)
@@ -85,6 +86,7 @@ class CUDAGraphRunner:
             with torch.cuda.graph(graph, pool=pool):
                 self.logits[size] = self._forward(size)
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
             self.graphs[size] = graph
             self.report.seconds_per_bucket[size] = time.perf_counter() - t0
             self.report.pool_bytes_per_bucket[size] = torch.cuda.memory_reserved(self.device) - reserved
@@ -104,18 +106,14 @@ class CUDAGraphRunner:
         the next replay)."""
         n = len(input_ids)
         size = self.bucket_for(n)
-        rows, lens, host_tables = self.host_rows, self.host_lens, self.host_tables
-        rows[:, :n] = torch.tensor([input_ids, positions, slots])
+        rows, host_tables = self.host_rows, self.host_tables
+        rows[:, :n] = torch.tensor([input_ids, positions, slots, context_lens])
         rows[2, n:size] = -1  # padded rows: no cache write, a one-token context over block 0
-        lens[:n] = torch.tensor(context_lens, dtype=torch.int32)
-        lens[n:size] = 1
+        rows[3, n:size] = 1
         width = max(len(t) for t in tables)
         host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         host_tables[n:size, :width] = 0
-        self.input_ids[:size].copy_(rows[0, :size], non_blocking=True)
-        self.positions[:size].copy_(rows[1, :size], non_blocking=True)
-        self.slot_mapping[:size].copy_(rows[2, :size], non_blocking=True)
-        self.context_lens[:size].copy_(lens[:size], non_blocking=True)
+        self.rows[:, :size].copy_(rows[:, :size], non_blocking=True)
         self.block_tables[:size, :width].copy_(host_tables[:size, :width], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:n]

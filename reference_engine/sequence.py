@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 import torch
 
@@ -52,21 +51,47 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
 
-@dataclass
 class RequestOutput:
-    """A request's tokens so far; `new_token_ids` are those the last step added."""
+    """A request's state after a step; `new_token_ids` are the tokens that step added.
 
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop token), "length", "abort"
-    num_cached_tokens: int = 0
-    new_logprobs: list[float] | None = None  # log-probabilities of new_token_ids, when asked for
+    Token lists are sliced from the sequence only when read (a step must not copy every prompt), at the
+    length the sequence had when this output was made, so an output never changes after the fact."""
+
+    __slots__ = (
+        "_length",
+        "_seq",
+        "finish_reason",
+        "finished",
+        "new_logprobs",
+        "new_token_ids",
+        "num_cached_tokens",
+        "request_id",
+    )
+
+    def __init__(self, seq: Sequence, new_token_ids: list[int]) -> None:
+        self._seq = seq
+        self._length = len(seq.token_ids)
+        self.request_id = seq.request_id
+        self.new_token_ids = new_token_ids
+        self.finished = seq.status is Status.FINISHED
+        self.finish_reason: str | None = seq.finish_reason  # "stop" (EOS or stop token), "length", "abort"
+        self.num_cached_tokens = seq.num_cached_prompt_tokens
+        n = len(new_token_ids)
+        self.new_logprobs = seq.logprobs[len(seq.logprobs) - n:] if seq.params.logprobs else None
 
     @classmethod
     def of(cls, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
-        logprobs = seq.logprobs[len(seq.logprobs) - len(new_token_ids):] if seq.params.logprobs else None
-        return cls(seq.request_id, seq.token_ids[:seq.prompt_len], seq.output_token_ids, new_token_ids,
-                   seq.status is Status.FINISHED, seq.finish_reason, seq.num_cached_prompt_tokens, logprobs)
+        return cls(seq, new_token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self._seq.token_ids[:self._seq.prompt_len]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Generated tokens so far."""
+        return self._seq.token_ids[self._seq.prompt_len:self._length]
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
+                f"finished={self.finished}, finish_reason={self.finish_reason!r})")

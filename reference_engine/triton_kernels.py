@@ -20,14 +20,16 @@ import triton.language as tl
 
 @triton.jit
 def _decode_partition_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, scale,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
+    scale,
     stride_qt, stride_qh,
     stride_cb, stride_ct, stride_ch,
     stride_bt,
     stride_ot, stride_oh, stride_os,
     stride_lt, stride_lh,
+    stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,9 +63,13 @@ def _decode_partition_kernel(
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             m_i = m_new
         out = acc / l_i[:, None]
-        tl.store(part_out_ptr + seq * stride_ot + heads[:, None] * stride_oh + part * stride_os + offs_d[None, :],
-                 out, mask=g_mask[:, None])
-        tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
+        if SINGLE:  # one partition covers the context: this is the answer, no merge needed
+            tl.store(out_ptr + seq * stride_yt + heads[:, None] * stride_yh + offs_d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        else:
+            tl.store(part_out_ptr + seq * stride_ot + heads[:, None] * stride_oh + part * stride_os
+                     + offs_d[None, :], out, mask=g_mask[:, None])
+            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
 
 
 @triton.jit

@@ -11,12 +11,19 @@ from reference_engine import attention, triton_kernels
 from reference_engine.attention import AttentionBatch
 from reference_engine.ops import TorchOps
 
-PARTITION = 128  # context tokens per decode program: small enough that batch 1 still fills the GPU
+TARGET_PROGRAMS = 512  # decode programs to launch at least: a few per SM of an H100/H200 (132 SMs)
 
 
 def _decode_block_n(group_p2: int, head_dim: int) -> int:
     """Context tokens per inner step, keeping the [group, tokens, head_dim] product tile at 8K elements."""
     return max(8, min(64, 8192 // (group_p2 * head_dim)))
+
+
+def decode_partition(num_seqs: int, kv_heads: int, max_context: int, block_n: int) -> int:
+    """Context tokens per program: split the context only as far as needed to occupy the GPU (batch 1
+    splits finely; a large batch gives one program per sequence and head, with no merge step)."""
+    parts = max(1, min(-(-TARGET_PROGRAMS // (num_seqs * kv_heads)), -(-max_context // block_n)))
+    return max(block_n, triton.next_power_of_2(-(-max_context // parts)))
 
 
 class TritonOps(TorchOps):
@@ -74,20 +81,24 @@ class TritonOps(TorchOps):
         kv_heads = k_cache.shape[2]
         group = heads // kv_heads
         group_p2 = triton.next_power_of_2(group)
-        parts = triton.cdiv(max_context, PARTITION)
-        part_out = torch.empty(seqs, heads, parts, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(seqs, heads, parts, dtype=torch.float32, device=q.device)
+        block_n = _decode_block_n(group_p2, head_dim)
+        partition = decode_partition(seqs, kv_heads, max_context, block_n)
+        parts = triton.cdiv(max_context, partition)
+        single = parts == 1
+        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         triton_kernels._decode_partition_kernel[(seqs, kv_heads, parts)](
-            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, scale,
+            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, GROUP_P2=group_p2, PARTITION=PARTITION,
-            BLOCK_N=_decode_block_n(group_p2, head_dim))
-        triton_kernels._merge_partitions_kernel[(seqs, heads)](
-            part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, PARTITION=PARTITION, MAX_PARTS=triton.next_power_of_2(parts))
+            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, GROUP_P2=group_p2, PARTITION=partition,
+            BLOCK_N=min(block_n, partition), SINGLE=single)
+        if not single:
+            triton_kernels._merge_partitions_kernel[(seqs, heads)](
+                part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+                part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape

@@ -31,7 +31,7 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     engines = {}
     for mode in ("eager", "graphs"):
         engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype=dtype, max_num_seqs=48,
-                                     max_model_len=1024, enforce_eager=mode == "eager"))
+                                     max_model_len=1024, num_kv_blocks=4096, enforce_eager=mode == "eager"))
         engine.sampler = LogitRecorder(engine.sampler)
         engines[mode] = engine
     assert engines["graphs"].setup.cuda_graph_buckets == [1, 2, 4, 8, 16, 24, 32, 48]
@@ -54,7 +54,7 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
 
 def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
     engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=8,
-                                 max_model_len=512, cuda_graph_batch_sizes=[1, 2, 4]))
+                                 max_model_len=512, num_kv_blocks=1024, cuda_graph_batch_sizes=[1, 2, 4]))
     setup = engine.setup
     assert setup.cuda_graph_buckets == [1, 2, 4]
     assert all(t > 0 for t in setup.cuda_graph_capture_seconds.values())

@@ -87,3 +87,34 @@ def test_engine_with_triton_kernels_matches_torch_kernels(llama_dir):
                                      block_size=8, enforce_eager=True))
         outs[kernels] = [o.token_ids for o in engine.generate(prompts, params)]
     assert outs["triton"] == outs["torch"]
+
+
+@pytest.mark.parametrize("target_programs", [1, 10**6])
+def test_decode_attention_single_and_split_partitions(monkeypatch, target_programs):
+    """One partition per (sequence, head) and many partitions merged by log-sum-exp give the same answer."""
+    from reference_engine import triton_ops
+    from reference_engine.attention import AttentionBatch, decode_mask, paged_attention
+
+    monkeypatch.setattr(triton_ops, "TARGET_PROGRAMS", target_programs)
+    seqs, heads, kv_heads, head_dim, block_size = 3, 8, 2, 32, 16
+    lens = [random.randint(1, 300) for _ in range(seqs)]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 2
+    perm = torch.randperm(num_blocks).tolist()
+    tables, at = [], 0
+    for n in lens:
+        nb = -(-n // block_size)
+        tables.append(perm[at:at + nb])
+        at += nb
+    width = max(len(t) for t in tables)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(seqs, heads, head_dim, device=DEVICE)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    batch = AttentionBatch(slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE), num_decode=seqs,
+                           decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                                            dtype=torch.int32, device=DEVICE),
+                           decode_context_lens=ctx, decode_max_context=max(lens),
+                           decode_mask=decode_mask(ctx, width * block_size))
+    ref = paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
+    got = TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5)
+    assert rel_err(got, ref) < 1e-5
