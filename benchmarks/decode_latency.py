@@ -79,22 +79,24 @@ def run_reference(shape: str, mode: str, batches: list[int], repeats: int) -> li
         ttfts, tpots = [], []
         for r in range(repeats):
             prompts = random_prompts(batch, spec.vocab_size, 1000 * batch + r)
-            first, last = {}, {}
+            first, last, final = {}, {}, {}
             torch.cuda.synchronize()
             submitted = time.perf_counter()
-            for p in prompts:
-                engine.add_request(p, params)
+            ids = [engine.add_request(p, params) for p in prompts]
             while engine.has_unfinished_requests():
                 outs = engine.step()
                 now = time.perf_counter()
                 for o in outs:
                     first.setdefault(o.request_id, now)
                     last[o.request_id] = now
+                    if o.finished:
+                        final[o.request_id] = o.token_ids
             ttfts += [t - submitted for t in first.values()]
             tpots += [(last[i] - first[i]) / (NEW_TOKENS - 1) for i in first]
         rows.append(dict(backend="reference", mode=mode, shape=shape, batch=batch,
                          ttft_ms=1e3 * statistics.median(ttfts), tpot_ms=1e3 * statistics.median(tpots),
-                         startup_s=startup, setup=engine.setup.to_dict()))
+                         startup_s=startup, setup=engine.setup.to_dict(),
+                         tokens=[final[i] for i in ids] if batch == 8 else None))
     del engine
     gc.collect()
     torch.cuda.empty_cache()
@@ -180,14 +182,17 @@ def run_vllm(shape: str, mode: str, batches: list[int], repeats: int) -> list[di
                 params = VllmParams(max_tokens=new, min_tokens=new, ignore_eos=True, temperature=0.0,
                                     detokenize=False)
                 t = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
+                outs = llm.generate(prompts, params, use_tqdm=False)
                 times[new] = time.perf_counter() - t
+            tokens = [list(o.outputs[0].token_ids) for o in outs]
             if r:
                 ttfts.append(times[1])
                 e2es.append(times[NEW_TOKENS])
         ttft, e2e = statistics.median(ttfts), statistics.median(e2es)
         rows.append(dict(backend="vllm", mode=mode, shape=shape, batch=batch, ttft_ms=1e3 * ttft,
-                         tpot_ms=1e3 * (e2e - ttft) / (NEW_TOKENS - 1), startup_s=startup))
+                         tpot_ms=1e3 * (e2e - ttft) / (NEW_TOKENS - 1), startup_s=startup,
+                         gpu_memory_used_gib=torch.cuda.mem_get_info()[1] / 2**30 - torch.cuda.mem_get_info()[0] / 2**30,
+                         tokens=tokens if batch == 8 else None))
     del llm
     gc.collect()
     torch.cuda.empty_cache()

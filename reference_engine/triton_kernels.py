@@ -19,6 +19,24 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
+                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d):
+    """Online-softmax update of (max, sum, weighted values) with one tile of context tokens."""
+    n_mask = offs_n < end
+    block = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+    row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + head_offset
+    k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc
+
+
+@triton.jit
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
     scale,
@@ -29,7 +47,7 @@ def _decode_partition_kernel(
     stride_lt, stride_lh,
     stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -47,21 +65,19 @@ def _decode_partition_kernel(
         m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_P2], tl.float32)
         acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
-        for n0 in range(0, PARTITION, BLOCK_N):  # fixed trip count; tokens past `end` are masked off
-            offs_n = start + n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-            row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
-            k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-            m_i = m_new
+        # Compiled, the loop stops at the context's end; Triton's interpreter cannot loop to a loaded value, so
+        # there it runs the partition's full length and masks the tokens past `end`.
+        if DYNAMIC_LOOP:
+            for n0 in range(start, end, BLOCK_N):
+                m_i, l_i, acc = _attend_tokens(
+                    n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt,
+                    kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d)
+        else:
+            for n0 in range(0, PARTITION, BLOCK_N):
+                m_i, l_i, acc = _attend_tokens(
+                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr,
+                    block_tables_ptr + seq * stride_bt, kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i,
+                    acc, BLOCK_SIZE, offs_d)
         out = acc / l_i[:, None]
         if SINGLE:  # one partition covers the context: this is the answer, no merge needed
             tl.store(out_ptr + seq * stride_yt + heads[:, None] * stride_yh + offs_d[None, :],

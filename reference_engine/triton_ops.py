@@ -4,6 +4,8 @@ the GPU; it reads the whole context, cached prefix included, back from the paged
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -11,6 +13,7 @@ from reference_engine import attention, triton_kernels
 from reference_engine.attention import AttentionBatch
 from reference_engine.ops import TorchOps
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 TARGET_PROGRAMS = 512  # decode programs to launch at least: a few per SM of an H100/H200 (132 SMs)
 
 
@@ -93,7 +96,7 @@ class TritonOps(TorchOps):
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, GROUP_P2=group_p2, PARTITION=partition,
-            BLOCK_N=min(block_n, partition), SINGLE=single)
+            BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
