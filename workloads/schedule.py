@@ -97,7 +97,7 @@ class TraceReplay:
     def __post_init__(self) -> None:
         if not self.times:
             raise ValueError(f"trace {self.source or ''} has no send times")
-        if any(b < a for a, b in zip(self.times, self.times[1:], strict=False)):
+        if any(b < a for a, b in itertools.pairwise(self.times)):
             raise ValueError(f"trace {self.source} send times are not in increasing order")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
