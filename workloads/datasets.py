@@ -252,15 +252,15 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
     outs = LengthDist.parse(output_len).sample(rng, n_groups * per_group)
     groups = []
     for g in range(n_groups):
-        prefix_ids, prefix_text = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
         members = []
         for j in range(per_group):
             k = g * per_group + j
             for _ in range(attempts):
-                suffix_ids, suffix_text = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
-                text = prefix_text + suffix_text
+                suffix_ids, _ = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
+                text = _decode(tokenizer, prefix_ids + suffix_ids)
                 ids = _encode(tokenizer, text)
-                if ids == prefix_ids + suffix_ids:
+                if ids == prefix_ids + suffix_ids:  # the join did not merge or split tokens
                     break
             else:
                 raise ValueError(f"could not join a suffix to group {g}'s prefix without merging tokens "

@@ -26,7 +26,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -37,18 +37,17 @@ import numpy as np
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from adapters.base import Adapter, MalformedEvent, StreamEvent
+from adapters.base import Adapter
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 from workloads.spec import RequestSpec
-from workloads.sse import SSEDecoder
+from workloads.stream_reading import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.timing import client_lag
 
 log = logging.getLogger(__name__)
 
 ERROR_BODY_LIMIT = 4096  # bytes of a non-200 response body kept in the record
 READ_BUFFER = 2**20  # aiohttp's per-connection read buffer: room for long SSE lines without pausing
-FINALIZE_SLICE_S = 1e-4  # reading a finished response yields to the loop after this much work
 GC_EVERY_FAILURES = 2000  # one garbage collection per this many failed requests (see run_load)
 
 
@@ -211,12 +210,15 @@ class _Run:
                 gc.collect()
         end = perf_counter()
         raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error)
-        try:
-            events, times, problem = await self._read_events(raw, yield_to_loop=not cancelled)
-        except asyncio.CancelledError:  # stopped while reading: finish without yielding, then stop
-            events, times, problem = await self._read_events(raw, yield_to_loop=False)
-            cancelled = True
-        record = self._record(item, scheduled, warmup, raw, events, times, problem)
+        reading = StreamReading()
+        if status == 200:
+            steps = reading_steps(self.adapter, chunks, streaming, pause_every_s=None if cancelled else SLICE_S)
+            try:
+                reading = await _drive(steps)
+            except asyncio.CancelledError:  # stopped while reading: finish without pausing, then stop
+                reading = run_to_end(steps)
+                cancelled = True
+        record = self._record(item, scheduled, warmup, raw, reading)
         self.records.append(record)
         if self.writer is not None:
             self.writer.append(record)
@@ -226,81 +228,14 @@ class _Run:
 
     # -- turning the raw facts into a record ---------------------------------------------------------
 
-    async def _read_events(self, raw: _RawResponse, yield_to_loop: bool
-                           ) -> tuple[list[StreamEvent], list[float], tuple[ErrorKind, str] | None]:
-        """Decode and read the body's events. Every ~0.1 ms of work it lets the loop run, so that reading a
-        finished response does not delay the timestamps of the streams still running."""
-        events: list[StreamEvent] = []
-        times: list[float] = []
-        malformed: str | None = None
-        leftover = False
-        chunks = raw.chunks
-        try:
-            if raw.status == 200 and raw.streaming:
-                decoder = SSEDecoder()
-                parse = self.adapter.parse_event
-                slice_start = perf_counter()
-                for i, (t, data) in enumerate(chunks):
-                    batch = decoder.feed(data)
-                    if i == len(chunks) - 1:
-                        tail, leftover = decoder.finish()
-                        batch.extend(tail)
-                    for sse in batch:
-                        try:
-                            event = parse(sse.data)
-                            if sse.event == b"error" and event.error is None:
-                                event.error = sse.data.decode("utf-8", "replace")[:500]
-                        except MalformedEvent as exc:
-                            event = StreamEvent()
-                            malformed = malformed or str(exc)
-                        events.append(event)
-                        times.append(t)
-                    if yield_to_loop and perf_counter() - slice_start > FINALIZE_SLICE_S:
-                        await asyncio.sleep(0)
-                        slice_start = perf_counter()
-            elif raw.status == 200 and chunks:  # the server answered with one JSON body instead of a stream
-                try:
-                    events.append(self.adapter.parse_response(b"".join(d for _, d in chunks)))
-                    times.append(chunks[-1][0])
-                except MalformedEvent as exc:
-                    malformed = str(exc)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug in decoding must not lose the record
-            log.exception("reading a response failed")
-            return events[:len(times)], times, (ErrorKind.CLIENT_ERROR, f"reading the response failed: {exc!r}")
-        problem: tuple[ErrorKind, str] | None = None
-        stream_error = next((e.error for e in events if e.error is not None), None)
-        if stream_error is not None:
-            problem = (ErrorKind.STREAM_ERROR, stream_error)
-        elif malformed is not None:
-            problem = (ErrorKind.MALFORMED_EVENT, malformed)
-        elif raw.status == 200 and raw.streaming and leftover:
-            problem = (ErrorKind.INCOMPLETE_STREAM, "the body ended in the middle of an event")
-        elif raw.status == 200 and not self.adapter.is_complete(events):
-            problem = (ErrorKind.INCOMPLETE_STREAM, f"the stream ended without its final event "
-                       f"({self.adapter.final_event}) after {len(events)} events")
-        return events, times, problem
-
     def _record(self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse,
-                events: list[StreamEvent], times: list[float], problem: tuple[ErrorKind, str] | None
-                ) -> RequestRecord:
+                reading: StreamReading) -> RequestRecord:
         t0 = self.t0
-        error = raw.error or problem  # a transport error explains everything after it
-        counts = self.adapter.count_tokens(events) if events else []
-        usage_prompt = usage_completion = None
-        finish = None
-        for event in events:
-            if event.usage is not None:
-                if event.usage.prompt_tokens is not None:
-                    usage_prompt = event.usage.prompt_tokens
-                if event.usage.completion_tokens is not None:
-                    usage_completion = event.usage.completion_tokens
-            finish = event.finish_reason or finish
-        event_tokens = sum(counts)
-        retokenized = None
-        if self.count_tokens is not None and events:
-            retokenized = self.count_tokens("".join(e.text for e in events))
+        error = raw.error or reading.problem  # a transport error explains everything after it
+        events = reading.events
+        usage_completion = reading.usage_completion_tokens
+        event_tokens = reading.event_tokens
+        retokenized = self.count_tokens(reading.text) if self.count_tokens is not None and events else None
         known = {n for n in (usage_completion, event_tokens if events else None, retokenized) if n is not None}
         return RequestRecord(
             run_id=self.run_id, request_id=item.request_id, backend=self.backend, variant=self.variant,
@@ -310,9 +245,10 @@ class _Run:
             scheduled_s=scheduled - t0, start_s=raw.start - t0,
             send_s=None if raw.send is None else raw.send - t0,
             headers_s=None if raw.headers is None else raw.headers - t0, end_s=raw.end - t0,
-            events=[(t - t0, n, len(e.text)) for t, n, e in zip(times, counts, events, strict=True)],
-            http_status=raw.status, finish_reason=finish, usage_prompt_tokens=usage_prompt,
-            usage_completion_tokens=usage_completion, event_tokens=event_tokens,
+            events=[(t - t0, n, len(e.text)) for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
+            http_status=raw.status, finish_reason=reading.finish_reason,
+            usage_prompt_tokens=reading.usage_prompt_tokens, usage_completion_tokens=usage_completion,
+            event_tokens=event_tokens,
             output_tokens=usage_completion if usage_completion is not None else event_tokens,
             output_tokens_source="usage" if usage_completion is not None else "events",
             retokenized_tokens=retokenized, token_count_mismatch=len(known) > 1,
@@ -381,6 +317,16 @@ class _Run:
                 self.progress(self.records)
             except Exception:
                 log.exception("the progress callback failed; the run goes on")
+
+
+async def _drive(steps: Generator[None, None, StreamReading]) -> StreamReading:
+    """Run `reading_steps`, letting the event loop in at each pause."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
 
 
 async def _gather_all(coros_or_tasks: Sequence[Any]) -> None:
