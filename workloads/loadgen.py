@@ -298,8 +298,8 @@ class _Run:
                 when = start + offset
                 if deadline is not None and when >= deadline:
                     break
-                delay = when - perf_counter()
-                if delay > 0:
+                # the loop's timers may fire up to a millisecond early: sleep again for what is left
+                while (delay := when - perf_counter()) > 0:
                     await asyncio.sleep(delay)
                 task = asyncio.create_task(send(item, when))
                 inflight.add(task)
