@@ -87,7 +87,8 @@ class _StampingHandler(ResponseHandler):
     last_rx = 0.0
 
     def data_received(self, data: bytes) -> None:
-        self.last_rx = perf_counter()
+        if data:  # aiohttp also calls this with b"" itself, from the reader, when it resumes reading
+            self.last_rx = perf_counter()
         super().data_received(data)
 
 

@@ -1,0 +1,206 @@
+"""How exact and how fast is the load generator? Both measured against the scripted server.
+
+Accuracy: N concurrent streams (closed loop, each request with a random TTFT and output length, a fixed
+inter-token gap that keeps the total event rate moderate) against the scripted server, which logs the
+monotonic time of every write. Errors are client arrival minus server write per event, and the TTFT, ITL
+and TPOT errors that follow (see `workloads/accuracy.py`). A second variant ("aligned") makes every stream
+emit on a shared decode-step clock, as a batching engine does, so N events arrive at once.
+
+Rate: many streams with short gaps, at rising offered event rates; the client's achieved event rate and
+its CPU use (one process, one event loop: at most one core) show the rate one core sustains.
+
+    python benchmarks/loadgen_accuracy.py [--streams 1,64,256,1000] [--no-rate] [--out benchmarks/results]
+
+The machine is shared: CPU pressure (/proc/pressure/cpu, share of time some task waited for a CPU) is
+recorded for every run; rerun when it is high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from adapters import get_adapter
+from workloads.accuracy import compare
+from workloads.loadgen import run_load_sync
+from workloads.schedule import ClosedLoop
+from workloads.scripted_server import read_event_log, scripted_server
+from workloads.spec import RequestSpec
+
+# streams -> (inter-token gap s, requests per stream): ~3-10k events/s in total, 10k+ events per point
+ACCURACY = {1: (0.01, 20), 64: (0.02, 3), 256: (0.05, 2), 1000: (0.1, 2)}
+
+
+def cpu_pressure_total_us() -> int | None:
+    try:
+        return int(Path("/proc/pressure/cpu").read_text().split("total=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def make_specs(prefix: str, n: int, itl: float, rng: random.Random, out: tuple[int, int] = (20, 120),
+               step: float | None = None) -> list[RequestSpec]:
+    specs = []
+    for i in range(n):
+        schedule = {"ttft_s": rng.uniform(0.005, 0.05), "itl_s": itl}
+        if step:
+            schedule["step_s"] = step
+        specs.append(RequestSpec(f"{prefix}-{i}", (1, 2, 3), "a b c", rng.randint(*out),
+                                 extra_headers={"X-Scripted-Schedule": json.dumps(schedule)}))
+    return specs
+
+
+def measure(streams: int, itl: float, per_stream: int, workdir: Path, seed: int, aligned: bool = False) -> dict:
+    rng = random.Random(seed)
+    log = workdir / f"events-{streams}-{'aligned' if aligned else 'free'}.jsonl"
+    log.unlink(missing_ok=True)
+    step = itl if aligned else None
+    with scripted_server(event_log=log) as server:
+        specs = make_specs("m", streams * per_stream, itl, rng, step=step)
+        warm = make_specs("w", streams, itl, rng, out=(4, 8), step=step)
+        pressure0, cpu0, server0, t0 = cpu_pressure_total_us(), self_cpu_s(), process_cpu_s(server.process.pid), \
+            time.perf_counter()
+        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
+        wall = time.perf_counter() - t0
+        client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
+        pressure1 = cpu_pressure_total_us()
+    measured = [r for r in records if not r.warmup]
+    errors = compare(measured, read_event_log(log))
+    events = sum(len(r.events) for r in records)
+    return {
+        "streams": streams, "aligned_steps": aligned, "itl_s": itl, "requests": len(measured),
+        "failed": sum(not r.ok for r in records), "events": events, "wall_s": round(wall, 2),
+        "events_per_s": round(events / wall), "client_cpu_share": round(client_cpu / wall, 3),
+        "server_cpu_share": round(server_cpu / wall, 3),
+        "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
+        **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in errors.summary().items()},
+    }
+
+
+def rate_point(streams: int, itl: float, workdir: Path, seconds: float = 8.0) -> dict:
+    """Streams that never end within the window; the achieved rate is counted over the middle part."""
+    rng = random.Random(7)
+    tokens = int(seconds / itl) + 20
+    with scripted_server() as server:
+        specs = [RequestSpec(f"rate-{i}", (1,), "x", tokens, extra_headers={"X-Scripted-Schedule": json.dumps(
+            {"ttft_s": rng.uniform(0, itl), "itl_s": itl})}) for i in range(streams)]
+        pressure0, cpu0, server0, t0 = cpu_pressure_total_us(), self_cpu_s(), process_cpu_s(server.process.pid), \
+            time.perf_counter()
+        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams))
+        wall = time.perf_counter() - t0
+        client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
+        pressure1 = cpu_pressure_total_us()
+    times = np.sort(np.concatenate([[r.t0_monotonic + t for t, _, _ in r.events] for r in records]))
+    reads = sum(len({t for t, _, _ in r.events}) for r in records)  # events of one read share its time
+    lo, hi = times[0] + 0.25 * (times[-1] - times[0]), times[0] + 0.75 * (times[-1] - times[0])
+    middle = ((times >= lo) & (times < hi)).sum() / (hi - lo)
+    return {
+        "streams": streams, "itl_s": itl, "offered_events_per_s": round(streams / itl),
+        "achieved_events_per_s": round(float(middle)), "events": int(times.size), "wall_s": round(wall, 2),
+        "client_cpu_share": round(client_cpu / wall, 3), "server_cpu_share": round(server_cpu / wall, 3),
+        "events_per_client_cpu_s": round(times.size / client_cpu), "events_per_read": round(times.size / reads, 2),
+        "failed": sum(not r.ok for r in records),
+        "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
+    }
+
+
+def machine() -> dict:
+    import aiohttp
+
+    try:
+        import uvloop
+
+        loop = f"uvloop {uvloop.__version__}"
+    except ImportError:
+        loop = "asyncio"
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version(), "aiohttp": aiohttp.__version__, "event_loop": loop,
+            "load_average_at_start": os.getloadavg()}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Load generator accuracy and rate\n\n`{result['command']}`  \n{result['date']}, "
+             f"{result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}), kernel "
+             f"{result['machine']['kernel']}, Python {result['machine']['python']}, aiohttp "
+             f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}.\n",
+             "Errors in ms against the scripted server's write times (client arrival minus server write per "
+             "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
+             "cpu pressure: share of the run during which some task waited for a CPU (other tenants).\n",
+             "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event max "
+             "| client CPU | server CPU | cpu pressure | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["accuracy"]:
+        lines.append(f"| {r['streams']} | {'yes' if r['aligned_steps'] else 'no'} | {r['events_per_s']} | "
+                     f"{r['event_p50_ms']:.3f} | {r['event_p99_ms']:.3f} | {r['ttft_p99_ms']:.3f} | "
+                     f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
+                     f"{r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
+    if result.get("rate"):
+        lines += ["", "Event rate: offered vs achieved (middle half of the run), client CPU share of one core.\n",
+                  "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per client "
+                  "CPU-second | events per read | cpu pressure |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in result["rate"]:
+            lines.append(f"| {r['streams']} | {r['itl_s'] * 1e3:g} | {r['offered_events_per_s']} | "
+                         f"{r['achieved_events_per_s']} | {r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | "
+                         f"{r['events_per_client_cpu_s']} | {r['events_per_read']} | {r['cpu_pressure']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", default="1,64,256,1000", help="comma-separated stream counts")
+    parser.add_argument("--aligned", default="256,1000", help="stream counts also run on a shared step clock")
+    parser.add_argument("--no-rate", action="store_true", help="skip the event-rate part")
+    parser.add_argument("--rate-gaps-ms", default="20,10,5,3", help="inter-token gaps for the rate part")
+    parser.add_argument("--rate-streams", type=int, default=400)
+    parser.add_argument("--out", type=Path, help="folder for loadgen_accuracy.json and .md")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"loadgen-accuracy-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "machine": machine(), "accuracy": [], "rate": []}
+    runs = [(int(n), False) for n in args.streams.split(",") if n]
+    runs += [(int(n), True) for n in args.aligned.split(",") if n]
+    for streams, aligned in runs:
+        itl, per_stream = ACCURACY.get(streams, (0.05, 2))
+        row = measure(streams, itl, per_stream, workdir, args.seed, aligned)
+        result["accuracy"].append(row)
+        print(json.dumps(row), flush=True)
+    if not args.no_rate:
+        for gap in (float(g) / 1e3 for g in args.rate_gaps_ms.split(",")):
+            row = rate_point(args.rate_streams, gap, workdir)
+            result["rate"].append(row)
+            print(json.dumps(row), flush=True)
+    text = markdown(result)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "loadgen_accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / "loadgen_accuracy.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
