@@ -2,10 +2,11 @@
 byte-level fact happened.
 
 One asyncio loop (uvloop when installed, via `run_load_sync`), one shared aiohttp session with keep-alive
-and a connection pool sized to the load. The hot path does as little as possible: for each read of the
-response body it stores `(perf_counter(), bytes)`; the server-sent events are decoded and read by the
-adapter when the request has ended, each event stamped with the time of the read that completed it. This
-keeps the client's own queueing out of the timestamps of other streams.
+and a connection pool sized to the load. The hot path does as little as possible: each socket read is
+stamped by the connection's protocol as it happens (`workloads.stamped_reads`), and the request's coroutine
+wakes once, when the body has ended; the server-sent events are then decoded and read by the adapter, each
+stamped with the time of the socket read that completed it. The client's own queueing (hundreds of streams
+readable at once) thereby stays out of the timestamps.
 
 A record is appended to `requests.jsonl` (flushed) as each request ends, failed or not. Cancelling the run
 (Ctrl-C under `run_load_sync`, or cancelling the task running `run_load`) records the requests in flight
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import gc
 import itertools
 import json
@@ -34,13 +34,13 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from adapters.base import Adapter
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 from workloads.spec import RequestSpec
+from workloads.stamped_reads import StampingConnector, read_stamped
 from workloads.stream_reading import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.timing import client_lag
 
@@ -75,33 +75,6 @@ def token_counter(tokenizer: Any) -> TokenCounter:
     if callable(tokenizer):
         return tokenizer
     raise TypeError(f"cannot count tokens with {type(tokenizer).__name__}: give a tokenizer or a callable")
-
-
-class _StampingHandler(ResponseHandler):
-    """aiohttp's client protocol, noting when each socket read reached the process (`last_rx`).
-
-    The read loop stamps a body chunk with the time of the latest socket read rather than with the time its
-    coroutine resumed: when hundreds of streams are readable at once, resuming the coroutines one after the
-    other would otherwise add the client's own queueing to the later ones' timestamps."""
-
-    last_rx = 0.0
-
-    def data_received(self, data: bytes) -> None:
-        if data:  # aiohttp also calls this with b"" itself, from the reader, when it resumes reading
-            self.last_rx = perf_counter()
-        super().data_received(data)
-
-
-class _StampingConnector(aiohttp.TCPConnector):
-    """A TCPConnector whose connections use `_StampingHandler` (aiohttp builds them from `_factory`)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if isinstance(getattr(self, "_factory", None), functools.partial):
-            self._factory = functools.partial(_StampingHandler, *self._factory.args, **self._factory.keywords)
-        else:  # a future aiohttp without this hook: stamps fall back to the time the read returned
-            log.warning("aiohttp %s: socket-read stamping unavailable; arrival = time the read returned",
-                        aiohttp.__version__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,21 +159,7 @@ class _Run:
                              f"HTTP {status} {resp.reason or ''}: {body.decode('utf-8', 'replace')}".strip())
                 else:
                     streaming = resp.content_type == "text/event-stream"
-                    read = resp.content.readany
-                    append = chunks.append
-                    protocol = resp.connection.protocol if resp.connection is not None else None
-                    if isinstance(protocol, _StampingHandler):
-                        while True:
-                            data = await read()
-                            if not data:
-                                break
-                            append((protocol.last_rx, data))
-                    else:
-                        while True:
-                            data = await read()
-                            if not data:
-                                break
-                            append((perf_counter(), data))
+                    await read_stamped(resp, chunks)
         except asyncio.CancelledError:
             error = (ErrorKind.CANCELLED, "the run was stopped while this request was in flight")
             cancelled = True
@@ -486,7 +445,7 @@ async def run_load(
 
     # the pool holds as many connections as requests can be in flight (0: no limit, for an uncapped open loop)
     pool = schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency or 0
-    connector = _StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
+    connector = StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
     client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s)
     interrupted = False
     progress_task = None
