@@ -60,3 +60,18 @@ def test_a_body_cut_short_keeps_what_arrived():
                                          {"fault": "reset", "fault_after_events": 3}, 9))
     assert error is not None and "ConnectionResetError" in str(error)
     assert b"".join(piece for _, piece in chunks).count(b'"text"') == 3
+
+
+def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
+    """The reader's buffer fills past aiohttp's high-water mark while the body is watched: no pause."""
+    from adapters import get_adapter
+    from workloads import loadgen
+    from workloads.loadgen import Timeouts, run_load_sync
+    from workloads.schedule import ClosedLoop
+    from workloads.spec import RequestSpec
+
+    monkeypatch.setattr(loadgen, "READ_BUFFER", 2**12)  # high water: 8 KiB, ~30 events
+    with scripted_server(default_schedule=ScriptedSchedule()) as server:
+        records = run_load_sync(server.url, get_adapter("vllm"), [RequestSpec("big", (1,), "x", 3000)],
+                                ClosedLoop(1), timeouts=Timeouts(request_s=20, read_s=5))
+    assert records[0].ok and records[0].output_tokens == 3000

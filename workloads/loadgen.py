@@ -47,7 +47,7 @@ from workloads.timing import client_lag
 log = logging.getLogger(__name__)
 
 ERROR_BODY_LIMIT = 4096  # bytes of a non-200 response body kept in the record
-READ_BUFFER = 2**20  # aiohttp's per-connection read buffer: room for long SSE lines without pausing
+READ_BUFFER = 2**20  # aiohttp's read buffer size per connection
 GC_EVERY_FAILURES = 2000  # one garbage collection per this many failed requests (see run_load)
 
 

@@ -7,9 +7,10 @@ per event (one wake-up per response instead of one per token), and cuts the body
 carries the time of the socket read that delivered it, and the client's own queueing (hundreds of coroutines
 resuming one after the other) stays out of the timestamps.
 
-Two aiohttp internals are used, each with a fallback: the connector's `_factory` (without it, pieces are
-stamped when the read call returns) and the stream reader's `_buffer` (without it, a body cut short by an
-error is read piece by piece as it comes, with the same stamps).
+Since every body is read whole once it has ended, the handler never pauses the socket for aiohttp's
+buffer limits. Two aiohttp internals are used, each with a fallback: the connector's `_factory` (without
+it, pieces are stamped when each read call returns) and the stream reader's `_buffer`, to recover the part
+of a body that arrived before an error (without it, that part is lost from the record; the error is not).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class StampingHandler(ResponseHandler):
         after = reader.total_bytes
         if after != before:
             marks.append((t, after))
+
+    def pause_reading(self) -> None:
+        """Never pause: a body is read only once it has ended (`read_stamped`), so its buffer passing
+        aiohttp's high-water mark (even before the read starts) would stall the stream for good. The load
+        generator keeps every body whole anyway."""
 
     def watch(self, reader: aiohttp.StreamReader, marks: list[tuple[float, int]]) -> None:
         self._watched = (reader, marks)
