@@ -98,28 +98,35 @@ def measure(streams: int, itl: float, per_stream: int, workdir: Path, seed: int,
     }
 
 
-def rate_point(streams: int, itl: float, workdir: Path, seconds: float = 8.0) -> dict:
-    """Streams that never end within the window; the achieved rate is counted over the middle part."""
+def rate_point(streams: int, itl: float, seconds: float = 8.0) -> dict:
+    """Streams that last the whole run; rate and client CPU are taken over its steady middle half."""
     rng = random.Random(7)
     tokens = int(seconds / itl) + 20
+    samples: list[tuple[float, float]] = []  # (monotonic time, this process's CPU time), every 0.1 s
+
+    def sample(_records: list) -> None:
+        samples.append((time.perf_counter(), time.process_time()))
+
     with scripted_server() as server:
         specs = [RequestSpec(f"rate-{i}", (1,), "x", tokens, extra_headers={"X-Scripted-Schedule": json.dumps(
             {"ttft_s": rng.uniform(0, itl), "itl_s": itl})}) for i in range(streams)]
-        pressure0, cpu0, server0, t0 = cpu_pressure_total_us(), self_cpu_s(), process_cpu_s(server.process.pid), \
-            time.perf_counter()
-        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams))
+        pressure0, server0, t0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid), time.perf_counter()
+        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), progress=sample,
+                                progress_interval_s=0.1)
         wall = time.perf_counter() - t0
-        client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
+        server_cpu = process_cpu_s(server.process.pid) - server0
         pressure1 = cpu_pressure_total_us()
     times = np.sort(np.concatenate([[r.t0_monotonic + t for t, _, _ in r.events] for r in records]))
     reads = sum(len({t for t, _, _ in r.events}) for r in records)  # events of one read share its time
-    lo, hi = times[0] + 0.25 * (times[-1] - times[0]), times[0] + 0.75 * (times[-1] - times[0])
-    middle = ((times >= lo) & (times < hi)).sum() / (hi - lo)
+    first, last = times[0], times[-1]
+    (ta, ca), (tb, cb) = (min(samples, key=lambda s: abs(s[0] - (first + q * (last - first))))
+                          for q in (0.25, 0.75))
+    in_window = int(((times >= ta) & (times < tb)).sum())
     return {
         "streams": streams, "itl_s": itl, "offered_events_per_s": round(streams / itl),
-        "achieved_events_per_s": round(float(middle)), "events": int(times.size), "wall_s": round(wall, 2),
-        "client_cpu_share": round(client_cpu / wall, 3), "server_cpu_share": round(server_cpu / wall, 3),
-        "events_per_client_cpu_s": round(times.size / client_cpu), "events_per_read": round(times.size / reads, 2),
+        "achieved_events_per_s": round(in_window / (tb - ta)), "events": int(times.size), "wall_s": round(wall, 2),
+        "client_cpu_share": round((cb - ca) / (tb - ta), 3), "server_cpu_share": round(server_cpu / wall, 3),
+        "events_per_client_cpu_s": round(in_window / (cb - ca)), "events_per_read": round(times.size / reads, 2),
         "failed": sum(not r.ok for r in records),
         "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
     }
@@ -148,7 +155,8 @@ def markdown(result: dict) -> str:
              f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}.\n",
              "Errors in ms against the scripted server's write times (client arrival minus server write per "
              "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
-             "cpu pressure: share of the run during which some task waited for a CPU (other tenants).\n",
+             "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a point "
+             "is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try is kept.\n",
              "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event max "
              "| client CPU | server CPU | cpu pressure | failed |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -158,7 +166,9 @@ def markdown(result: dict) -> str:
                      f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
                      f"{r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
     if result.get("rate"):
-        lines += ["", "Event rate: offered vs achieved (middle half of the run), client CPU share of one core.\n",
+        lines += ["", "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
+                  "(one process, one event loop: 100% is one core), and events handled per second of client "
+                  "CPU (at saturation, the rate one core sustains).\n",
                   "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per client "
                   "CPU-second | events per read | cpu pressure |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in result["rate"]:
@@ -177,6 +187,10 @@ def main() -> None:
     parser.add_argument("--rate-streams", type=int, default=400)
     parser.add_argument("--out", type=Path, help="folder for loadgen_accuracy.json and .md")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tries", type=int, default=3,
+                        help="run a point again (up to this many times) while CPU pressure exceeds --max-pressure; "
+                             "the quietest try is kept")
+    parser.add_argument("--max-pressure", type=float, default=0.05)
     args = parser.parse_args()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"loadgen-accuracy-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,16 +198,23 @@ def main() -> None:
               "machine": machine(), "accuracy": [], "rate": []}
     runs = [(int(n), False) for n in args.streams.split(",") if n]
     runs += [(int(n), True) for n in args.aligned.split(",") if n]
+    def quietest(run, *run_args) -> dict:
+        tries = []
+        for _ in range(args.tries):
+            tries.append(run(*run_args))
+            print(json.dumps(tries[-1]), flush=True)
+            if tries[-1]["cpu_pressure"] is None or tries[-1]["cpu_pressure"] <= args.max_pressure:
+                break
+            time.sleep(5)
+        best = min(tries, key=lambda r: r["cpu_pressure"] or 0.0)
+        return {**best, "tries": len(tries)}
+
     for streams, aligned in runs:
         itl, per_stream = ACCURACY.get(streams, (0.05, 2))
-        row = measure(streams, itl, per_stream, workdir, args.seed, aligned)
-        result["accuracy"].append(row)
-        print(json.dumps(row), flush=True)
+        result["accuracy"].append(quietest(measure, streams, itl, per_stream, workdir, args.seed, aligned))
     if not args.no_rate:
         for gap in (float(g) / 1e3 for g in args.rate_gaps_ms.split(",")):
-            row = rate_point(args.rate_streams, gap, workdir)
-            result["rate"].append(row)
-            print(json.dumps(row), flush=True)
+            result["rate"].append(quietest(rate_point, args.rate_streams, gap))
     text = markdown(result)
     print(text)
     if args.out:
