@@ -40,7 +40,7 @@ from adapters.base import Adapter
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 from workloads.spec import RequestSpec
-from workloads.stamped_reads import StampingConnector, read_stamped
+from workloads.stamped_reads import StampingConnector, StampingHandler, read_stamped
 from workloads.stream_reading import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.timing import client_lag
 
@@ -152,6 +152,9 @@ class _Run:
             async with deadline, self.session.post(item.url, data=item.body, headers=item.headers,
                                                    trace_request_ctx=stamps) as resp:
                 headers_t = perf_counter()
+                protocol = resp.connection.protocol if resp.connection is not None else None
+                if isinstance(protocol, StampingHandler) and protocol.last_rx:
+                    headers_t = min(headers_t, protocol.last_rx)  # the socket read that brought the headers
                 status = resp.status
                 if status != 200:
                     body = await _read_limited(resp.content, ERROR_BODY_LIMIT)

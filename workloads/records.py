@@ -64,7 +64,7 @@ class RequestRecord(BaseModel):
     load_point: str = ""
     warmup: bool = False
     t0_monotonic: float
-    # what we asked for
+    # what we asked for: the prompt's own token count (a server adds BOS and chat templates: see usage)
     prompt_tokens: int
     wanted_output_tokens: int
     output_length_forced: bool
