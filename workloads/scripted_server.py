@@ -385,21 +385,23 @@ class ScriptedServer:
         full_text = "".join(texts)
         per_token = req.protocol == "tgi" or req.flavor == "tgi"
         stalls = {s.after_event: s.seconds for s in schedule.stalls}
-        due = received + schedule.ttft_s
-        generated = 0
+        # every step's bytes are rendered before the first is due, so writing one costs only the write
+        chunks, generated = [], 0
         for i, k in enumerate(steps):
+            finish = "length" if i == len(steps) - 1 and schedule.fault is None else None
+            generated += k
+            chunks.append(fmt.tokens(texts[generated - k:generated], finish, generated, continuous, full_text))
+        role = fmt.role(continuous) if role_pending else b""
+        due = received + schedule.ttft_s
+        for i, (k, chunk) in enumerate(zip(steps, chunks, strict=True)):
             if i == fault_at and await self._fault(request, resp, schedule, fmt, write, openai):
                 return resp
             if i > 0:
                 due += schedule.itl_at(i - 1)
             await _sleep_until(math.ceil(due / schedule.step_s) * schedule.step_s if schedule.step_s else due)
             if role_pending:
-                await write(fmt.role(continuous), [("role", 0)])
+                await write(role, [("role", 0)])
                 role_pending = False
-            last = i == len(steps) - 1
-            finish = "length" if last and schedule.fault is None else None
-            generated += k
-            chunk = fmt.tokens(texts[generated - k:generated], finish, generated, continuous, full_text)
             await write(chunk, [("token", 1)] * k if per_token else [("token", k)])
             self.tokens_total += k
             if schedule.comment_every and (i + 1) % schedule.comment_every == 0:
