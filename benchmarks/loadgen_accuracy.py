@@ -11,8 +11,10 @@ its CPU use (one process, one event loop: at most one core) show the rate one co
 
     python benchmarks/loadgen_accuracy.py [--streams 1,64,256,1000] [--no-rate] [--out benchmarks/results]
 
-The machine is shared: CPU pressure (/proc/pressure/cpu, share of time some task waited for a CPU) is
-recorded for every run; rerun when it is high.
+The client and the server run pinned to two different CPUs (by default the last two): left to the kernel,
+a server that wakes the client tends to pull it onto its own CPU, and the client then waits for the server's
+burst to end before it reads. The machine is shared: CPU pressure (/proc/pressure/cpu, share of time some
+task waited for a CPU) is recorded for every run, and a point is rerun while it is high.
 """
 
 from __future__ import annotations
@@ -59,6 +61,26 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class Pinning:
+    """Pins this process (the client) and the scripted server to given CPUs for the duration of a run."""
+
+    def __init__(self, client: int | None, server: int | None) -> None:
+        self.client, self.server = client, server
+        self.saved: set[int] | None = None
+
+    def apply(self, server_pid: int) -> None:
+        if self.client is None or not hasattr(os, "sched_setaffinity"):
+            return
+        self.saved = os.sched_getaffinity(0)
+        os.sched_setaffinity(server_pid, {self.server})
+        os.sched_setaffinity(0, {self.client})
+
+    def restore(self) -> None:
+        if self.saved is not None:
+            os.sched_setaffinity(0, self.saved)
+            self.saved = None
+
+
 def make_specs(prefix: str, n: int, itl: float, rng: random.Random, out: tuple[int, int] = (20, 120),
                step: float | None = None) -> list[RequestSpec]:
     specs = []
@@ -71,7 +93,8 @@ def make_specs(prefix: str, n: int, itl: float, rng: random.Random, out: tuple[i
     return specs
 
 
-def measure(streams: int, itl: float, per_stream: int, workdir: Path, seed: int, aligned: bool = False) -> dict:
+def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Path, seed: int,
+            aligned: bool = False) -> dict:
     rng = random.Random(seed)
     log = workdir / f"events-{streams}-{'aligned' if aligned else 'free'}.jsonl"
     log.unlink(missing_ok=True)
@@ -79,12 +102,16 @@ def measure(streams: int, itl: float, per_stream: int, workdir: Path, seed: int,
     with scripted_server(event_log=log) as server:
         specs = make_specs("m", streams * per_stream, itl, rng, step=step)
         warm = make_specs("w", streams, itl, rng, out=(4, 8), step=step)
-        pressure0, cpu0, server0, t0 = cpu_pressure_total_us(), self_cpu_s(), process_cpu_s(server.process.pid), \
-            time.perf_counter()
-        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
-        wall = time.perf_counter() - t0
-        client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
-        pressure1 = cpu_pressure_total_us()
+        pin.apply(server.process.pid)
+        try:
+            pressure0, cpu0, server0, t0 = (cpu_pressure_total_us(), self_cpu_s(),
+                                            process_cpu_s(server.process.pid), time.perf_counter())
+            records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
+            wall = time.perf_counter() - t0
+            client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
+            pressure1 = cpu_pressure_total_us()
+        finally:
+            pin.restore()
     measured = [r for r in records if not r.warmup]
     errors = compare(measured, read_event_log(log))
     events = sum(len(r.events) for r in records)
@@ -98,7 +125,7 @@ def measure(streams: int, itl: float, per_stream: int, workdir: Path, seed: int,
     }
 
 
-def rate_point(streams: int, itl: float, seconds: float = 8.0) -> dict:
+def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> dict:
     """Streams that last the whole run; rate and client CPU are taken over its steady middle half."""
     rng = random.Random(7)
     tokens = int(seconds / itl) + 20
@@ -110,12 +137,16 @@ def rate_point(streams: int, itl: float, seconds: float = 8.0) -> dict:
     with scripted_server() as server:
         specs = [RequestSpec(f"rate-{i}", (1,), "x", tokens, extra_headers={"X-Scripted-Schedule": json.dumps(
             {"ttft_s": rng.uniform(0, itl), "itl_s": itl})}) for i in range(streams)]
-        pressure0, server0, t0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid), time.perf_counter()
-        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), progress=sample,
-                                progress_interval_s=0.1)
-        wall = time.perf_counter() - t0
-        server_cpu = process_cpu_s(server.process.pid) - server0
-        pressure1 = cpu_pressure_total_us()
+        pin.apply(server.process.pid)
+        try:
+            pressure0, server0, t0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid), time.perf_counter()
+            records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), progress=sample,
+                                    progress_interval_s=0.1)
+            wall = time.perf_counter() - t0
+            server_cpu = process_cpu_s(server.process.pid) - server0
+            pressure1 = cpu_pressure_total_us()
+        finally:
+            pin.restore()
     times = np.sort(np.concatenate([[r.t0_monotonic + t for t, _, _ in r.events] for r in records]))
     reads = sum(len({t for t, _, _ in r.events}) for r in records)  # events of one read share its time
     first, last = times[0], times[-1]
@@ -152,7 +183,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Load generator accuracy and rate\n\n`{result['command']}`  \n{result['date']}, "
              f"{result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}), kernel "
              f"{result['machine']['kernel']}, Python {result['machine']['python']}, aiohttp "
-             f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}.\n",
+             f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}; client on CPU "
+             f"{result['client_cpu']}, scripted server on CPU {result['server_cpu']}.\n",
              "Errors in ms against the scripted server's write times (client arrival minus server write per "
              "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
              "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a point "
@@ -191,11 +223,18 @@ def main() -> None:
                         help="run a point again (up to this many times) while CPU pressure exceeds --max-pressure; "
                              "the quietest try is kept")
     parser.add_argument("--max-pressure", type=float, default=0.05)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    parser.add_argument("--client-cpu", default=str(cpus[-1]) if len(cpus) >= 2 else "none",
+                        help="CPU for the client (this process), or 'none' to leave placement to the kernel")
+    parser.add_argument("--server-cpu", default=str(cpus[-2]) if len(cpus) >= 2 else "none")
     args = parser.parse_args()
+    pinned = args.client_cpu != "none" and args.server_cpu != "none"
+    pin = Pinning(int(args.client_cpu), int(args.server_cpu)) if pinned else Pinning(None, None)
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"loadgen-accuracy-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "machine": machine(), "accuracy": [], "rate": []}
+              "machine": machine(), "client_cpu": args.client_cpu, "server_cpu": args.server_cpu,
+              "accuracy": [], "rate": []}
     runs = [(int(n), False) for n in args.streams.split(",") if n]
     runs += [(int(n), True) for n in args.aligned.split(",") if n]
     def quietest(run, *run_args) -> dict:
@@ -211,10 +250,10 @@ def main() -> None:
 
     for streams, aligned in runs:
         itl, per_stream = ACCURACY.get(streams, (0.05, 2))
-        result["accuracy"].append(quietest(measure, streams, itl, per_stream, workdir, args.seed, aligned))
+        result["accuracy"].append(quietest(measure, pin, streams, itl, per_stream, workdir, args.seed, aligned))
     if not args.no_rate:
         for gap in (float(g) / 1e3 for g in args.rate_gaps_ms.split(",")):
-            result["rate"].append(quietest(rate_point, args.rate_streams, gap))
+            result["rate"].append(quietest(rate_point, pin, args.rate_streams, gap))
     text = markdown(result)
     print(text)
     if args.out:
