@@ -65,7 +65,8 @@ def test_steps_align_concurrent_streams(server):
     for spec in specs:
         tokens = np.array([t for t, n, kind in log[spec.request_id]["events"] if kind == "token"])
         phase = np.mod(tokens, 0.04)
-        assert np.all((phase < 0.008) | (phase > 0.04 - 1e-3)), phase  # written just after a step boundary
+        # written just after a step boundary (unaligned writes would spread evenly over the 40 ms)
+        assert np.all((phase < 0.015) | (phase > 0.04 - 2e-3)), phase
 
 
 def test_token_texts():
