@@ -113,7 +113,7 @@ def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Pa
         finally:
             pin.restore()
     measured = [r for r in records if not r.warmup]
-    errors = compare(measured, read_event_log(log))
+    errors = compare(measured, read_event_log(log, expect=[r.request_id for r in records]))
     events = sum(len(r.events) for r in records)
     return {
         "streams": streams, "aligned_steps": aligned, "itl_s": itl, "requests": len(measured),

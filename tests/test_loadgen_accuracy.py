@@ -79,7 +79,7 @@ def attempt(tmp_path: Path, seed: int) -> dict:
                 os.sched_setaffinity(0, saved)
     measured = [r for r in records if not r.warmup]
     assert all(r.ok for r in records), [r.error_message for r in records if not r.ok][:3]
-    errors = compare(measured, read_event_log(log))
+    errors = compare(measured, read_event_log(log, expect=[r.request_id for r in records]))
     assert not errors.unmatched and errors.n_requests == len(measured) == 3 * STREAMS
     assert min(errors.event) >= 0  # no event seen before it was written: one clock, read correctly
     summary = errors.summary()

@@ -53,7 +53,7 @@ def test_closed_loop_keeps_exactly_n_in_flight(server):
     specs = make_specs("closed", 30, out=10, schedule={"itl_s": [0.002, 0.011, 0.005]})
     records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(5))
     assert len(records) == 30 and all(r.ok for r in records)
-    log = read_event_log(server.event_log)
+    log = read_event_log(server.event_log, expect=[r.request_id for r in records])
     spans = [(log[r.request_id]["received_s"], log[r.request_id]["events"][-1][0]) for r in records]
     assert max_overlap(spans) == 5
     assert all(r.load_point == "c=5" for r in records)

@@ -43,7 +43,7 @@ def test_schedule_is_kept(server):
     specs = [RequestSpec(f"kept-{i}", (1,), "x", 8, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
              for i in range(3)]
     run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(3))
-    log = read_event_log(server.event_log)
+    log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     for spec in specs:
         entry = log[spec.request_id]
         tokens = [t for t, n, kind in entry["events"] if kind == "token"]
@@ -61,7 +61,7 @@ def test_steps_align_concurrent_streams(server):
     specs = [RequestSpec(f"step-{i}", (1,), "x", 5, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
              for i in range(4)]
     run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(4))
-    log = read_event_log(server.event_log)
+    log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     for spec in specs:
         tokens = np.array([t for t, n, kind in log[spec.request_id]["events"] if kind == "token"])
         phase = np.mod(tokens, 0.04)

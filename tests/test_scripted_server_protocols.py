@@ -52,7 +52,7 @@ def test_live_stream_counts_match_the_server(server, tmp_path, adapter_name, opt
     schedule = {"flavor": flavor, "tokens_per_event": steps, "empty_text_every": 4, "comment_every": 5}
     sent = specs(adapter_name, 3, 9, schedule)
     records = run_load_sync(server.url, adapter, sent, ClosedLoop(3), output_path=tmp_path / "requests.jsonl")
-    truth = read_event_log(server.event_log)
+    truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record, spec in zip(sorted(records, key=lambda r: r.request_id), sent, strict=True):
         assert record.ok, (record.error_kind, record.error_message)
         logged = truth[record.request_id]["events"]
@@ -71,7 +71,7 @@ def test_live_stream_counts_match_the_server(server, tmp_path, adapter_name, opt
 def test_every_token_event_is_timed_after_its_write(server):
     schedule = {"ttft_s": 0.02, "itl_s": [0.004, 0.001, 0.003], "tokens_per_event": 2}
     records = run_load_sync(server.url, get_adapter("vllm"), specs("timed", 4, 12, schedule), ClosedLoop(4))
-    truth = read_event_log(server.event_log)
+    truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record in records:
         logged = truth[record.request_id]
         for (t, _, _), (written, _, _) in zip(record.events, logged["events"], strict=True):

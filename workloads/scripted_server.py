@@ -34,7 +34,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -459,14 +459,27 @@ async def _sleep_until(when: float) -> None:
 # -- reading the event log ---------------------------------------------------------------------------
 
 
-def read_event_log(path: str | Path) -> dict[str, dict[str, Any]]:
-    """The server's log as {request_id: entry} (see the module docstring for the entry's fields)."""
-    out: dict[str, dict[str, Any]] = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            out[entry["request_id"]] = entry
-    return out
+def read_event_log(path: str | Path, expect: Iterable[str] = (), timeout_s: float = 10.0
+                   ) -> dict[str, dict[str, Any]]:
+    """The server's log as {request_id: entry} (see the module docstring for the entry's fields).
+
+    A client can see a response end a moment before the server has logged it: with `expect`, wait (up to
+    `timeout_s`) until every one of those request ids is in the log."""
+    wanted = set(expect)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out: dict[str, dict[str, Any]] = {}
+        text = Path(path).read_text(encoding="utf-8") if Path(path).exists() else ""
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # a line being written right now
+                    continue
+                out[entry["request_id"]] = entry
+        if wanted <= out.keys() or time.monotonic() > deadline:
+            return out
+        time.sleep(0.02)
 
 
 # -- running it ----------------------------------------------------------------------------------------
