@@ -104,3 +104,15 @@ def test_triton_multi_token_steps_show_only_in_the_cross_check(server):
                              tokenizer=lambda text: len(text.split()))
     assert record.ok and record.event_tokens == 3 and record.retokenized_tokens == 9
     assert record.token_count_mismatch
+
+
+@pytest.mark.parametrize("adapter_name,flavor", [("vllm-chat", "vllm"), ("tgi", "tgi"), ("trtllm-chat", "trtllm")])
+def test_events_split_across_reads(server, adapter_name, flavor):
+    """Every event written in two pieces 2 ms apart: each arrives in two reads and is still read whole."""
+    options = {"model": "scripted-model"} if flavor == "trtllm" else {}
+    sent = specs(f"split-{adapter_name}", 2, 5, {"flavor": flavor, "split_events": True})
+    records = run_load_sync(server.url, get_adapter(adapter_name, **options), sent, ClosedLoop(2))
+    truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
+    for record in records:
+        assert record.ok and record.output_tokens == record.wanted_output_tokens
+        assert [n for _, n, _ in record.events] == [n for _, n, _ in truth[record.request_id]["events"]]
