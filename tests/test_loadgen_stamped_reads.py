@@ -1,0 +1,77 @@
+"""Socket-read stamping: the body comes back whole, each piece with the time of the read that brought it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from itertools import pairwise
+
+import aiohttp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workloads.scripted_server import ScriptedSchedule, scripted_server
+from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=12))
+def test_cutting_at_marks_keeps_every_byte_in_order(body, offsets):
+    # marks as the protocol makes them: rising cumulative offsets, the last at the end of the body
+    totals = sorted({min(o, len(body)) for o in offsets} | {len(body)})
+    marks = [(float(i), total) for i, total in enumerate(totals)]
+    pieces = _cut(body, marks)
+    assert b"".join(piece for _, piece in pieces) == body
+    for t, total in marks:  # everything up to a mark's offset carries that mark's time or an earlier one
+        assert sum(len(piece) for tt, piece in pieces if tt <= t) == total
+
+
+async def post(url: str, connector_class: type[aiohttp.TCPConnector], schedule: dict, tokens: int
+               ) -> tuple[list[tuple[float, bytes]], BaseException | None]:
+    chunks: list[tuple[float, bytes]] = []
+    connector = connector_class()
+    request = {"prompt": "x", "max_tokens": tokens, "stream": True}
+    async with (aiohttp.ClientSession(connector=connector) as session,
+                session.post(url + "/v1/completions", json=request,
+                             headers={"X-Scripted-Schedule": json.dumps(schedule)}) as response):
+        assert isinstance(response.connection.protocol, StampingHandler) == isinstance(connector, StampingConnector)
+        try:
+            await read_stamped(response, chunks)
+        except aiohttp.ClientPayloadError as exc:
+            return chunks, exc
+    return chunks, None
+
+
+def test_pieces_carry_the_time_of_their_read_with_and_without_stamping():
+    with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.03)) as server:
+        for connector_class in (StampingConnector, aiohttp.TCPConnector):
+            chunks, error = asyncio.run(post(server.url, connector_class, {}, 6))
+            assert error is None
+            body = b"".join(piece for _, piece in chunks)
+            assert body.count(b"data: ") == 7 and body.endswith(b"data: [DONE]\n\n")  # 6 tokens and [DONE]
+            times = [t for t, _ in chunks]
+            assert times == sorted(times)
+            assert sum(b'"text"' in piece for _, piece in chunks) >= 5  # tokens 30 ms apart: separate reads
+            assert max(b - a for a, b in pairwise(times)) > 0.02
+
+
+def test_a_body_cut_short_keeps_what_arrived():
+    with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.01)) as server:
+        chunks, error = asyncio.run(post(server.url, StampingConnector,
+                                         {"fault": "reset", "fault_after_events": 3}, 9))
+    assert error is not None and "ConnectionResetError" in str(error)
+    assert b"".join(piece for _, piece in chunks).count(b'"text"') == 3
+
+
+def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
+    """The reader's buffer fills past aiohttp's high-water mark while the body is watched: no pause."""
+    from adapters import get_adapter
+    from workloads import loadgen
+    from workloads.loadgen import Timeouts, run_load_sync
+    from workloads.schedule import ClosedLoop
+    from workloads.spec import RequestSpec
+
+    monkeypatch.setattr(loadgen, "READ_BUFFER", 2**12)  # high water: 8 KiB, ~30 events
+    with scripted_server(default_schedule=ScriptedSchedule()) as server:
+        records = run_load_sync(server.url, get_adapter("vllm"), [RequestSpec("big", (1,), "x", 3000)],
+                                ClosedLoop(1), timeouts=Timeouts(request_s=20, read_s=5))
+    assert records[0].ok and records[0].output_tokens == 3000

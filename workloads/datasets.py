@@ -1,0 +1,288 @@
+"""Datasets of token-exact requests: each `RequestSpec` holds the prompt as token ids and as text, and the
+output length wanted.
+
+- `random`: random tokens, input and output lengths fixed or drawn (uniform, normal, lognormal), seeded.
+  The text of the ids is re-encoded and the ids adjusted until the target tokenizer gives back exactly the
+  wanted count, so the prompt has that many tokens whichever form is sent.
+- `fixed`: the seed scenario, 512 tokens in, 128 out.
+- `sharegpt`: a local ShareGPT JSON file (first human turn as prompt, the answer's length as output).
+- `jsonl`: a prompts file, one `{"prompt": ..., "output_tokens": ...}` per line (output optional).
+- `prefix`: groups of requests sharing one prefix (token-exact, kept intact at the join), to exercise
+  prefix caching.
+
+Lengths are given as `LengthDist` or a string: `"512"`, `"fixed:512"`, `"uniform:LOW:HIGH"`,
+`"normal:MEAN:STD"`, `"lognormal:MEDIAN:SIGMA"` (draws are rounded and kept >= 1).
+The tokenizer is any Hugging Face tokenizer (`encode(text, add_special_tokens=False)`, `decode(ids)`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from workloads.spec import RequestSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    kind: Literal["fixed", "uniform", "normal", "lognormal"]
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, value: LengthDist | str | int) -> LengthDist:
+        if isinstance(value, LengthDist):
+            return value
+        if isinstance(value, int):
+            return cls("fixed", value)
+        parts = str(value).strip().split(":")
+        try:
+            if len(parts) == 1:
+                return cls("fixed", float(parts[0]))
+            kind, numbers = parts[0], [float(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
+                             f"or lognormal:MEDIAN:SIGMA") from None
+        expected = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
+        if kind not in expected or len(numbers) != expected[kind]:
+            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
+                             f"or lognormal:MEDIAN:SIGMA")
+        return cls(kind, *numbers)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        if self.kind in ("fixed", "uniform", "normal", "lognormal") and self.a < 1 and self.kind != "normal":
+            raise ValueError(f"{self.kind} length needs a first value >= 1, got {self.a}")
+        if self.kind == "uniform" and self.b < self.a:
+            raise ValueError(f"uniform length needs LOW <= HIGH, got {self.a}:{self.b}")
+        if self.kind in ("normal", "lognormal") and self.b < 0:
+            raise ValueError(f"{self.kind} length needs a spread >= 0, got {self.b}")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            values = np.full(n, self.a)
+        elif self.kind == "uniform":
+            values = rng.integers(int(self.a), int(self.b), size=n, endpoint=True)
+        elif self.kind == "normal":
+            values = rng.normal(self.a, self.b, size=n)
+        else:
+            values = np.exp(rng.normal(np.log(self.a), self.b, size=n))
+        return np.maximum(np.rint(values), 1).astype(int)
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    try:
+        return tokenizer.decode(list(ids), clean_up_tokenization_spaces=False)
+    except TypeError:  # a `tokenizers.Tokenizer`
+        return tokenizer.decode(list(ids))
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(getattr(ids, "ids", ids))
+
+
+def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
+    """Token ids to draw random prompts from: not special (BOS, EOS, pad, ...), and decoding on their own to
+    whole characters (byte-level vocabularies also hold lone UTF-8 bytes, whose random sequences are not
+    text)."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.get_vocab_size()
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    keep = []
+    for i in range(size):
+        if i in special:
+            continue
+        piece = _decode(tokenizer, [i])
+        if piece and "\ufffd" not in piece:
+            keep.append(i)
+    if not keep:
+        raise ValueError("the tokenizer has no ordinary tokens to draw prompts from")
+    return np.array(keep, dtype=np.int64)
+
+
+def token_exact_prompt(tokenizer: Any, n: int, rng: np.random.Generator, allowed: np.ndarray | None = None,
+                       attempts: int = 50) -> tuple[list[int], str]:
+    """A random prompt of exactly `n` tokens: returns `(ids, text)` with `encode(text) == ids` and
+    `decode(ids) == text`.
+
+    Random ids are decoded and re-encoded (merges change the count); a re-encoding that is too long is cut
+    back to a whole character and topped up with new random ids, until the count holds."""
+    if n < 1:
+        raise ValueError(f"a prompt needs at least one token, got {n}")
+    pool = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    ids = rng.choice(pool, n).tolist()
+    for _ in range(attempts):
+        text = _decode(tokenizer, ids)
+        back = _encode(tokenizer, text)
+        if len(back) == n:
+            again = _decode(tokenizer, back)
+            if _encode(tokenizer, again) == back:
+                return back, again
+        if len(back) > n:
+            keep = n
+            while keep > 0 and "\ufffd" in _decode(tokenizer, back[:keep]):
+                keep -= 1  # do not cut a character's bytes apart
+            back = back[:keep]
+        ids = back + rng.choice(pool, n - len(back)).tolist()
+    raise ValueError(f"could not find a {n}-token prompt that survives decode/encode in {attempts} tries")
+
+
+def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
+                   output_len: LengthDist | str | int, seed: int = 0, id_prefix: str = "random"
+                   ) -> list[RequestSpec]:
+    """`n` random token-exact prompts with drawn input and output lengths."""
+    rng = np.random.default_rng(seed)
+    ins = LengthDist.parse(input_len).sample(rng, n)
+    outs = LengthDist.parse(output_len).sample(rng, n)
+    allowed = ordinary_token_ids(tokenizer)
+    specs = []
+    for i in range(n):
+        ids, text = token_exact_prompt(tokenizer, int(ins[i]), rng, allowed)
+        specs.append(RequestSpec(f"{id_prefix}-{i}", tuple(ids), text, int(outs[i])))
+    return specs
+
+
+def fixed_dataset(tokenizer: Any, n: int, seed: int = 0, id_prefix: str = "fixed") -> list[RequestSpec]:
+    """The seed scenario: 512 tokens in, 128 out."""
+    return random_dataset(tokenizer, n, 512, 128, seed, id_prefix)
+
+
+def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, seed: int = 0,
+                     output_len: LengthDist | str | int | None = None, min_tokens: int = 4,
+                     max_input: int | None = None, max_output: int | None = None, id_prefix: str = "sharegpt"
+                     ) -> list[RequestSpec]:
+    """Conversations from a local ShareGPT file: the first human turn is the prompt; the wanted output
+    length is the token count of the answer (or drawn from `output_len`). Pairs shorter than `min_tokens`
+    or longer than the maxima are left out, the rest shuffled with `seed` and the first `n` kept."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ShareGPT file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(data))
+    drawn = LengthDist.parse(output_len) if output_len is not None else None
+    specs: list[RequestSpec] = []
+    skipped = 0
+    for index in order:
+        if n is not None and len(specs) >= n:
+            break
+        pair = _first_exchange(data[index])
+        if pair is None:
+            skipped += 1
+            continue
+        prompt_ids = _encode(tokenizer, pair[0])
+        out = int(drawn.sample(rng, 1)[0]) if drawn else len(_encode(tokenizer, pair[1]))
+        if (len(prompt_ids) < min_tokens or out < min_tokens or (max_input and len(prompt_ids) > max_input)
+                or (max_output and out > max_output)):
+            skipped += 1
+            continue
+        entry = data[index]
+        name = entry.get("id", index) if isinstance(entry, dict) else index
+        specs.append(RequestSpec(f"{id_prefix}-{name}", tuple(prompt_ids), pair[0], out))
+    if skipped:
+        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path, skipped)
+    if not specs:
+        raise ValueError(f"{path}: no usable conversation (human turn then answer, within the length limits)")
+    return specs
+
+
+def _first_exchange(entry: Any) -> tuple[str, str] | None:
+    if not isinstance(entry, dict):
+        return None
+    turns = entry.get("conversations") or entry.get("conversation")
+    if not isinstance(turns, list):
+        return None
+    for first, second in pairwise(turns):
+        if (isinstance(first, dict) and isinstance(second, dict) and first.get("from") in ("human", "user")
+                and second.get("from") in ("gpt", "assistant", "chatgpt")
+                and isinstance(first.get("value"), str) and isinstance(second.get("value"), str)):
+            return first["value"], second["value"]
+    return None
+
+
+def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = None, id_prefix: str = "jsonl"
+                  ) -> list[RequestSpec]:
+    """A prompts file: one JSON object per line with `prompt` and optionally `output_tokens` (or
+    `max_tokens`) and `id`. Lines without an output length take `output_tokens`."""
+    path = Path(path)
+    specs = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not a JSON line: {exc}") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
+        out = obj.get("output_tokens", obj.get("max_tokens", output_tokens))
+        if not isinstance(out, int) or isinstance(out, bool) or out < 1:
+            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the line, "
+                             f"or a default)")
+        ids = _encode(tokenizer, obj["prompt"])
+        specs.append(RequestSpec(f"{id_prefix}-{obj.get('id', number)}", tuple(ids), obj["prompt"], out))
+    if not specs:
+        raise ValueError(f"{path}: no prompts")
+    return specs
+
+
+def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int,
+                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int, seed: int = 0,
+                   id_prefix: str = "prefix", attempts: int = 100) -> list[RequestSpec]:
+    """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
+    exactly (the join with each suffix is checked not to merge tokens), interleaved group by group."""
+    if n_groups < 1 or per_group < 1:
+        raise ValueError("n_groups and per_group must be >= 1")
+    rng = np.random.default_rng(seed)
+    allowed = ordinary_token_ids(tokenizer)
+    suffixes = LengthDist.parse(suffix_len).sample(rng, n_groups * per_group)
+    outs = LengthDist.parse(output_len).sample(rng, n_groups * per_group)
+    groups = []
+    for g in range(n_groups):
+        prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        members = []
+        for j in range(per_group):
+            k = g * per_group + j
+            for _ in range(attempts):
+                suffix_ids, _ = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
+                text = _decode(tokenizer, prefix_ids + suffix_ids)
+                ids = _encode(tokenizer, text)
+                if ids == prefix_ids + suffix_ids:  # the join did not merge or split tokens
+                    break
+            else:
+                raise ValueError(f"could not join a suffix to group {g}'s prefix without merging tokens "
+                                 f"in {attempts} tries")
+            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]), group=f"g{g}"))
+        groups.append(members)
+    return [members[j] for j in range(per_group) for members in groups]
+
+
+DATASETS: dict[str, Callable[..., list[RequestSpec]]] = {
+    "random": random_dataset,
+    "fixed": fixed_dataset,
+    "sharegpt": sharegpt_dataset,
+    "jsonl": jsonl_dataset,
+    "prefix": prefix_dataset,
+}
+
+
+def make_dataset(name: str, *args: Any, **options: Any) -> list[RequestSpec]:
+    """`DATASETS[name](*args, **options)`, with a clear error for an unknown name."""
+    try:
+        build = DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
+    return build(*args, **options)

@@ -1,0 +1,569 @@
+"""The load generator: sends token-exact requests on a schedule and records, per request, when every
+byte-level fact happened.
+
+One asyncio loop (uvloop when installed, via `run_load_sync`), one shared aiohttp session with keep-alive
+and a connection pool sized to the load. The hot path does as little as possible: each socket read is
+stamped by the connection's protocol as it happens (`workloads.stamped_reads`), and the request's coroutine
+wakes once, when the body has ended; the server-sent events are then decoded and read by the adapter, each
+stamped with the time of the socket read that completed it. The client's own queueing (hundreds of streams
+readable at once) thereby stays out of the timestamps.
+
+A record is appended to `requests.jsonl` (flushed) as each request ends, failed or not (a single recorder
+task reads the finished responses a slice at a time, so a record lands a few milliseconds after its request
+ended, and many requests ending at once do not hold up the others' timestamps). Cancelling the run
+(Ctrl-C under `run_load_sync`, or cancelling the task running `run_load`) records the requests in flight
+as `cancelled` and returns normally with everything recorded so far.
+
+    records = run_load_sync("http://127.0.0.1:8000", get_adapter("vllm"), specs, ClosedLoop(8),
+                            output_path=Path("runs/x/requests.jsonl"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import gc
+import itertools
+import json
+import logging
+import uuid
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+import numpy as np
+from yarl import URL
+
+from adapters.base import Adapter
+from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
+from workloads.spec import RequestSpec
+from workloads.stamped_reads import StampingConnector, StampingHandler, read_stamped
+from workloads.stream_reading import SLICE_S, StreamReading, reading_steps, run_to_end
+from workloads.timing import client_lag
+
+log = logging.getLogger(__name__)
+
+ERROR_BODY_LIMIT = 4096  # bytes of a non-200 response body kept in the record
+READ_BUFFER = 2**20  # aiohttp's read buffer size per connection
+GC_EVERY_FAILURES = 2000  # one garbage collection per this many failed requests (see run_load)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """`request_s`: the whole request (-> `timeout`). `read_s`: longest silence while waiting for the
+    response headers (-> `headers_timeout`) or between two reads of the body (-> `stall`); None: no limit.
+    `connect_s`: opening a TCP connection (-> `connect_timeout`)."""
+
+    request_s: float = 600.0
+    read_s: float | None = 120.0
+    connect_s: float = 10.0
+
+
+TokenCounter = Callable[[str], int]
+
+
+def token_counter(tokenizer: Any) -> TokenCounter:
+    """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a callable."""
+    if hasattr(tokenizer, "encode"):
+        def count(text: str) -> int:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            return len(getattr(ids, "ids", ids))
+        return count
+    if callable(tokenizer):
+        return tokenizer
+    raise TypeError(f"cannot count tokens with {type(tokenizer).__name__}: give a tokenizer or a callable")
+
+
+@dataclass(frozen=True, slots=True)
+class _RawResponse:
+    """What the hot path collected for one request, before any decoding."""
+
+    start: float
+    send: float | None
+    headers: float | None
+    end: float
+    status: int | None
+    chunks: list[tuple[float, bytes]]
+    streaming: bool
+    error: tuple[ErrorKind, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A request ready to send: built and encoded before the run so the hot path only sends."""
+
+    request_id: str
+    spec: RequestSpec
+    url: URL
+    body: bytes
+    headers: dict[str, str]
+
+
+class _Run:
+    def __init__(self, url: str, adapter: Adapter, timeouts: Timeouts, writer: RecordWriter | None,
+                 count_tokens: TokenCounter | None, backend: str, variant: str, load_point: str, run_id: str,
+                 progress: Callable[[list[RequestRecord]], None] | None) -> None:
+        self.base = URL(url)
+        if not self.base.is_absolute():
+            raise ValueError(f"endpoint URL must be absolute (http://host:port), got {url!r}")
+        self.adapter = adapter
+        self.timeouts = timeouts
+        self.writer = writer
+        self.count_tokens = count_tokens
+        self.backend, self.variant, self.load_point, self.run_id = backend, variant, load_point, run_id
+        self.progress = progress
+        self.records: list[RequestRecord] = []
+        self.t0 = perf_counter()
+        self.session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
+        self._failures = 0
+        self.measured_start: float | None = None
+        self.finished: collections.deque[tuple[_Prepared, float, bool, _RawResponse]] = collections.deque()
+        self._work = asyncio.Event()
+
+    # -- preparing -----------------------------------------------------------------------------------
+
+    def prepare(self, spec: RequestSpec, request_id: str) -> _Prepared:
+        request = self.adapter.build_request(spec, stream=True)
+        url = self._urls.get(request.path)
+        if url is None:
+            url = self._urls[request.path] = self.base.join(URL(request.path))
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **request.headers,
+                   **spec.extra_headers, "X-Request-Id": request_id}
+        body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode()
+        return _Prepared(request_id, spec, url, body, headers)
+
+    # -- one request ---------------------------------------------------------------------------------
+
+    async def execute(self, item: _Prepared, scheduled: float, warmup: bool) -> None:
+        """Send one request and hand what happened to `record_finished`; never raises except
+        CancelledError (after handing over)."""
+        assert self.session is not None
+        stamps: dict[str, float] = {}
+        chunks: list[tuple[float, bytes]] = []
+        status: int | None = None
+        headers_t: float | None = None
+        streaming = True
+        error: tuple[ErrorKind, str] | None = None
+        cancelled = False
+        start = perf_counter()
+        deadline = asyncio.timeout(self.timeouts.request_s)
+        try:
+            async with deadline, self.session.post(item.url, data=item.body, headers=item.headers,
+                                                   trace_request_ctx=stamps) as resp:
+                headers_t = perf_counter()
+                protocol = resp.connection.protocol if resp.connection is not None else None
+                if isinstance(protocol, StampingHandler) and protocol.last_rx:
+                    headers_t = min(headers_t, protocol.last_rx)  # the socket read that brought the headers
+                status = resp.status
+                if status != 200:
+                    body = await _read_limited(resp.content, ERROR_BODY_LIMIT)
+                    error = (ErrorKind.HTTP_STATUS,
+                             f"HTTP {status} {resp.reason or ''}: {body.decode('utf-8', 'replace')}".strip())
+                else:
+                    streaming = resp.content_type == "text/event-stream"
+                    await read_stamped(resp, chunks)
+        except asyncio.CancelledError:
+            error = (ErrorKind.CANCELLED, "the run was stopped while this request was in flight")
+            cancelled = True
+        except Exception as exc:  # every failure becomes a record
+            error = _classify(exc, deadline.expired(), headers_t is not None, self.timeouts)
+            self._failures += 1
+            if self._failures % GC_EVERY_FAILURES == 0:
+                gc.collect()
+        end = perf_counter()
+        self.finished.append((item, scheduled, warmup,
+                              _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming,
+                                           error)))
+        self._work.set()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    # -- turning the raw facts into records ----------------------------------------------------------
+
+    async def record_finished(self) -> None:
+        """The one task that reads finished responses and writes their records, a ~0.1 ms slice of work
+        at a time: when many requests end together, their reading cannot hold up the loop for long, and
+        the workers move on to their next request meanwhile."""
+        while True:
+            while self.finished:
+                item, scheduled, warmup, raw = self.finished[0]  # left in place until stored: if this task
+                reading = StreamReading()                       # is cancelled, record_all_now still has it
+                if raw.status == 200:
+                    reading = await _drive(reading_steps(self.adapter, raw.chunks, raw.streaming, SLICE_S))
+                self.finished.popleft()
+                self._store(self._record(item, scheduled, warmup, raw, reading))
+            self._work.clear()
+            await self._work.wait()
+
+    def record_all_now(self) -> None:
+        """Record what is still waiting, without pausing (the run is over)."""
+        while self.finished:
+            item, scheduled, warmup, raw = self.finished.popleft()
+            reading = StreamReading()
+            if raw.status == 200:
+                reading = run_to_end(reading_steps(self.adapter, raw.chunks, raw.streaming, None))
+            self._store(self._record(item, scheduled, warmup, raw, reading))
+
+    def _store(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.writer is not None:
+            self.writer.append(record)
+
+    def _record(self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse,
+                reading: StreamReading) -> RequestRecord:
+        t0 = self.t0
+        error = raw.error or reading.problem  # a transport error explains everything after it
+        events = reading.events
+        usage_completion = reading.usage_completion_tokens
+        event_tokens = reading.event_tokens
+        retokenized = self.count_tokens(reading.text) if self.count_tokens is not None and events else None
+        known = {n for n in (usage_completion, event_tokens if events else None, retokenized) if n is not None}
+        return RequestRecord(
+            run_id=self.run_id, request_id=item.request_id, backend=self.backend, variant=self.variant,
+            load_point=self.load_point, warmup=warmup, t0_monotonic=t0,
+            prompt_tokens=item.spec.prompt_len, wanted_output_tokens=item.spec.wanted_output_tokens,
+            output_length_forced=self.adapter.forces_output_length,
+            scheduled_s=scheduled - t0, start_s=raw.start - t0,
+            send_s=None if raw.send is None else raw.send - t0,
+            headers_s=None if raw.headers is None else raw.headers - t0, end_s=raw.end - t0,
+            events=[(t - t0, n, len(e.text)) for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
+            http_status=raw.status, finish_reason=reading.finish_reason,
+            usage_prompt_tokens=reading.usage_prompt_tokens, usage_completion_tokens=usage_completion,
+            event_tokens=event_tokens,
+            output_tokens=usage_completion if usage_completion is not None else event_tokens,
+            output_tokens_source="usage" if usage_completion is not None else "events",
+            retokenized_tokens=retokenized, token_count_mismatch=len(known) > 1,
+            error_kind=None if error is None else error[0], error_message=None if error is None else error[1],
+        )
+
+    # -- schedules -----------------------------------------------------------------------------------
+
+    async def closed_loop(self, warm: Iterator[_Prepared], items: Iterator[_Prepared], concurrency: int,
+                          ramp_up_s: float, max_duration_s: float | None) -> None:
+        """`concurrency` workers, started `ramp_up_s / concurrency` apart, each sending its next request when
+        the last one ends: warm-up requests first, then measured ones, so the measured phase starts at full
+        concurrency without a burst. The duration bound counts from the first measured request."""
+        deadline: list[float] = []
+
+        async def worker(k: int) -> None:
+            if ramp_up_s and k:
+                await asyncio.sleep(k * ramp_up_s / concurrency)
+            for item in warm:  # the iterators are shared: each worker takes the next request
+                await self.execute(item, perf_counter(), True)
+            for item in items:
+                now = perf_counter()
+                if self.measured_start is None:
+                    self.measured_start = now
+                    if max_duration_s is not None:
+                        deadline.append(now + max_duration_s)
+                if deadline and now >= deadline[0]:
+                    return
+                await self.execute(item, now, False)
+
+        await _gather_all([worker(k) for k in range(concurrency)])
+
+    async def open_loop(self, items: Iterator[_Prepared], offsets: Iterator[float], start: float,
+                        deadline: float | None, max_concurrency: int | None) -> None:
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        inflight: set[asyncio.Task] = set()
+
+        async def send(item: _Prepared, when: float) -> None:
+            if slots is None:
+                await self.execute(item, when, False)
+                return
+            async with slots:
+                await self.execute(item, when, False)
+
+        try:
+            for item, offset in zip(items, offsets, strict=False):
+                when = start + offset
+                if deadline is not None and when >= deadline:
+                    break
+                # the loop's timers may fire up to a millisecond early: sleep again for what is left
+                while (delay := when - perf_counter()) > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(send(item, when))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+            await _gather_all(list(inflight))
+        except asyncio.CancelledError:
+            await _cancel_all(list(inflight))
+            raise
+
+    async def report_progress(self, interval: float) -> None:
+        assert self.progress is not None
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.progress(self.records)
+            except Exception:
+                log.exception("the progress callback failed; the run goes on")
+
+
+async def _drive(steps: Generator[None, None, StreamReading]) -> StreamReading:
+    """Run `reading_steps`, letting the event loop in at each pause."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
+
+
+async def _gather_all(coros_or_tasks: Sequence[Any]) -> None:
+    """Run all to the end; on cancellation cancel all and wait until each has recorded itself."""
+    tasks = [asyncio.ensure_future(c) for c in coros_or_tasks]
+    try:
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        await _cancel_all(tasks)
+        raise
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _read_limited(content: aiohttp.StreamReader, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        data = await content.read(limit - size)
+        if not data:
+            break
+        parts.append(data)
+        size += len(data)
+    return b"".join(parts)
+
+
+def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeouts: Timeouts
+              ) -> tuple[ErrorKind, str]:
+    """Map an exception from the HTTP exchange to an error kind and a message."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if total_expired:
+        return ErrorKind.TIMEOUT, f"the request took longer than {timeouts.request_s} s"
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ErrorKind.CONNECT_TIMEOUT, f"no connection within {timeouts.connect_s} s ({text})"
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeout
+        if headers_seen:
+            return ErrorKind.STALL, f"no data for {timeouts.read_s} s in the body ({text})"
+        return ErrorKind.HEADERS_TIMEOUT, f"no response headers within {timeouts.read_s} s ({text})"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError) or exc.os_error.errno == errno.ECONNREFUSED:
+            return ErrorKind.CONNECTION_REFUSED, text
+        return ErrorKind.CONNECT_FAILED, text
+    causes = list(_chain(exc))
+    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET for c in causes):
+        return ErrorKind.CONNECTION_RESET, text
+    if isinstance(exc, aiohttp.ClientPayloadError) and "ConnectionResetError" in str(exc):
+        # aiohttp keeps the socket error of a body cut short only in the message of ClientPayloadError
+        return ErrorKind.CONNECTION_RESET, text
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return ErrorKind.SERVER_DISCONNECTED, text
+    if isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerConnectionError):
+        return ErrorKind.SERVER_DISCONNECTED, text
+    return ErrorKind.CLIENT_ERROR, text
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _items(run: _Run, specs: Sequence[RequestSpec], count: int | None) -> Iterator[_Prepared]:
+    """Prepared requests: each spec once, or cycled to `count` (None: forever) with `~k` id suffixes."""
+    prepared = [run.prepare(spec, spec.request_id) for spec in specs]
+    seen: set[str] = set()
+    for p in prepared:
+        if p.request_id in seen:
+            raise ValueError(f"request id {p.request_id!r} appears twice in the specs")
+        seen.add(p.request_id)
+    laps = itertools.count() if count is None else range(-(-count // len(prepared)) if prepared else 0)
+    produced = 0
+    for lap in laps:
+        for p in prepared:
+            if count is not None and produced >= count:
+                return
+            produced += 1
+            yield p if lap == 0 else _Prepared(f"{p.request_id}~{lap}", p.spec, p.url, p.body,
+                                               {**p.headers, "X-Request-Id": f"{p.request_id}~{lap}"})
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    """Stamps the moment the request bytes are handed to the socket (the body write, headers coalesced)."""
+    config = aiohttp.TraceConfig()
+
+    async def on_chunk_sent(_session: Any, ctx: Any, _params: Any) -> None:
+        stamps = ctx.trace_request_ctx
+        if stamps is not None and "send" not in stamps:
+            stamps["send"] = perf_counter()
+
+    config.on_request_chunk_sent.append(on_chunk_sent)
+    return config
+
+
+async def run_load(
+    url: str,
+    adapter: Adapter,
+    specs: Sequence[RequestSpec],
+    schedule: Schedule,
+    *,
+    output_path: str | Path | None = None,
+    warmup_specs: Sequence[RequestSpec] = (),
+    warmup_concurrency: int | None = None,
+    ramp_up_s: float | None = None,
+    backend: str | None = None,
+    variant: str = "",
+    load_point: str | None = None,
+    timeouts: Timeouts = Timeouts(),
+    max_requests: int | None = None,
+    max_duration_s: float | None = None,
+    tokenizer: Any = None,
+    progress: Callable[[list[RequestRecord]], None] | None = None,
+    progress_interval_s: float = 1.0,
+    run_id: str | None = None,
+    summary_path: str | Path | None = None,
+) -> list[RequestRecord]:
+    """Drive `url` (e.g. `http://127.0.0.1:8000`) with `specs` on `schedule` and return every record.
+
+    - warm-up: `warmup_specs` are sent first and recorded with `warmup=True` (their consumers exclude
+      them from results). In a closed loop every worker takes warm-up requests until none is left, then
+      measured ones, so the measured phase starts at full concurrency; before an open loop or a trace they
+      run as a closed loop at `warmup_concurrency` (default min(8, count)).
+    - `ramp_up_s` (closed loop): workers start this far apart in total (default 1 ms per worker, at most
+      5 s), so that a thousand streams do not all send in the same instant.
+    - bounds: `max_requests` (specs are cycled, ids suffixed `~k`, if it exceeds their number) and
+      `max_duration_s` (no new request after it; in-flight ones finish). Without either, each spec once.
+    - `output_path`: requests.jsonl to append to; the run summary goes to `summary_path` (default:
+      `runs.jsonl` beside it).
+    - `tokenizer`: re-tokenises each response's text as a cross-check of the token counts.
+    - `progress(records)` is called every `progress_interval_s` with the records so far (do not modify).
+    Cancellation records the in-flight requests as `cancelled` and returns normally.
+    """
+    if not specs:
+        raise ValueError("no request specs to send")
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+    if max_duration_s is not None and not max_duration_s > 0:
+        raise ValueError(f"max_duration_s must be > 0, got {max_duration_s}")
+    writer = RecordWriter(output_path) if output_path is not None else None
+    if summary_path is None and output_path is not None:
+        summary_path = Path(output_path).with_name("runs.jsonl")
+    run = _Run(url, adapter, timeouts, writer, token_counter(tokenizer) if tokenizer is not None else None,
+               backend or adapter.name, variant, load_point or schedule.label, run_id or uuid.uuid4().hex[:12],
+               progress)
+    count = max_requests if max_requests is not None else (None if max_duration_s is not None else len(specs))
+    items = _items(run, specs, count)  # builds and checks every request before anything is sent
+    first = next(items)
+    items = itertools.chain([first], items)
+    warm_items = list(_items(run, warmup_specs, len(warmup_specs))) if warmup_specs else []
+
+    # the pool holds as many connections as requests can be in flight (0: no limit, for an uncapped open loop)
+    pool = schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency or 0
+    connector = StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s)
+    interrupted = False
+    progress_task = None
+    # The cyclic garbage collector pauses the loop for 1-20 ms per collection, long enough to show in the
+    # timestamps. Measured, a successful request leaves no cyclic garbage, so collection is paused for the
+    # run (after freezing what already exists); failed connections leave about 90 objects each, so every
+    # GC_EVERY_FAILURES of them trigger one collection.
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout, read_bufsize=READ_BUFFER,
+                                     trace_configs=[_trace_config()], raise_for_status=False) as session:
+        run.session = session
+        if progress is not None:
+            progress_task = asyncio.create_task(run.report_progress(progress_interval_s))
+        recorder = asyncio.create_task(run.record_finished())
+        try:
+            if isinstance(schedule, ClosedLoop):
+                ramp = min(schedule.concurrency * 1e-3, 5.0) if ramp_up_s is None else ramp_up_s
+                await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, max_duration_s)
+            else:
+                if warm_items:
+                    concurrency = warmup_concurrency or min(len(warm_items), 8)
+                    await run.closed_loop(iter(warm_items), iter(()), concurrency, 0.0, None)
+                run.measured_start = start = perf_counter()
+                deadline = None if max_duration_s is None else start + max_duration_s
+                await run.open_loop(items, schedule.iter_offsets(), start, deadline, schedule.max_concurrency)
+        except asyncio.CancelledError:
+            interrupted = True
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            log.warning("run %s interrupted: in-flight requests recorded as cancelled", run.run_id)
+        finally:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
+            run.record_all_now()
+            if progress_task is not None:
+                progress_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await progress_task
+                if progress is not None:
+                    with contextlib.suppress(Exception):
+                        progress(run.records)
+    gc.unfreeze()
+    if gc_was_enabled:
+        gc.enable()
+    summary = _summary(run, schedule, interrupted)
+    if writer is not None:
+        writer.close()
+    if summary_path is not None:
+        with RecordWriter(summary_path) as summary_writer:
+            summary_writer.append(summary)
+    return run.records
+
+
+def _summary(run: _Run, schedule: Schedule, interrupted: bool) -> RunSummary:
+    measured = [r for r in run.records if not r.warmup]
+    sends = sorted(r.send_s for r in measured if r.send_s is not None)
+    lags = np.array([lag for r in measured if (lag := client_lag(r)) is not None])
+    errors: dict[str, int] = {}
+    for r in measured:
+        if r.error_kind is not None:
+            errors[str(r.error_kind)] = errors.get(str(r.error_kind), 0) + 1
+    offered = schedule.rate if isinstance(schedule, OpenLoop | TraceReplay) else None
+    achieved = (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 and sends[-1] > sends[0] else None
+    return RunSummary(
+        run_id=run.run_id, backend=run.backend, variant=run.variant, load_point=run.load_point,
+        t0_monotonic=run.t0, schedule=schedule.describe() | {"adapter": run.adapter.describe()},
+        measured_start_s=(run.measured_start or run.t0) - run.t0, wall_s=perf_counter() - run.t0,
+        n_warmup=len(run.records) - len(measured), n_measured=len(measured), n_sent=len(sends),
+        n_ok=sum(r.ok for r in measured), errors=errors, offered_rate=offered, achieved_rate=achieved,
+        lag_p50_s=float(np.percentile(lags, 50)) if lags.size else None,
+        lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,
+        lag_max_s=float(lags.max()) if lags.size else None, interrupted=interrupted,
+    )
+
+
+def run_load_sync(*args: Any, **kwargs: Any) -> list[RequestRecord]:
+    """`run_load` in a fresh event loop (uvloop when installed). Ctrl-C stops the run cleanly: in-flight
+    requests are recorded as cancelled and the records so far are returned."""
+    with new_runner() as runner:
+        return runner.run(run_load(*args, **kwargs))
+
+
+def new_runner() -> asyncio.Runner:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)

@@ -1,0 +1,71 @@
+"""The declared metric definitions (DESIGN.md) for one request, as pure functions of its record.
+
+- TTFT: first event that carries >= 1 generated token, minus the send time (role-only, empty and
+  keep-alive events do not count; a token that decodes to empty text does).
+- E2E: last token event minus the send time.
+- TPOT: (E2E - TTFT) / (output tokens - 1), output tokens as chosen in the record (usage, else events).
+- ITL: the gaps between consecutive token events; an event carrying k tokens contributes k gaps of gap/k
+  (`itl`), and the per-event view keeps one gap per event (`itl_per_event`).
+- client lag: send time minus scheduled time.
+
+All return seconds, or None (empty list for ITL) when the record has no such time (failed before the
+first token, single-token output, never sent). They do not look at `error_kind`: whether failed requests
+count is the comparator's decision.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from workloads.records import RequestRecord
+
+
+def token_events(record: RequestRecord) -> list[tuple[float, int]]:
+    """(arrival_s, n_tokens) of the events that carried at least one generated token."""
+    return [(t, n) for t, n, _ in record.events if n > 0]
+
+
+def ttft(record: RequestRecord) -> float | None:
+    if record.send_s is None:
+        return None
+    for t, n, _ in record.events:
+        if n > 0:
+            return t - record.send_s
+    return None
+
+
+def e2e(record: RequestRecord) -> float | None:
+    if record.send_s is None:
+        return None
+    for t, n, _ in reversed(record.events):
+        if n > 0:
+            return t - record.send_s
+    return None
+
+
+def tpot(record: RequestRecord) -> float | None:
+    first, last = ttft(record), e2e(record)
+    if first is None or last is None or record.output_tokens < 2:
+        return None
+    return (last - first) / (record.output_tokens - 1)
+
+
+def itl_per_event(record: RequestRecord) -> list[float]:
+    """One gap per token event after the first: its arrival minus the previous token event's arrival."""
+    times = [t for t, _ in token_events(record)]
+    return [b - a for a, b in pairwise(times)]
+
+
+def itl(record: RequestRecord) -> list[float]:
+    """Per-token gaps: an event with k tokens contributes k gaps of (its gap)/k."""
+    events = token_events(record)
+    gaps: list[float] = []
+    for (t_prev, _), (t, n) in pairwise(events):
+        gaps.extend([(t - t_prev) / n] * n)
+    return gaps
+
+
+def client_lag(record: RequestRecord) -> float | None:
+    if record.send_s is None:
+        return None
+    return record.send_s - record.scheduled_s
