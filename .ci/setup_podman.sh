@@ -74,6 +74,10 @@ log "podman $(podman --version | awk '{print $3}'), $(runc --version | head -n1)
 
 # 2. Configuration, all of it in RUN_DIR and selected by environment variables, so the machine's own
 #    /etc/containers stays untouched and two run folders never share state.
+# Containers join a bridge network of this RUN_DIR's own (name and interface from a hash of the path): podman's
+# stock default network has the same bridge (podman0) and subnet in every store, so two run folders in use at
+# once on one machine would hand out the same addresses on it.
+net_name="llmc-$(printf '%s' "$run_dir" | sha256sum | cut -c1-8)"
 hard_nofile=$(ulimit -Hn)
 [ "$hard_nofile" = unlimited ] && hard_nofile=1048576
 mkdir -p "$run_dir/storage" "$run_dir/run" "$run_dir/tmp" "$run_dir/networks"
@@ -85,10 +89,6 @@ default_ulimits = ["nofile=$hard_nofile:$hard_nofile", "nproc=32768:32768"]
 init_path = "/usr/libexec/podman/catatonit"
 log_driver = "k8s-file"
 
-[network]
-network_backend = "netavark"
-network_config_dir = "$run_dir/networks"
-
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
@@ -97,6 +97,10 @@ events_logfile_path = "$run_dir/tmp/events.log"
 tmp_dir = "$run_dir/tmp"
 # Nothing is ever pulled: every image is built or imported here.
 image_default_transport = "containers-storage:"
+
+[network]
+network_backend = "netavark"
+network_config_dir = "$run_dir/networks"
 EOF
 cat > "$run_dir/storage.conf" <<EOF
 # Written by .ci/setup_podman.sh: see docs/containers.md.
@@ -124,6 +128,20 @@ if [ -f "$run_dir/boot_id" ] && [ "$(cat "$run_dir/boot_id")" != "$boot_id" ]; t
     mkdir -p "$run_dir/run" "$run_dir/tmp"
 fi
 echo "$boot_id" > "$run_dir/boot_id"
+
+# The network is created before it becomes default_network: podman never writes its default network to disk
+# and always gives it the bridge podman0, so the name must already have a configuration file of its own. Its
+# subnet (10.89.N.0/24) and bridge name (llmcHASH) come from the hash too; podman 4.3 has no flag for the bridge
+# name, so the file it wrote is edited. If that subnet is in use on the host, podman picks a free one.
+net_file="$run_dir/networks/$net_name.json"
+if [ ! -f "$net_file" ]; then
+    subnet="10.89.$((16#${net_name:5:2})).0/24"
+    podman network create --disable-dns --subnet "$subnet" "$net_name" >/dev/null 2>&1 \
+        || podman network create --disable-dns "$net_name" >/dev/null
+    sed -i -E "s/(\"network_interface\": *)\"[^\"]*\"/\1\"${net_name//-/}\"/" "$net_file"
+    log "created network $net_name: $(podman network inspect -f '{{.NetworkInterface}} {{range .Subnets}}{{.Subnet}}{{end}}' "$net_name")"
+fi
+echo "default_network = \"$net_name\"" >> "$run_dir/containers.conf"
 
 # 3. The API service.
 if service_alive && api_ping; then
