@@ -5,16 +5,17 @@
 #   .ci/setup_podman.sh RUN_DIR          set up (idempotent), start the API service, build/import the base image
 #   .ci/setup_podman.sh --stop RUN_DIR   stop the API service this script started (containers stay on disk)
 #
-# The last line printed on stdout is `export DOCKER_HOST=unix://RUN_DIR/podman.sock`, so a caller can do
-#   eval "$(.ci/setup_podman.sh "$run_dir" | tail -n1)"
-# (progress goes to stderr). Also written to RUN_DIR/env, with CONTAINERS_CONF and CONTAINERS_STORAGE_CONF for
-# anyone who wants the `podman` command itself on the same store (`. RUN_DIR/env; podman images`).
+# Progress goes to stderr; on success the one line on stdout is `export DOCKER_HOST=unix://RUN_DIR/podman.sock`.
+# RUN_DIR/env holds that line plus CONTAINERS_CONF, CONTAINERS_STORAGE_CONF and CONTAINERS_REGISTRIES_CONF, so
+# the `podman` command itself works on the same store. A caller does
+#   .ci/setup_podman.sh "$run_dir" && . "$run_dir/env"
+# Runs as root (rootful podman, debootstrap, apt-get).
 # See docs/containers.md for why each setting is there. Knobs (environment):
 #   PODMAN_BASE_IMAGE     tag of the base image (default llm-compare/base:bookworm)
 #   PODMAN_BASE_MIRROR    Debian mirror for debootstrap (default: the first bookworm `deb` source in
 #                         /etc/apt/sources.list{,.d}, else http://deb.debian.org/debian)
 #   PODMAN_BASE_PACKAGES  extra packages for the base image (default python3,python3-venv,ca-certificates)
-#   PODMAN_REBUILD_BASE=1 debootstrap again even if RUN_DIR/base-rootfs.tar exists
+#   PODMAN_REBUILD_BASE=1 debootstrap and import again even if the image and RUN_DIR/base-rootfs.tar exist
 set -euo pipefail
 
 stop=0
@@ -50,6 +51,10 @@ if [ "$stop" = 1 ]; then
     exit 0
 fi
 
+if [ "$(id -u)" != 0 ]; then
+    echo "$0 needs root: it installs packages, runs debootstrap and a rootful podman" >&2
+    exit 1
+fi
 # A unix socket path must fit in sun_path (108 bytes with its NUL).
 if [ "${#sock}" -gt 100 ]; then
     echo "RUN_DIR path too long for a unix socket ($sock); use a shorter RUN_DIR" >&2
@@ -166,10 +171,11 @@ fi
 
 # 4. The base image: a minimal Debian bookworm with python3, debootstrapped from the machine's apt mirror and
 #    imported. The root filesystem is kept as RUN_DIR/base-rootfs.tar so that a second run only imports it.
-if podman image exists "$base_image"; then
+rebuild=${PODMAN_REBUILD_BASE:-0}
+if [ "$rebuild" != 1 ] && podman image exists "$base_image"; then
     log "base image $base_image present"
 else
-    if [ ! -s "$base_tar" ] || [ "${PODMAN_REBUILD_BASE:-0}" = 1 ]; then
+    if [ ! -s "$base_tar" ] || [ "$rebuild" = 1 ]; then
         mirror=${PODMAN_BASE_MIRROR:-}
         if [ -z "$mirror" ]; then
             # deb822 files (URIs:/Suites:) and one-line sources (deb URI SUITE ...), first bookworm source wins.
