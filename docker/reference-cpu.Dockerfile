@@ -6,8 +6,8 @@
 #   docker run --init -p 127.0.0.1:8000:8000 -v /path/to/checkpoint:/models:ro llm-compare/reference-cpu
 #   docker run ... llm-compare/reference-cpu --model /models --max-model-len 1024   # arguments replace CMD
 #
-# The base is any Debian/Ubuntu image with CPython 3.11 and python3-venv at /usr/bin/python3 (the wheels are
-# cp311); override it with --build-arg BASE_IMAGE=... . See docs/containers.md.
+# The base is any glibc (2.28+) image whose `python3` on PATH is CPython 3.11 with venv (the wheels are cp311):
+# on a Docker host without our base image, --build-arg BASE_IMAGE=python:3.11-slim-bookworm. See docs/containers.md.
 ARG BASE_IMAGE=llm-compare/base:bookworm
 FROM ${BASE_IMAGE}
 

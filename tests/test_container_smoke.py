@@ -81,7 +81,8 @@ def image(client, tmp_path_factory):
     try:
         client.images.get(BASE_IMAGE)
     except docker.errors.ImageNotFound:
-        pytest.fail(f"base image {BASE_IMAGE} is missing: `.ci/setup_podman.sh RUN_DIR` imports it")
+        pytest.fail(f"base image {BASE_IMAGE} is missing: `.ci/setup_podman.sh RUN_DIR` imports it (on a Docker "
+                    "host, set LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11, e.g. python:3.11-slim-bookworm)")
     ctx = tmp_path_factory.mktemp("reference-context")
     subprocess.run(["bash", str(ROOT / "docker" / "prepare_reference_context.sh"), str(ctx)], check=True,
                    env={**os.environ, "PYTHON": sys.executable}, timeout=900)
