@@ -187,11 +187,17 @@ else
             mirror=${mirror:-http://deb.debian.org/debian}
         fi
         rootfs="$run_dir/base-rootfs"
+        # debootstrap mounts /proc and /sys in the target; a run that died may have left them mounted.
+        unmount_rootfs() {
+            findmnt -rn -o TARGET | grep -F "$rootfs/" | sort -r | while read -r m; do umount -l "$m"; done || true
+        }
+        unmount_rootfs
         rm -rf "$rootfs" "$base_tar.tmp"
         log "debootstrap --variant=minbase --include=$packages bookworm from $mirror"
         debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" \
             > "$run_dir/debootstrap.log" 2>&1 \
-            || { tail -n 30 "$run_dir/debootstrap.log" >&2; echo "debootstrap failed" >&2; exit 1; }
+            || { unmount_rootfs; tail -n 30 "$run_dir/debootstrap.log" >&2; echo "debootstrap failed" >&2; exit 1; }
+        unmount_rootfs
         rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log \
             "$rootfs"/tmp/* "$rootfs"/debootstrap
         tar --numeric-owner --xattrs -C "$rootfs" -cf "$base_tar.tmp" .

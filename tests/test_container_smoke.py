@@ -37,8 +37,8 @@ SERVER_ARGS = ["--model", "/models", "--served-model-name", "tiny", "--max-model
                "--shutdown-timeout", "10"]
 
 
-def source_digest() -> str:
-    """What the image is made of: the packages, pyproject, README, the recipe and the context script."""
+def source_digest(base_id: str) -> str:
+    """What the image is made of: the base image, the packages, pyproject, README, the recipe, the context script."""
     h = hashlib.sha256()
     files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "docker" / DOCKERFILE,
              ROOT / "docker" / "prepare_reference_context.sh"]
@@ -46,7 +46,7 @@ def source_digest() -> str:
         files += sorted(p for p in (ROOT / pkg).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     for path in files:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(os.environ.get("REFERENCE_TORCH", "").encode() + BASE_IMAGE.encode())
+    h.update(os.environ.get("REFERENCE_TORCH", "").encode() + b"\0" + base_id.encode())
     return h.hexdigest()
 
 
@@ -70,7 +70,12 @@ def image(client, tmp_path_factory):
     """The reference CPU image: reused if one with the same sources exists, else built (about 80 s cold)."""
     import docker
 
-    digest = source_digest()
+    try:
+        base = client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"base image {BASE_IMAGE} is missing: `.ci/setup_podman.sh RUN_DIR` imports it (on a Docker "
+                    "host, set LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11, e.g. python:3.11-slim-bookworm)")
+    digest = source_digest(base.id)
     old = None
     try:
         old = client.images.get(IMAGE)
@@ -78,11 +83,6 @@ def image(client, tmp_path_factory):
             return old
     except docker.errors.ImageNotFound:
         pass
-    try:
-        client.images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.fail(f"base image {BASE_IMAGE} is missing: `.ci/setup_podman.sh RUN_DIR` imports it (on a Docker "
-                    "host, set LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11, e.g. python:3.11-slim-bookworm)")
     ctx = tmp_path_factory.mktemp("reference-context")
     subprocess.run(["bash", str(ROOT / "docker" / "prepare_reference_context.sh"), str(ctx)], check=True,
                    env={**os.environ, "PYTHON": sys.executable}, timeout=900)
