@@ -3,7 +3,8 @@
 # socket, with every bit of state under one run folder, and a Debian base image made locally with debootstrap.
 #
 #   .ci/setup_podman.sh RUN_DIR          set up (idempotent), start the API service, build/import the base image
-#   .ci/setup_podman.sh --stop RUN_DIR   stop the API service this script started (containers stay on disk)
+#   .ci/setup_podman.sh --stop RUN_DIR   stop the API service this script started (images stay on disk;
+#                                        after it, `rm -rf RUN_DIR` removes everything)
 #
 # Progress goes to stderr; on success the one line on stdout is `export DOCKER_HOST=unix://RUN_DIR/podman.sock`.
 # RUN_DIR/env holds that line plus CONTAINERS_CONF, CONTAINERS_STORAGE_CONF and CONTAINERS_REGISTRIES_CONF, so
@@ -48,6 +49,11 @@ if [ "$stop" = 1 ]; then
         log "no podman API service running for $run_dir"
     fi
     rm -f "$pid_file" "$sock"
+    # The overlay driver bind-mounts its own folder; release it so that `rm -rf RUN_DIR` works afterwards. While a
+    # container still runs this fails (busy) and changes nothing.
+    if findmnt -rn -o TARGET | grep -qxF "$run_dir/storage/overlay"; then
+        umount "$run_dir/storage/overlay" 2>/dev/null || log "containers still running: $run_dir/storage stays mounted"
+    fi
     exit 0
 fi
 
