@@ -1,7 +1,7 @@
 """Our reference engine's server. It speaks the OpenAI protocol byte-compatible with vLLM (completions by
 default, chat as `reference-chat`) and the TGI protocol byte-compatible with TGI's router (`reference-tgi`),
-so it is read exactly as those are. Its Prometheus names are expected to follow vLLM's; if the server
-exports its own names, this map is the one place to change.
+so it is read exactly as those are. Its Prometheus metrics are vLLM's under the `reference:` prefix, plus a
+few only it exports (KV blocks, CUDA-graph buckets, aborted requests).
 """
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from __future__ import annotations
 from adapters.tgi import TGIAdapter
 from adapters.vllm import VLLM_METRICS, VLLMChatAdapter, VLLMCompletionsAdapter
 
-REFERENCE_METRICS = dict(VLLM_METRICS)
+REFERENCE_METRICS = {name.replace("vllm:", "reference:", 1): common for name, common in VLLM_METRICS.items()}
+REFERENCE_METRICS.update({
+    "reference:kv_cache_blocks_used": "kv_blocks_used",
+    "reference:kv_cache_blocks_free": "kv_blocks_free",
+    "reference:cuda_graph_buckets": "cuda_graph_buckets",
+    "reference:cuda_graph_pool_bytes": "cuda_graph_pool_bytes",
+    "reference:num_aborted_requests_total": "requests_aborted_total",
+})
 
 
 class ReferenceAdapter(VLLMCompletionsAdapter):
