@@ -38,15 +38,22 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     assert engines["eager"].setup.cuda_graph_buckets == []
     rng = random.Random()
     params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+    # A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count), so
+    # logits may differ in their last bits: greedy tokens must agree wherever the eager top-2 margin exceeds that
+    # noise; at a near-tie they may part, and after it the sequences see different inputs.
+    tie = 1e-3 if dtype == "float32" else 5e-2
     for n in BATCH_SIZES:
         prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 200))] for _ in range(n)]
         eager = engines["eager"].generate(prompts, params)
         graphs = engines["graphs"].generate(prompts, params)
-        assert [o.token_ids for o in graphs] == [o.token_ids for o in eager], f"batch of {n}"
         for e, g in zip(eager, graphs, strict=True):
             le = torch.stack(engines["eager"].sampler.rows[e.request_id])
             lg = torch.stack(engines["graphs"].sampler.rows[g.request_id])
-            rel = ((le - lg).norm() / le.norm()).item()
+            top2 = le.topk(2, dim=-1).values
+            near_tie = ((top2[:, 0] - top2[:, 1]) <= tie * le.std(dim=-1)).nonzero()
+            agree_until = int(near_tie[0]) + 1 if len(near_tie) else len(e.token_ids)
+            assert g.token_ids[:agree_until] == e.token_ids[:agree_until], f"batch of {n}"
+            rel = ((le[:agree_until] - lg[:agree_until]).norm() / le[:agree_until].norm()).item()
             assert rel < (1e-5 if dtype == "float32" else 2e-2), f"batch of {n}: {rel:.2e}"
     for engine in engines.values():
         assert engine.stats().kv_blocks_used == 0
