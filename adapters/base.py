@@ -97,6 +97,7 @@ class Adapter:
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[Mapping[str, str]] = {}
+    startup_patterns: ClassVar[list] = []  # (phase, regex) pairs for adapters.startup_log.parse_startup_log
     final_event: ClassVar[FinalEvent] = "done"
 
     #: the request asks the server to produce exactly `wanted_output_tokens` (ignore_eos / min_tokens)

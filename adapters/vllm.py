@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
+from adapters.startup_log import patterns
 
 #: vLLM's Prometheus metric names (older and newer spellings) -> common names
 VLLM_METRICS = {
@@ -34,10 +35,25 @@ VLLM_METRICS = {
 }
 
 
+#: vLLM's start-up log lines (V1 engine; the GPU worker and the CPU worker word some of them differently)
+VLLM_STARTUP = patterns(
+    ("weights_loaded", r"Loading weights took (?P<seconds>[\d.]+) seconds"),
+    ("model_loaded", r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<seconds>[\d.]+) seconds"),
+    ("torch_compile", r"torch\.compile took (?P<seconds>[\d.]+) s in total"),
+    ("profile_run", r"Initial profiling/warmup run took (?P<seconds>[\d.]+) s"),
+    ("kv_cache_memory", r"Available KV cache memory: (?P<gib>[\d.]+) GiB"),
+    ("kv_cache_tokens", r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens"),
+    ("graphs_captured", r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) GiB"),
+    ("engine_ready", r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s"),
+    ("server_ready", r"Application startup complete"),
+)
+
+
 class _VLLMMixin:
     health_path = "/health"
     info_path = "/v1/models"
     metric_names = VLLM_METRICS
+    startup_patterns = VLLM_STARTUP
 
     def estimate_tokens(self, text: str | None, role_only: bool, finish: str | None) -> int:
         return 0 if role_only or text is None else 1
