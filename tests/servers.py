@@ -71,3 +71,38 @@ def reference_server(model: str, log_dir: Path, *extra: str):
         yield server
     finally:
         server.stop()
+
+
+def vllm_server_cmd(vllm: str, checkpoint: str, port: int, *extra: str) -> list[str]:
+    """vLLM's CPU build as CI serves it: float32 (bf16 falls back to slow kernels on AVX2), eager (compiled
+    start-ups take minutes and do not reload), a fixed 1 GB KV cache (its default takes 92% of one NUMA
+    node's memory, which varies between runs on these machines)."""
+    return [vllm, "serve", checkpoint, "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--port",
+            str(port), "--max-model-len", "1024", "--kv-cache-memory-bytes", "1G", *extra]
+
+
+def vllm_env(run_dir: Path) -> dict[str, str]:
+    """Keep every cache and temp file of vLLM inside the run's folder; no usage reporting."""
+    env = {}
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(run_dir / sub)
+    return {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@contextmanager
+def vllm_server(vllm: str, checkpoint: str, run_dir: Path, *extra: str):
+    """A live vLLM server. Healthy is not enough (an unsupported shape fails only at the first request), so
+    one short completion must succeed before the server is handed out."""
+    port = free_port()
+    server = ServerProcess(vllm_server_cmd(vllm, checkpoint, port, *extra), port, run_dir / f"vllm-{port}.log",
+                           env=vllm_env(run_dir))
+    try:
+        server.wait_healthy(timeout=400)
+        resp = requests.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=120)
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM answered {resp.status_code}: {resp.text[:500]}\n{server.log()[-3000:]}")
+        yield server
+    finally:
+        server.stop()
