@@ -14,12 +14,14 @@ import argparse
 import asyncio
 import hmac
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from reference_engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError
@@ -201,6 +203,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds running requests get on SIGTERM")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads when serving on the CPU (default: one fewer than the cores, as vLLM's CPU "
+                        "build keeps one for its API server: OpenMP threads that must share a core with the "
+                        "event loop stall each other)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -212,6 +218,10 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager, seed=args.seed)
+    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+        threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
+        torch.set_num_threads(threads)
+        log.info("CPU serving with %d torch threads", threads)
     engine = await asyncio.to_thread(Engine, config)
     state = ServerState(engine, AsyncEngine(engine, args.max_waiting), args.served_model_name or args.model,
                         args.model, args.api_key)
