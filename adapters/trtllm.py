@@ -64,7 +64,15 @@ class _TrtllmServeMixin:
     metric_names = TRTLLM_METRICS
     known_fields: ClassVar[frozenset[str]] = frozenset()
 
-    def _check_fields(self, request: HttpRequest) -> HttpRequest:
+    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
+                 force_output_length: bool = True, **options: Any) -> None:
+        if not model:
+            raise ValueError("trtllm-serve requires the model name in every request: pass model=...")
+        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
+                         **options)
+
+    def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
+        request = super().build_request(spec, stream)
         unknown = sorted(set(request.body) - self.known_fields)
         if unknown:
             raise ValueError(f"trtllm-serve rejects unknown request fields: {', '.join(unknown)}")
@@ -75,30 +83,10 @@ class TrtllmCompletionsAdapter(_TrtllmServeMixin, OpenAICompletionsAdapter):
     name = "trtllm"
     known_fields = frozenset(TRTLLM_COMPLETION_FIELDS)
 
-    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
-                 force_output_length: bool = True, **options: Any) -> None:
-        if not model:
-            raise ValueError("trtllm-serve requires the model name in every request: pass model=...")
-        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
-                         **options)
-
-    def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
-        return self._check_fields(super().build_request(spec, stream))
-
 
 class TrtllmChatAdapter(_TrtllmServeMixin, OpenAIChatAdapter):
     name = "trtllm-chat"
     known_fields = frozenset(TRTLLM_CHAT_FIELDS)
-
-    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
-                 force_output_length: bool = True, **options: Any) -> None:
-        if not model:
-            raise ValueError("trtllm-serve requires the model name in every request: pass model=...")
-        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
-                         **options)
-
-    def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
-        return self._check_fields(super().build_request(spec, stream))
 
 
 class TritonGenerateAdapter(Adapter):

@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reference_engine.config import SamplingParams
-from reference_engine.serving import GenerationRequest, TokenEvent, generate_tokens, new_request_id
+from reference_engine.serving import GenerationRequest, TokenEvent
 
 
 class ApiError(Exception):
@@ -163,6 +163,13 @@ class OpenAIRoutes:
                            "max_tokens")
         return max_tokens
 
+    def _start(self, prefix: str, req: _SamplingFields, prompt_ids: list[int], max_tokens: int | None, what: str,
+               logprobs: bool):
+        max_tokens = self._check_length(len(prompt_ids), max_tokens, what)
+        gen = GenerationRequest(prompt_ids, req.sampling_params(max_tokens, logprobs=logprobs), req.stop_strings(),
+                                req.skip_special_tokens, req.include_stop_str_in_output)
+        return self.state.start(prefix, gen)
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = parse_body(await read_json(request), CompletionRequest)
         self._check_model(req.model)
@@ -176,15 +183,9 @@ class OpenAIRoutes:
         prompt_ids = self.state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", "prompt")
-        max_tokens = self._check_length(len(prompt_ids), req.max_tokens, "prompt")
-        params = req.sampling_params(max_tokens, logprobs=False)
-        gen = GenerationRequest(prompt_ids, params, req.stop_strings(), req.skip_special_tokens,
-                                req.include_stop_str_in_output)
-        request_id = new_request_id("cmpl")
-        self.state.submit(request_id, gen)
+        request_id, events = self._start("cmpl", req, prompt_ids, req.max_tokens, "prompt", logprobs=False)
         created = int(time.time())
         model = self.state.served_model_name
-        events = generate_tokens(self.state.async_engine, self.state.tokenizer, self.state.metrics, request_id, gen)
         if not req.stream:
             text, last = await _collect(events)
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason,
@@ -221,15 +222,10 @@ class OpenAIRoutes:
         if req.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported by this server", "top_logprobs")
         prompt_ids = self.state.render_chat(req)
-        max_tokens = self._check_length(len(prompt_ids), req.max_completion_tokens or req.max_tokens, "messages")
-        params = req.sampling_params(max_tokens, logprobs=req.logprobs)
-        gen = GenerationRequest(prompt_ids, params, req.stop_strings(), req.skip_special_tokens,
-                                req.include_stop_str_in_output)
-        request_id = new_request_id("chatcmpl")
-        self.state.submit(request_id, gen)
+        request_id, events = self._start("chatcmpl", req, prompt_ids, req.max_completion_tokens or req.max_tokens,
+                                         "messages", logprobs=req.logprobs)
         created = int(time.time())
         model = self.state.served_model_name
-        events = generate_tokens(self.state.async_engine, self.state.tokenizer, self.state.metrics, request_id, gen)
         n_prompt = len(prompt_ids)
         if not req.stream:
             text, last = await _collect(events)

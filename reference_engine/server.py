@@ -29,7 +29,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine import Engine
 from reference_engine.openai_api import ApiError, ChatCompletionRequest, OpenAIRoutes, dumps, error_body
 from reference_engine.server_metrics import CONTENT_TYPE, ServerMetrics
-from reference_engine.serving import GenerationRequest
+from reference_engine.serving import GenerationRequest, generate_tokens, new_request_id
 from reference_engine.tgi_api import TGIRoutes
 
 log = logging.getLogger("reference_engine.server")
@@ -76,6 +76,12 @@ class ServerState:
             raise ApiError(503, str(exc)) from exc
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
+
+    def start(self, prefix: str, gen: GenerationRequest):
+        """Submit a request and return its id and its stream of token events."""
+        request_id = new_request_id(prefix)
+        self.submit(request_id, gen)
+        return request_id, generate_tokens(self.async_engine, self.tokenizer, self.metrics, request_id, gen)
 
     def render_chat(self, req: ChatCompletionRequest) -> list[int]:
         """Apply the checkpoint's chat template; the template supplies special tokens itself."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reference_engine.config import SamplingParams
 from reference_engine.openai_api import ApiError, dumps, parse_body, read_json
-from reference_engine.serving import GenerationRequest, TokenEvent, generate_tokens, new_request_id
+from reference_engine.serving import GenerationRequest, TokenEvent
 
 MAX_STOP_SEQUENCES = 4
 
@@ -121,9 +121,7 @@ class TGIRoutes:
 
     def _start(self, req: TGIRequest) -> tuple[str, GenerationRequest, Any]:
         gen, _ = self._prepare(req)
-        request_id = new_request_id("tgi")
-        self.state.submit(request_id, gen)
-        events = generate_tokens(self.state.async_engine, self.state.tokenizer, self.state.metrics, request_id, gen)
+        request_id, events = self.state.start("tgi", gen)
         return request_id, gen, events
 
     def _token(self, ev: TokenEvent) -> dict[str, Any]:
