@@ -16,6 +16,7 @@ computed for all records at once). `summarize` aggregates per (backend, variant,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,14 +232,15 @@ def summarize(records: Sequence[RequestRecord], points: Mapping[str, PointInfo] 
     if table.empty:
         return pd.DataFrame(columns=summary_columns())
     for key, group in table.groupby(GROUP_KEYS, sort=False, dropna=False):
-        rows.append(_summarize_group(dict(zip(GROUP_KEYS, key, strict=True)), group, gaps, gaps_event, points,
-                                     slo, n_boot, seed))
+        rows.append(_summarize_group(dict(zip(GROUP_KEYS, key, strict=True)), group, measured, gaps, gaps_event,
+                                     points, slo, n_boot, seed))
     out = pd.DataFrame(rows)
     return out[[c for c in summary_columns() if c in out.columns] + [c for c in out.columns
                                                                     if c not in summary_columns()]]
 
 
-def _summarize_group(key: dict[str, Any], group: pd.DataFrame, gaps: pd.DataFrame, gaps_event: pd.DataFrame,
+def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence[RequestRecord],
+                     gaps: pd.DataFrame, gaps_event: pd.DataFrame,
                      points: Mapping[str, PointInfo], slo: Mapping[str, float], n_boot: int, seed: int
                      ) -> dict[str, Any]:
     run_ids = list(dict.fromkeys(group["run_id"]))
@@ -279,6 +281,11 @@ def _summarize_group(key: dict[str, Any], group: pd.DataFrame, gaps: pd.DataFram
     row["input_tok_s"] = row["input_tokens"] / duration if duration > 0 else np.nan
     row["output_tok_s"] = row["output_tokens"] / duration if duration > 0 else np.nan
     row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
+    lo, hi = (np.nan, np.nan)
+    if n_boot and len(run_ids) == 1 and infos[0].duration_s is None and len(ok):
+        lo, hi = throughput_ci([records[i] for i in ok.index], float(group["send_s"].min()),
+                               float(group["end_s"].max()), n_boot=n_boot, seed=seed)
+    row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
         good = int(meets_slo(group, slo).sum())
         row["goodput_n"] = good
@@ -322,3 +329,71 @@ def summary_columns() -> list[str]:
             "goodput_n", "goodput_rps", "goodput_frac", "offered_rps", "achieved_rps", "lag_n", "lag_p50_ms",
             "lag_p99_ms", "lag_max_ms", "token_mismatches", "output_short", "output_tokens_from_usage",
             "input_tokens_mean", "output_tokens_mean", "source", "runs", "interrupted"]
+
+
+# -- comparing two samples --------------------------------------------------------------------------------
+
+
+def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and continuity
+    corrections): could `a` and `b` come from one distribution? NaN when either is empty."""
+    n1, n2 = int(a.size), int(b.size)
+    if n1 == 0 or n2 == 0:
+        return np.nan
+    both = np.concatenate([a, b])
+    ranks = pd.Series(both).rank(method="average").to_numpy()
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    _, ties = np.unique(both, return_counts=True)
+    tie_term = float((ties**3 - ties).sum()) / (n * (n - 1)) if n > 1 else 0.0
+    sigma = np.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
+    if sigma == 0:
+        return 1.0
+    mu = n1 * n2 / 2.0
+    z = (u1 - mu - 0.5 * np.sign(u1 - mu)) / sigma
+    return float(math.erfc(abs(z) / math.sqrt(2)))
+
+
+def ratio_ci(a: np.ndarray, b: np.ndarray, stat: str = "p50", n_boot: int = N_BOOT, level: float = CI_LEVEL,
+             seed: int = 0) -> tuple[float, float, float]:
+    """`stat(a) / stat(b)` and a percentile-bootstrap interval (each sample resampled on its own)."""
+    if a.size < 2 or b.size < 2:
+        return np.nan, np.nan, np.nan
+    q = 50.0 if stat == "p50" else float(stat[1:]) if stat.startswith("p") else None
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return x.mean(axis=-1) if q is None else np.percentile(x, q, axis=-1)
+
+    point = float(f(a) / f(b))
+    rng = np.random.default_rng(seed)
+    boots = max(200, min(n_boot, 4_000_000 // max(a.size, b.size)))
+    ra = f(a[rng.integers(0, a.size, (boots, a.size))])
+    rb = f(b[rng.integers(0, b.size, (boots, b.size))])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = ra / rb
+    ratios = ratios[np.isfinite(ratios)]
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2]) if ratios.size else (np.nan, np.nan)
+    return point, float(lo), float(hi)
+
+
+def throughput_ci(records: Sequence[RequestRecord], start: float, end: float, slices: int = 10,
+                  n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Relative interval (lo, hi as fractions of the mean) of output tokens/s: the window is cut into
+    `slices` equal slices, each slice's token rate counted from the token events that arrived in it, and
+    the mean slice rate bootstrapped. It says how steady the rate was, not how another run would go."""
+    times, counts = [], []
+    for r in records:
+        for t, n, _ in r.events:
+            if n > 0 and start <= t <= end:
+                times.append(t)
+                counts.append(n)
+    if len(times) < 2 or not end > start:
+        return np.nan, np.nan
+    hist, _ = np.histogram(np.asarray(times), bins=slices, range=(start, end), weights=np.asarray(counts))
+    rates = hist / ((end - start) / slices)
+    if rates.mean() <= 0:
+        return np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    means = rates[rng.integers(0, slices, (n_boot, slices))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo / rates.mean()), float(hi / rates.mean())

@@ -1,0 +1,316 @@
+"""The framework-selection section: for each SLO class, which backend and variant wins, by how much, with
+what confidence, and what it costs to set up, in plain sentences generated from the numbers.
+
+- interactive: the lowest median E2E at the lowest load point every candidate ran (with SLOs: the highest
+  share of requests meeting them first); confidence from a bootstrap interval of the ratio of medians and
+  a Mann-Whitney test on the per-request E2E samples.
+- throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
+  confidence from whether the winners' rate intervals (token rate over time slices) overlap.
+
+A candidate with failed requests at the compared point cannot win while one without failures exists, and
+every failure is named. Token-count mismatches, open-loop client lag, outputs cut short and interrupted
+points are listed as warnings ahead of the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from compare.launch import SetupReport
+from compare.metrics import mann_whitney, ratio_ci
+from compare.normalize import break_even, graph_pool_trade
+
+MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
+
+
+@dataclass
+class Pick:
+    slo_class: str  # interactive | throughput
+    workload: str
+    winner: str | None = None
+    runner_up: str | None = None
+    load_point: str | None = None
+    value: float = math.nan
+    runner_value: float = math.nan
+    ratio: float = math.nan  # how many times better the winner is (>= 1)
+    ratio_lo: float = math.nan
+    ratio_hi: float = math.nan
+    p_value: float = math.nan
+    confidence: str = ""
+    sentences: list[str] = field(default_factory=list)
+    ranking: list[dict[str, Any]] = field(default_factory=list)
+
+
+def key_of(backend: str, variant: str) -> str:
+    return f"{backend}:{variant}" if variant else backend
+
+
+def _fmt_s(seconds: float) -> str:
+    if not np.isfinite(seconds):
+        return "n/a"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _fmt_p(p: float) -> str:
+    if not np.isfinite(p):
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def _load_order(row: pd.Series) -> tuple[int, float]:
+    if row["mode"] == "closed" and pd.notna(row["concurrency"]):
+        return 0, float(row["concurrency"])
+    if pd.notna(row["rate"]):
+        return 1, float(row["rate"])
+    return 2, 0.0
+
+
+def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: str,
+                     slo: dict[str, float], seed: int = 0) -> Pick:
+    pick = Pick("interactive", workload)
+    rows = summary[summary["workload"] == workload].copy()
+    if rows.empty:
+        return pick
+    rows["key"] = [key_of(b, v) for b, v in zip(rows["backend"], rows["variant"], strict=True)]
+    keys = list(dict.fromkeys(rows["key"]))
+    shared = set.intersection(*(set(rows.loc[rows["key"] == k, "load_point"]) for k in keys))
+    candidates = rows[rows["load_point"].isin(shared)] if shared else rows
+    order = sorted({(_load_order(r), r["load_point"]) for _, r in candidates.iterrows()})
+    point = order[0][1]
+    if shared:
+        at = candidates[candidates["load_point"] == point]
+    else:  # no load point in common: each at its lowest load
+        at = pd.DataFrame([min((r for _, r in g.iterrows()), key=_load_order) for _, g in rows.groupby("key")])
+    at = at[at["e2e_n"] > 0]
+    if at.empty:
+        pick.sentences.append(f"Interactive ({workload}): no backend completed a request at {point}; "
+                              "nothing to select.")
+        return pick
+    clean = at[at["requests_failed"] == 0]
+    pool = clean if not clean.empty else at
+    if slo:
+        pool = pool.assign(_rank=-pool["goodput_frac"].round(2), _e2e=pool["e2e_p50_ms"])
+        pool = pool.sort_values(["_rank", "_e2e"])
+    else:
+        pool = pool.sort_values("e2e_p50_ms")
+    ranked = list(pool.itertuples()) + [r for r in at.itertuples() if r.Index not in pool.index]
+    pick.ranking = [{"key": r.key, "load_point": r.load_point, "e2e_p50_ms": r.e2e_p50_ms,
+                     "ttft_p50_ms": r.ttft_p50_ms, "tpot_p50_ms": r.tpot_p50_ms, "n": r.e2e_n,
+                     "failed": r.requests_failed, "goodput_frac": r.goodput_frac} for r in ranked]
+    win = ranked[0]
+    pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
+    where = point if shared else "each one's lowest load point"
+    head = (f"**Interactive** ({workload}, {where}): **{win.key}** has the lowest median end-to-end latency, "
+            f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
+            f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})")
+    if slo and np.isfinite(win.goodput_frac):
+        head += f", {win.goodput_frac:.0%} of its requests within the SLOs"
+    if len(ranked) == 1:
+        pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
+        return pick
+    run = ranked[1]
+    pick.runner_up, pick.runner_value = run.key, run.e2e_p50_ms / 1e3
+    a = _samples(requests, win, "e2e_s")
+    b = _samples(requests, run, "e2e_s")
+    pick.ratio, pick.ratio_lo, pick.ratio_hi = ratio_ci(b, a, "p50", seed=seed)
+    pick.p_value = mann_whitney(a, b)
+    pick.confidence = _confidence(pick.ratio_lo, pick.p_value, min(a.size, b.size))
+    head += (f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
+             f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
+             f"{pick.confidence}.")
+    pick.sentences.append(head)
+    return pick
+
+
+def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float]) -> Pick:
+    pick = Pick("throughput", workload)
+    rows = summary[summary["workload"] == workload].copy()
+    if rows.empty:
+        return pick
+    rows["key"] = [key_of(b, v) for b, v in zip(rows["backend"], rows["variant"], strict=True)]
+    metric = "goodput_rps" if slo else "output_tok_s"
+    rows = rows[rows[metric].notna()]
+    if rows.empty:
+        return pick
+    rows["_fail"] = rows["requests_failed"] / rows["requests"].clip(lower=1)
+    best = []
+    for _, group in rows.groupby("key", sort=False):
+        clean = group[group["_fail"] <= 0.01]
+        use = clean if not clean.empty else group
+        best.append(use.loc[use[metric].idxmax()])
+    table = pd.DataFrame(best)
+    table["_clean"] = table["_fail"] <= 0.01
+    table = table.sort_values(["_clean", metric], ascending=[False, False])
+    pick.ranking = [{"key": r["key"], "load_point": r["load_point"], metric: r[metric],
+                     "output_tok_s": r["output_tok_s"], "n": r["requests_ok"], "failed": r["requests_failed"]}
+                    for _, r in table.iterrows()]
+    win = table.iloc[0]
+    pick.winner, pick.load_point, pick.value = win["key"], win["load_point"], float(win[metric])
+    unit = "requests/s within the SLOs" if slo else "output tokens/s"
+    head = (f"**Throughput / batch** ({workload}): **{win['key']}** reaches {_fmt_rate(win[metric])} {unit} at "
+            f"{win['load_point']} (n={int(win['requests_ok'])} ok")
+    if not slo and np.isfinite(win.get("output_tok_s_lo", np.nan)):
+        head += f"; over time {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
+    head += ")"
+    if len(table) == 1:
+        pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
+        return pick
+    run = table.iloc[1]
+    pick.runner_up, pick.runner_value = run["key"], float(run[metric])
+    pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
+    if slo:
+        pick.confidence = "a single measurement per point (no interval for goodput)"
+    elif np.isfinite(win.get("output_tok_s_lo", np.nan)) and np.isfinite(run.get("output_tok_s_hi", np.nan)):
+        pick.confidence = ("high confidence: the rate intervals do not overlap"
+                           if win["output_tok_s_lo"] > run["output_tok_s_hi"]
+                           else "low confidence: the rate intervals overlap")
+    else:
+        pick.confidence = "no interval available"
+    ratio = f"{pick.ratio:.2f}x" if np.isfinite(pick.ratio) else "infinitely more than"
+    head += (f", {ratio} {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: {pick.confidence}.")
+    pick.sentences.append(head)
+    return pick
+
+
+def _fmt_rate(value: float) -> str:
+    if not np.isfinite(value):
+        return "n/a"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
+    mask = ((requests["backend"] == row.backend) & (requests["variant"] == row.variant)
+            & (requests["workload"] == row.workload) & (requests["load_point"] == row.load_point)
+            & (requests["status"] == "ok") & ~requests["warmup"])
+    return requests.loc[mask, column].dropna().to_numpy(dtype=float)
+
+
+def _confidence(ratio_lo: float, p: float, n: int) -> str:
+    if n < MIN_N:
+        return f"low confidence (fewer than {MIN_N} requests each)"
+    if np.isfinite(ratio_lo) and ratio_lo > 1 and p < 0.01:
+        return "high confidence"
+    if p < 0.05:
+        return "moderate confidence"
+    return "not a significant difference: treat it as a tie"
+
+
+def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
+    """What the winner costs to set up, and when that pays back against the runner-up."""
+    out: list[str] = []
+    if pick.winner is None:
+        return out
+    win = setups.get(pick.winner)
+    out.append(f"Set-up of {pick.winner}: {describe_setup(win)}.")
+    if pick.runner_up is None:
+        return out
+    run = setups.get(pick.runner_up)
+    if win is None or run is None or win.ready_s is None or run.ready_s is None:
+        out.append(f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times.")
+        return out
+    per_win, per_run = _per_request_s(pick, summary, pick.winner), _per_request_s(pick, summary, pick.runner_up)
+    if not (np.isfinite(per_win) and np.isfinite(per_run)):
+        return out
+    be = break_even(win.ready_s, run.ready_s, per_win, per_run)
+    basis = "median end-to-end latency" if pick.slo_class == "interactive" else "time per request at the measured rate"
+    if be.requests is None:
+        out.append(f"{pick.winner} is not faster per request than {pick.runner_up} by {basis}: no break-even.")
+    elif be.requests == 0:
+        out.append(f"{pick.winner} is also the quicker to start ({win.ready_s:.1f} s against {run.ready_s:.1f} s): "
+                   "nothing to pay back.")
+    else:
+        out.append(f"{pick.winner} takes {be.setup_delta_s:.1f} s longer to be ready than {pick.runner_up} "
+                   f"({win.ready_s:.1f} s against {run.ready_s:.1f} s) and saves {_fmt_s(be.per_request_delta_s)} per "
+                   f"request ({basis}): it pays back {be.verdict}.")
+    return out
+
+
+def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
+    rows = summary[(summary["workload"] == pick.workload)]
+    rows = rows[[key_of(b, v) == key for b, v in zip(rows["backend"], rows["variant"], strict=True)]]
+    ranked = {r["key"]: r for r in pick.ranking}
+    point = ranked.get(key, {}).get("load_point", pick.load_point)
+    rows = rows[rows["load_point"] == point]
+    if rows.empty:
+        return math.nan
+    row = rows.iloc[0]
+    if pick.slo_class == "interactive":
+        return row["e2e_p50_ms"] / 1e3
+    return 1.0 / row["request_rps"] if row["request_rps"] > 0 else math.nan
+
+
+def describe_setup(setup: SetupReport | None) -> str:
+    if setup is None:
+        return "no set-up report"
+    if setup.launcher == "endpoint":
+        return "a running endpoint (set-up not measured)"
+    parts = [f"ready in {setup.ready_s:.1f} s" if setup.ready_s is not None else "never became ready"]
+    phases = [p for p in setup.phases if p.seconds >= 0.05 and p.name != "server_ready"]
+    if phases:
+        parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
+    mem = setup.memory
+    bits = [f"{name.replace('_', ' ')} {mem[k] / 2**30:.2f} GiB" for k, name in
+            (("weights", "weights"), ("kv_cache", "KV cache"), ("graph_pool", "CUDA-graph pool"),
+             ("peak_rss", "peak RSS")) if mem.get(k)]
+    if bits:
+        parts.append("; " + ", ".join(bits))
+    if setup.device:
+        parts.append(f"on {setup.device}")
+    return " ".join(parts).replace(" ;", ";")
+
+
+def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
+    """Everything a reader must know before trusting the numbers."""
+    out: list[str] = []
+    for _, r in summary.iterrows():
+        key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
+        if r["requests_failed"]:
+            out.append(f"{key}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed ({r['errors']}).")
+        if r["interrupted"] or r["requests_cancelled"]:
+            out.append(f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial.")
+        if r["token_mismatches"]:
+            out.append(f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
+                       "token count (server usage, stream events and re-tokenisation); usage was used.")
+        if r["output_short"]:
+            out.append(f"{key}: {int(r['output_short'])} responses are shorter than the forced output length.")
+        if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
+            behind = np.isfinite(r["achieved_rps"]) and np.isfinite(r["offered_rps"]) and \
+                r["achieved_rps"] < 0.95 * r["offered_rps"]
+            if r["lag_p99_ms"] > 5 or behind:
+                out.append(f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
+                           f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
+                           "load was not the load applied.")
+    for s in setups.values():
+        out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
+    return out
+
+
+def selection(summary: pd.DataFrame, requests: pd.DataFrame, setups: dict[str, SetupReport],
+              slo: dict[str, float], seed: int = 0) -> tuple[list[Pick], list[str]]:
+    """The picks per workload and SLO class (with their set-up sentences), and the memory trade notes."""
+    picks: list[Pick] = []
+    if summary.empty:
+        return picks, []
+    described: set[str] = set()
+    for workload in dict.fromkeys(summary["workload"]):
+        for pick in (interactive_pick(summary, requests, workload, slo, seed), throughput_pick(summary, workload, slo)):
+            extra = setup_sentences(pick, summary, setups)
+            if pick.winner in described and extra:  # its set-up was described already
+                extra = extra[1:]
+            described.add(pick.winner or "")
+            pick.sentences += extra
+            picks.append(pick)
+    memory = []
+    seq = float((summary["input_tokens_mean"] + summary["output_tokens_mean"]).mean())
+    for key, setup in setups.items():
+        trade = graph_pool_trade(setup, seq)
+        if trade is not None:
+            memory.append(f"{key}: its CUDA-graph pool of {trade.pool_bytes / 2**30:.2f} GiB would hold "
+                          f"{trade.kv_tokens:,.0f} tokens of KV cache, {trade.sequences:,.0f} more concurrent "
+                          f"sequences of {seq:.0f} tokens.")
+    return picks, memory
