@@ -74,6 +74,7 @@ class SetupReport:
     notes: list[str] = field(default_factory=list)
     exit_code: int | None = None
     pinned_cpus: list[int] | None = None
+    pid: int | None = None
 
     @property
     def key(self) -> str:
@@ -286,6 +287,7 @@ class ProcessLauncher:
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, **(self.env or {})})
         _LIVE.add(self)
+        self.report.pid = self.proc.pid
         if self.cpus:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(self.proc.pid, self.cpus)

@@ -86,14 +86,16 @@ def request_table(records: Iterable[RequestRecord], points: Mapping[str, PointIn
             "input_tokens": r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens,
             "output_tokens": r.output_tokens, "wanted_output_tokens": r.wanted_output_tokens,
             "output_length_forced": r.output_length_forced, "output_tokens_source": r.output_tokens_source,
-            "token_count_mismatch": r.token_count_mismatch,
+            "token_count_mismatch": r.token_count_mismatch, "event_tokens": r.event_tokens,
+            "usage_tokens": r.usage_completion_tokens, "retokenized_tokens": r.retokenized_tokens,
             "scheduled_s": r.scheduled_s, "send_s": _nan(r.send_s), "end_s": _nan(r.end_s),
             "ttft_s": _nan(first), "tpot_s": _nan(per_token), "e2e_s": _nan(last), "lag_s": _nan(lag),
             "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
         })
     columns = ["run_id", "request_id", "backend", "variant", "workload", "load_point", "warmup", "status",
                "error_kind", "prompt_tokens", "input_tokens", "output_tokens", "wanted_output_tokens",
-               "output_length_forced", "output_tokens_source", "token_count_mismatch", "scheduled_s", "send_s",
+               "output_length_forced", "output_tokens_source", "token_count_mismatch", "event_tokens",
+               "usage_tokens", "retokenized_tokens", "scheduled_s", "send_s",
                "end_s", "ttft_s", "tpot_s", "e2e_s", "lag_s", "n_token_events"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -310,6 +312,13 @@ def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence
 
     # token counts: cross-check flags
     row["token_mismatches"] = int(ok["token_count_mismatch"].sum())
+    bad = ok[ok["token_count_mismatch"]]
+    if len(bad):
+        first = bad.iloc[0]
+        counts = [f"{name} {int(first[col])}" for name, col in (("usage", "usage_tokens"), ("stream", "event_tokens"),
+                                                               ("re-tokenised", "retokenized_tokens"))
+                  if pd.notna(first[col])]
+        row["mismatch_example"] = f" (e.g. {', '.join(counts)})"
     forced = ok[ok["output_length_forced"]]
     row["output_short"] = int((forced["output_tokens"] < forced["wanted_output_tokens"]).sum())
     row["output_tokens_from_usage"] = int((ok["output_tokens_source"] == "usage").sum())

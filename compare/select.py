@@ -171,8 +171,13 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
                            else "low confidence: the rate intervals overlap")
     else:
         pick.confidence = "no interval available"
-    ratio = f"{pick.ratio:.2f}x" if np.isfinite(pick.ratio) else "infinitely more than"
-    head += (f", {ratio} {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: {pick.confidence}.")
+    if slo:
+        head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
+    if pick.runner_value > 0:
+        head += (f", {pick.ratio:.2f}x {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: "
+                 f"{pick.confidence}.")
+    else:
+        head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
     return pick
 
@@ -206,10 +211,13 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
     if pick.winner is None:
         return out
     win = setups.get(pick.winner)
+    run = setups.get(pick.runner_up) if pick.runner_up else None
+    if win is not None and win.launcher == "endpoint" and (run is None or run.launcher == "endpoint"):
+        names = " and ".join(k for k in (pick.winner, pick.runner_up) if k)
+        return [f"Set-up not measured: {names} {'were running endpoints' if pick.runner_up else 'was a running endpoint'}."]
     out.append(f"Set-up of {pick.winner}: {describe_setup(win)}.")
     if pick.runner_up is None:
         return out
-    run = setups.get(pick.runner_up)
     if win is None or run is None or win.ready_s is None or run.ready_s is None:
         out.append(f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times.")
         return out
@@ -274,8 +282,10 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
         if r["interrupted"] or r["requests_cancelled"]:
             out.append(f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial.")
         if r["token_mismatches"]:
+            example = r.get("mismatch_example") or ""
             out.append(f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
-                       "token count (server usage, stream events and re-tokenisation); usage was used.")
+                       f"token count between server usage, stream events and the client's re-tokenisation{example}; "
+                       "the server's usage (else the stream's count) is what the metrics use.")
         if r["output_short"]:
             out.append(f"{key}: {int(r['output_short'])} responses are shorter than the forced output length.")
         if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
