@@ -312,6 +312,8 @@ def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence
 
     # token counts: cross-check flags
     row["token_mismatches"] = int(ok["token_count_mismatch"].sum())
+    both = ok["usage_tokens"].notna()
+    row["token_mismatches_server"] = int((both & (ok["usage_tokens"] != ok["event_tokens"])).sum())
     bad = ok[ok["token_count_mismatch"]]
     if len(bad):
         first = bad.iloc[0]
@@ -336,7 +338,7 @@ def summary_columns() -> list[str]:
             "requests_cancelled", "errors", *lat, "itl_event_n", "itl_event_p50_ms", "itl_event_p99_ms",
             "duration_s", "input_tokens", "output_tokens", "input_tok_s", "output_tok_s", "request_rps",
             "goodput_n", "goodput_rps", "goodput_frac", "offered_rps", "achieved_rps", "lag_n", "lag_p50_ms",
-            "lag_p99_ms", "lag_max_ms", "token_mismatches", "output_short", "output_tokens_from_usage",
+            "lag_p99_ms", "lag_max_ms", "token_mismatches", "token_mismatches_server", "output_short", "output_tokens_from_usage",
             "input_tokens_mean", "output_tokens_mean", "source", "runs", "interrupted"]
 
 

@@ -47,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "arrival": "poisson",
     "burstiness": 1.0,
     "max_concurrency": None,
-    "num_requests": 24,
+    "num_requests": 16,
     "duration": 30.0,
     "warmup": None,
     "slo": {},
@@ -111,7 +111,7 @@ class RunPlan:
     model: str = "smollm2-135m"
     tokenizer: str | None = None
     served_model: str | None = None
-    num_requests: int | None = 24
+    num_requests: int | None = 16
     duration: float | None = 30.0
     warmup: int | None = None  # None: one per concurrent stream (closed loop), 2 before an open loop
     slo: dict[str, float] = field(default_factory=dict)  # seconds

@@ -283,9 +283,12 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
             out.append(f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial.")
         if r["token_mismatches"]:
             example = r.get("mismatch_example") or ""
+            server = int(r.get("token_mismatches_server", 0) or 0)
+            what = (f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
+                    "problem)" if server else "all between the generated count and the client's re-tokenisation of "
+                    "the text, which does not always give back the generated tokens")
             out.append(f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
-                       f"token count between server usage, stream events and the client's re-tokenisation{example}; "
-                       "the server's usage (else the stream's count) is what the metrics use.")
+                       f"token count{example}, {what}; the metrics use the server's usage, else the stream's count.")
         if r["output_short"]:
             out.append(f"{key}: {int(r['output_short'])} responses are shorter than the forced output length.")
         if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
