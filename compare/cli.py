@@ -128,7 +128,12 @@ def run(
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
-    raise typer.Exit(execute(plan, out, n_boot))
+    try:
+        code = execute(plan, out, n_boot)
+    except FileExistsError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = EXIT_USAGE
+    raise typer.Exit(code)
 
 
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:

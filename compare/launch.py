@@ -332,6 +332,10 @@ class ProcessLauncher:
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM to the server's process group, SIGKILL after `timeout`; idempotent."""
         proc = self.proc
+        if proc is not None and self.report.ready_s is not None and self.report.exit_code is None \
+                and proc.poll() not in (None, 0):
+            self.report.notes.append(f"the server exited with code {proc.returncode} during the run "
+                                     f"(log: {self.log_path})")
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.refresh()

@@ -168,10 +168,11 @@ def build_blocks(res: Results) -> list[Block]:
                      _ci(r, "ttft_p50_ms"), _f(r["ttft_p99_ms"]), _ci(r, "tpot_p50_ms"), _f(r["tpot_p99_ms"]),
                      _ci(r, "itl_p50_ms"), _f(r["itl_p99_ms"]), _ci(r, "e2e_p50_ms"), _f(r["e2e_p99_ms"]),
                      _f(r["output_tok_s"]), _f(r["input_tok_s"]), _f(r["request_rps"], 2), _f(r["goodput_rps"], 2),
-                     _f(r["achieved_rps"], 2), _f(r["lag_p99_ms"], 2), str(int(r["token_mismatches"]))])
+                     f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}", _f(r["lag_p99_ms"], 2),
+                     str(int(r["token_mismatches"]))])
     blocks.append(("table", (["backend", "workload", "load", "ok/failed/cancelled", "TTFT p50", "TTFT p99",
                               "TPOT p50", "TPOT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99", "out tok/s",
-                              "in tok/s", "req/s", "goodput req/s", "sent req/s", "lag p99 ms", "token mismatches"],
+                              "in tok/s", "req/s", "goodput req/s", "offered / sent req/s", "lag p99 ms", "token mismatches"],
                              rows)))
     blocks.append(("p", "n per metric: " + "; ".join(
         f"{key_of(r['backend'], r['variant'])} {r['load_point']}: TTFT {int(r['ttft_n'])}, TPOT {int(r['tpot_n'])}, "

@@ -86,10 +86,12 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
         at = candidates[candidates["load_point"] == point]
     else:  # no load point in common: each at its lowest load
         at = pd.DataFrame([min((r for _, r in g.iterrows()), key=_load_order) for _, g in rows.groupby("key")])
+    failures = failure_sentences(at, "")
     at = at[at["e2e_n"] > 0]
     if at.empty:
-        pick.sentences.append(f"Interactive ({workload}): no backend completed a request at {point}; "
+        pick.sentences.append(f"**Interactive** ({workload}): no backend completed a request at {point}; "
                               "nothing to select.")
+        pick.sentences += failures
         return pick
     clean = at[at["requests_failed"] == 0]
     pool = clean if not clean.empty else at
@@ -112,6 +114,7 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
         head += f", {win.goodput_frac:.0%} of its requests within the SLOs"
     if len(ranked) == 1:
         pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
+        pick.sentences += failures
         return pick
     run = ranked[1]
     pick.runner_up, pick.runner_value = run.key, run.e2e_p50_ms / 1e3
@@ -124,7 +127,19 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
              f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
              f"{pick.confidence}.")
     pick.sentences.append(head)
+    pick.sentences += failures
     return pick
+
+
+def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
+    """Every candidate with failed requests, by name: it is ranked after those without, or not at all."""
+    out = []
+    for _, r in rows.iterrows():
+        if r["requests_failed"]:
+            ranked = "is not ranked" if r["requests_ok"] == 0 else "is ranked after the candidates without failures"
+            out.append(f"{r['key']} {ranked}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed "
+                       f"{where or 'at ' + str(r['load_point'])} ({r['errors']}).")
+    return out
 
 
 def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float]) -> Pick:
@@ -145,6 +160,9 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
         best.append(use.loc[use[metric].idxmax()])
     table = pd.DataFrame(best)
     table["_clean"] = table["_fail"] <= 0.01
+    failures = [f"{r['key']} failed requests at every load point (at {r['load_point']}: "
+                f"{int(r['requests_failed'])} of {int(r['requests'])}, {r['errors']}) and is ranked last."
+                for _, r in table.iterrows() if not r["_clean"]]
     table = table.sort_values(["_clean", metric], ascending=[False, False])
     pick.ranking = [{"key": r["key"], "load_point": r["load_point"], metric: r[metric],
                      "output_tok_s": r["output_tok_s"], "n": r["requests_ok"], "failed": r["requests_failed"]}
@@ -159,6 +177,7 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     head += ")"
     if len(table) == 1:
         pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
+        pick.sentences += failures
         return pick
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
@@ -179,6 +198,7 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
+    pick.sentences += failures
     return pick
 
 

@@ -40,6 +40,7 @@ def run_compare(*args: str, timeout: float = 240) -> subprocess.CompletedProcess
 
 
 @pytest.mark.live
+@pytest.mark.slow
 def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
     out = tmp_path / "run"
     run_compare("run", "--backends", "reference", "--model", str(llama_dir), "--concurrency", "1,3",
@@ -94,6 +95,7 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
 
 
 @pytest.mark.live
+@pytest.mark.slow
 def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_path):
     """vLLM-shaped OpenAI completions: TTFT 20 ms, 4 ms per token; TGI's own stream: TTFT 80 ms, 12 ms per
     token. Both protocols are read for real; the fast one must win both classes, with high confidence, and
@@ -104,7 +106,7 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     with scripted_server(flavor="vllm", default_schedule=fast) as a, scripted_server(flavor="tgi",
                                                                                        default_schedule=slow) as b:
         run_compare("run", "--backends", "vllm,tgi", "--endpoint", f"vllm={a.url}", "--endpoint", f"tgi={b.url}",
-                    "--model", "scripted-model", "--tokenizer", str(llama_dir), "--concurrency", "1,4",
+                    "--model", "scripted-model", "--tokenizer", str(llama_dir), "--concurrency", "1,4", "--rate", "25",
                     "--num-requests", "16", "--input-len", "16", "--output-len", "20", "--slo", "ttft=50ms",
                     "--n-boot", "300", "--out", str(out))
     summary = pd.read_csv(out / "summary.csv").set_index(["backend", "load_point"])
@@ -113,6 +115,10 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     assert summary.loc[("vllm", "c=1"), "tpot_p50_ms"] == pytest.approx(4, abs=2)
     assert summary.loc[("tgi", "c=1"), "tpot_p50_ms"] == pytest.approx(12, abs=3)
     assert summary.loc[("tgi", "c=4"), "output_tok_s"] < summary.loc[("vllm", "c=4"), "output_tok_s"]
+    # the open-loop point: offered 25 requests/s, sent on time, lag reported with its n
+    open_loop = summary.loc[("vllm", "r=25")]
+    assert open_loop["mode"] == "open" and open_loop["offered_rps"] == 25 and open_loop["lag_n"] == 16
+    assert 10 < open_loop["achieved_rps"] < 60 and open_loop["lag_p99_ms"] < 100
     # the SLO (TTFT <= 50 ms) is met by the fast server's requests and missed by the slow one's
     assert summary.loc[("vllm", "c=1"), "goodput_frac"] == 1.0 and summary.loc[("tgi", "c=1"), "goodput_n"] == 0
     report = (out / "report.md").read_text()
@@ -129,7 +135,9 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
 
 
 @pytest.mark.live
-def test_sigint_mid_load_leaves_a_partial_report_and_stops_the_server(llama_dir, tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_mid_load_leaves_a_partial_report_and_stops_the_server(llama_dir, tmp_path, sig):
     out = tmp_path / "run"
     proc = subprocess.Popen(compare_cmd("run", "--backends", "reference", "--model", str(llama_dir),
                                         "--concurrency", "4", "--num-requests", "200", "--input-len", "16",
@@ -145,7 +153,7 @@ def test_sigint_mid_load_leaves_a_partial_report_and_stops_the_server(llama_dir,
             time.sleep(0.1)
         else:
             pytest.fail("no request finished within 120 s")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         output, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:

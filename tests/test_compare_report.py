@@ -117,8 +117,11 @@ def test_failed_requests_are_named_and_cannot_win(tmp_path):
     results = analyze(run, n_boot=100)
     write_reports(results)
     report = (run.path / "report.md").read_text()
-    assert "**slow** has the lowest median" in report  # the faster one failed requests at that point
-    assert "fast wl c=1: 2 of 30 requests failed (http_status: 2)" in report
+    decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
+    assert "**slow** has the lowest median" in decision  # the faster one failed requests at that point
+    assert "fast is ranked after the candidates without failures: 2 of 30 requests failed at c=1 (http_status: 2)" \
+        in decision
+    assert "fast wl c=1: 2 of 30 requests failed (http_status: 2)" in report  # and under Warnings
 
 
 def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):
