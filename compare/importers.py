@@ -1,8 +1,8 @@
 """Other tools' per-request results as our `RequestRecord`s, so the same metric code reads them.
 
 - `vllm bench serve --save-result --save-detailed` JSON: per request `ttfts` (s), `itls` (list of s, one per
-  stream chunk after the first), `input_lens`, `output_lens`, `errors` ("" when ok); the file's own
-  `duration` is kept as the point's window (it records no per-request send times).
+  stream chunk after the first), `input_lens`, `output_lens`, `errors` ("" when ok), and in newer versions
+  `start_times` and `latencies`; the file's own `duration` is kept as the point's window.
 - AIPerf `profile_export.jsonl`: one JSON object per request with `metadata.request_start_ns`,
   `benchmark_phase`, `was_cancelled`, and `metrics.time_to_first_token`, `inter_chunk_latency` (ms),
   `output_sequence_length` (tokens), `request_latency` (ms); `error` when it failed.
@@ -129,13 +129,20 @@ def import_vllm_bench(path: Path, backend: str | None = None, variant: str | Non
     backend = backend or "vllm-bench"
     variant = variant if variant is not None else str(data.get("label") or data.get("backend") or "")
     run_id = f"import-{path.stem}"
+    # newer versions also save each request's start time (monotonic) and latency
+    starts = data.get("start_times") if isinstance(data.get("start_times"), list) and len(data["start_times"]) == n \
+        else [0.0] * n
+    first = min(starts) if starts else 0.0
+    latencies = data.get("latencies") if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n \
+        else None
     records = []
     for i in range(n):
         err = errors[i] or None
         out = int(outs[i] or 0)
-        ev = [] if err else events_from(0.0, float(ttfts[i] or 0.0), [float(g) for g in itls[i] or []], out)
-        end = ev[-1][0] if ev else 0.0
-        records.append(_record(run_id, i, backend, variant, load_point, 0.0, int(ins[i] or 0), out, ev, end, err))
+        send = float(starts[i]) - first
+        ev = [] if err else events_from(send, float(ttfts[i] or 0.0), [float(g) for g in itls[i] or []], out)
+        end = send + float(latencies[i]) if latencies and latencies[i] else (ev[-1][0] if ev else send)
+        records.append(_record(run_id, i, backend, variant, load_point, send, int(ins[i] or 0), out, ev, end, err))
     return Imported(records, run_id, backend, variant, workload, load_point, int(conc) if conc else None, rate,
                     float(data["duration"]) if data.get("duration") else None, "vllm bench serve")
 

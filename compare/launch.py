@@ -149,12 +149,16 @@ def parse_reference_log(text: str) -> ParsedLog:
 
 _VLLM_TIME = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
 _VLLM_PATTERNS = [
-    ("weights", re.compile(r"Loading weights took ([0-9.]+) seconds")),
-    ("model_load", re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) seconds")),
+    ("model_init", re.compile(r"Initializing model took ([0-9.]+) s")),
+    ("checkpoint", re.compile(r"Checkpoint size: ([0-9.]+) GiB")),
+    ("weights", re.compile(r"Loading weights took ([0-9.]+) s")),
+    ("model_load", re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) s")),
     ("compile", re.compile(r"torch\.compile takes ([0-9.]+) s in total")),
     ("cuda_graphs", re.compile(r"Graph capturing finished in ([0-9.]+) secs?, took ([0-9.]+) GiB")),
-    ("init_engine", re.compile(r"init engine \(.*\) took ([0-9.]+) seconds")),
-    ("kv_tokens", re.compile(r"GPU KV cache size: ([0-9,]+) tokens")),
+    ("kv_tokens", re.compile(r"(?:GPU|CPU) KV cache size: ([0-9,]+) tokens")),
+    ("kv_cache", re.compile(r"set \(([0-9.]+)/[0-9.]+\) GiB for KV cache|Available KV cache memory: ([0-9.]+) GiB")),
+    ("init_engine", re.compile(r"init engine \(.*\) took ([0-9.]+) s")),
+    ("server_ready", re.compile(r"Starting vLLM (?:API )?server on (\S+)")),
 ]
 
 
@@ -172,7 +176,11 @@ def parse_vllm_log(text: str) -> ParsedLog:
             if not found:
                 continue
             g = found.groups()
-            if name == "weights":
+            if name == "model_init":
+                out.phases.append(Phase("model_init", float(g[0]), when, "building the model"))
+            elif name == "checkpoint":
+                out.memory.setdefault("weights", float(g[0]) * GIB)
+            elif name == "weights":
                 out.phases.append(Phase("weights", float(g[0]), when, "loading weights"))
             elif name == "model_load":
                 out.memory["weights"] = float(g[0]) * GIB
@@ -181,10 +189,14 @@ def parse_vllm_log(text: str) -> ParsedLog:
             elif name == "cuda_graphs":
                 out.memory["graph_pool"] = float(g[1]) * GIB
                 out.phases.append(Phase("cuda_graphs", float(g[0]), when, f"pool {g[1]} GiB"))
+            elif name == "kv_tokens":
+                out.memory["kv_tokens"] = float(g[0].replace(",", ""))
+            elif name == "kv_cache":
+                out.memory["kv_cache"] = float(g[0] or g[1]) * GIB
             elif name == "init_engine":
                 out.phases.append(Phase("init_engine", float(g[0]), when, "profile, KV cache, warm-up"))
             else:
-                out.memory["kv_tokens"] = float(g[0].replace(",", ""))
+                out.phases.append(Phase("server_ready", 0.0, when, "HTTP server listening"))
     return out
 
 

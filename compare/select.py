@@ -89,7 +89,7 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
     failures = failure_sentences(at, "")
     at = at[at["e2e_n"] > 0]
     if at.empty:
-        pick.sentences.append(f"**Interactive** ({workload}): no backend completed a request at {point}; "
+        pick.sentences.append(f"**Interactive** ({_where(workload, point)}): no backend completed a request at {point}; "
                               "nothing to select.")
         pick.sentences += failures
         return pick
@@ -107,7 +107,7 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
     win = ranked[0]
     pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
     where = point if shared else "each one's lowest load point"
-    head = (f"**Interactive** ({workload}, {where}): **{win.key}** has the lowest median end-to-end latency, "
+    head = (f"**Interactive** ({_where(workload, where)}): **{win.key}** has the lowest median end-to-end latency, "
             f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
             f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})")
     if slo and np.isfinite(win.goodput_frac):
@@ -170,7 +170,7 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     win = table.iloc[0]
     pick.winner, pick.load_point, pick.value = win["key"], win["load_point"], float(win[metric])
     unit = "requests/s within the SLOs" if slo else "output tokens/s"
-    head = (f"**Throughput / batch** ({workload}): **{win['key']}** reaches {_fmt_rate(win[metric])} {unit} at "
+    head = (f"**Throughput / batch**{f' ({workload})' if workload else ''}: **{win['key']}** reaches {_fmt_rate(win[metric])} {unit} at "
             f"{win['load_point']} (n={int(win['requests_ok'])} ok")
     if not slo and np.isfinite(win.get("output_tok_s_lo", np.nan)):
         head += f"; over time {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
@@ -200,6 +200,10 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     pick.sentences.append(head)
     pick.sentences += failures
     return pick
+
+
+def _where(workload: str, point: str) -> str:
+    return f"{workload}, {point}" if workload else point
 
 
 def _fmt_rate(value: float) -> str:
@@ -274,7 +278,7 @@ def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
 
 def describe_setup(setup: SetupReport | None) -> str:
     if setup is None:
-        return "no set-up report"
+        return "not measured (imported results, or not started by llm-compare)"
     if setup.launcher == "endpoint":
         return "a running endpoint (set-up not measured)"
     parts = [f"ready in {setup.ready_s:.1f} s" if setup.ready_s is not None else "never became ready"]

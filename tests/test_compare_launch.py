@@ -117,3 +117,21 @@ def alive(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_vllm_cpu_serve_log_recorded_from_a_real_start():
+    """tests/data/vllm_cpu_serve.log: `vllm serve` of SmolLM2 on this CPU, as the project recorded it."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "vllm_cpu_serve.log").read_text()
+    parsed = parse_log("vllm", text)
+    got = {p.name: p.seconds for p in parsed.phases}
+    assert got == {"model_init": 0.096251, "weights": 0.29, "init_engine": 1.75, "server_ready": 0.0}
+    assert parsed.memory == {"weights": pytest.approx(0.5 * 2**30), "kv_cache": 2**30, "kv_tokens": 23296}
+    first = datetime.fromtimestamp(parsed.first_line_epoch)
+    report = SetupReport("vllm", "", "process", "http://x", spawned_at=first.timestamp())
+    apply_log(report, parsed)
+    ends = {p.name: p.end_s for p in report.phases}
+    # first line 16:23:28, weights logged 16:23:48, engine ready 16:23:50, server listening 16:23:52
+    assert ends["weights"] == pytest.approx(20) and ends["init_engine"] == pytest.approx(22)
+    assert ends["server_ready"] == pytest.approx(24)
