@@ -291,8 +291,10 @@ def _measure(plan: Any, run_dir: Any) -> int:
                         if interrupted:
                             raise KeyboardInterrupt
             except LaunchError as exc:
-                console.print(f"[red]{backend.key} could not be started:[/red] {exc}")
-                run_dir.manifest["notes"].append(f"{backend.key}: {exc}")
+                console.print(f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:"
+                              f"[/red] {exc}")
+                run_dir.manifest["notes"].append(str(exc) if str(exc).startswith(backend.key) else
+                                                 f"{backend.key}: {exc}")
                 code = EXIT_FAILED
             finally:
                 if launcher is not None:
@@ -370,6 +372,8 @@ def print_summary(results: Any) -> None:
     s = results.summary
     if s.empty:
         console.print("no measured requests")
+        for w in results.warnings:
+            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
         return
     table = Table("backend", "workload", "load", "ok/fail/canc", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
                   "E2E p50", "out tok/s", "goodput/s", title="summary (ms; n = ok requests)")

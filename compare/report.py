@@ -56,7 +56,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
-    results.warnings = warnings(summary, setups) if not summary.empty else []
+    results.warnings = list(run.manifest.get("notes") or []) + (warnings(summary, setups) if not summary.empty else [])
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
