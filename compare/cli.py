@@ -209,6 +209,11 @@ def _resolve_model(model: str) -> str:
 def _load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
+    if name.startswith("random:"):  # random weights of a named shape: the server's synthetic tokenizer
+        from reference_engine.loader import resolve_model
+        from reference_engine.tokenizer import synthetic_tokenizer
+
+        return synthetic_tokenizer(resolve_model(name).spec)
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as exc:
