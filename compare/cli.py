@@ -1,4 +1,5 @@
-"""The `compare` command line: run a comparison, rebuild its reports, diff two runs, import other tools' results.
+"""The `compare` command line: run a comparison, rebuild its reports, diff two runs, import other tools'
+results.
 
     compare run                                   # the embedded default: reference engine, built-in model
     compare run --backends vllm,tgi --endpoint vllm=http://127.0.0.1:8000 --endpoint tgi=http://127.0.0.1:8080
@@ -29,7 +30,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0])
+app = typer.Typer(
+    add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0], rich_markup_mode=None
+)  # help texts show [default: ...] and a:b:c literally
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 DEMO_PROMPTS = [
@@ -57,8 +60,14 @@ def demo(
     prompts = []
     for text in DEMO_PROMPTS:
         if getattr(tok, "chat_template", None):
-            prompts.append(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False))
+            prompts.append(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": text}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                )
+            )
         else:
             prompts.append(tok.encode(text))
     start = time.perf_counter()
@@ -66,12 +75,18 @@ def demo(
     elapsed = time.perf_counter() - start
     table = Table("prompt", "answer", "tokens", "finish")
     for text, out in zip(DEMO_PROMPTS, outs, strict=True):
-        table.add_row(text, tok.decode(out.token_ids, skip_special_tokens=True), str(len(out.token_ids)),
-                      out.finish_reason or "")
+        table.add_row(
+            text,
+            tok.decode(out.token_ids, skip_special_tokens=True),
+            str(len(out.token_ids)),
+            out.finish_reason or "",
+        )
     console.print(table)
     n = sum(len(o.token_ids) for o in outs)
-    console.print(f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
-                  f"set-up {engine.setup.phases['total']:.2f} s")
+    console.print(
+        f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
+        f"set-up {engine.setup.phases['total']:.2f} s"
+    )
 
 
 # -- compare run --------------------------------------------------------------------------------------------
@@ -79,18 +94,34 @@ def demo(
 
 @app.command()
 def run(
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML run file (matrices of backends, "
-                                                                       "variants, load points, workloads)")] = None,
-    backends: str | None = typer.Option(None, help="adapter names, each optionally :variant "
-                                                   "(vllm,tgi,reference:eager) [default: reference]"),
-    endpoint: Annotated[list[str] | None, typer.Option(help="NAME=URL of a running server (repeat); backends "
-                                                            "without one are launched (reference only, for now)")] = None,
-    model: str | None = typer.Option(None, help="checkpoint dir, hub id or built-in name [default: smollm2-135m]"),
-    tokenizer: str | None = typer.Option(None, help="tokenizer for token-exact prompts [default: the model's]"),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="YAML run file (matrices of backends, variants, load points, workloads)"
+        ),
+    ] = None,
+    backends: str | None = typer.Option(
+        None, help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]"
+    ),
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=URL of a running server (repeat); backends "
+            "without one are launched (reference only, for now)"
+        ),
+    ] = None,
+    model: str | None = typer.Option(
+        None, help="checkpoint dir, hub id or built-in name [default: smollm2-135m]"
+    ),
+    tokenizer: str | None = typer.Option(
+        None, help="tokenizer for token-exact prompts [default: the model's]"
+    ),
     served_model: str | None = typer.Option(None, help="model name sent in requests [default: --model]"),
     dataset: str | None = typer.Option(None, help="random | fixed | sharegpt | jsonl [default: random]"),
     dataset_path: str | None = typer.Option(None, help="file for sharegpt / jsonl"),
-    input_len: str | None = typer.Option(None, help="random: N or uniform:LO:HI, normal:M:S ... [default: 128]"),
+    input_len: str | None = typer.Option(
+        None, help="random: N or uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA [default: 128]"
+    ),
     output_len: str | None = typer.Option(None, help="random: output length, same forms [default: 32]"),
     concurrency: str | None = typer.Option(None, help="closed-loop load points, e.g. 1,8,32 [default: 1,4]"),
     rate: str | None = typer.Option(None, help="open-loop load points in requests/s, e.g. 2,8"),
@@ -107,22 +138,47 @@ def run(
     mem_bandwidth: float | None = typer.Option(None, help="memory bandwidth in GB/s, for the roofline"),
     model_bytes: float | None = typer.Option(None, help="bytes of weights a decode step reads (roofline)"),
     server_args: str | None = typer.Option(None, help="extra arguments for launched servers, one string"),
-    startup_timeout: float | None = typer.Option(None, help="seconds a launched server may take [default: 600]"),
+    startup_timeout: float | None = typer.Option(
+        None, help="seconds a launched server may take [default: 600]"
+    ),
     request_timeout: float | None = typer.Option(None, help="seconds one request may take [default: 600]"),
-    pin: str | None = typer.Option(None, help="auto (pin client and server to CPUs of their own when >= 4 "
-                                              "CPUs) | off"),
+    pin: str | None = typer.Option(
+        None, help="auto (pin client and server to CPUs of their own when >= 4 CPUs) | off"
+    ),
     n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
 ) -> None:
     """Measure backends under load and write the run directory with its reports."""
     from compare.plan import PlanError, build_plan
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    options = dict(backends=backends, endpoints=endpoint, model=model, tokenizer=tokenizer,
-                   served_model=served_model, dataset=dataset, dataset_path=dataset_path, input_len=input_len,
-                   output_len=output_len, concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness,
-                   max_concurrency=max_concurrency, num_requests=num_requests, duration=duration, warmup=warmup,
-                   slo=slo, seed=seed, gpu_price=gpu_price, mem_bandwidth_gbs=mem_bandwidth, model_bytes=model_bytes,
-                   server_args=server_args, startup_timeout=startup_timeout, request_timeout=request_timeout, pin=pin)
+    options = dict(
+        backends=backends,
+        endpoints=endpoint,
+        model=model,
+        tokenizer=tokenizer,
+        served_model=served_model,
+        dataset=dataset,
+        dataset_path=dataset_path,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        rate=rate,
+        arrival=arrival,
+        burstiness=burstiness,
+        max_concurrency=max_concurrency,
+        num_requests=num_requests,
+        duration=duration,
+        warmup=warmup,
+        slo=slo,
+        seed=seed,
+        gpu_price=gpu_price,
+        mem_bandwidth_gbs=mem_bandwidth,
+        model_bytes=model_bytes,
+        server_args=server_args,
+        startup_timeout=startup_timeout,
+        request_timeout=request_timeout,
+        pin=pin,
+    )
     try:
         plan = build_plan(options, config)
     except PlanError as exc:
@@ -168,7 +224,9 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
 @contextlib.contextmanager
 def _sigterm_as_sigint() -> Iterator[None]:
-    """SIGTERM takes the Ctrl-C path: in-flight requests recorded as cancelled, servers stopped, partial report."""
+    """SIGTERM takes the Ctrl-C path: in-flight requests recorded as cancelled, servers stopped, partial
+    report."""
+
     def handler(_signum: int, _frame: Any) -> None:
         signal.raise_signal(signal.SIGINT)
 
@@ -217,7 +275,9 @@ def _load_tokenizer(name: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as exc:
-        raise RuntimeError(f"cannot load the tokenizer {name!r} (give --tokenizer a local directory): {exc}") from exc
+        raise RuntimeError(
+            f"cannot load the tokenizer {name!r} (give --tokenizer a local directory): {exc}"
+        ) from exc
 
 
 def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
@@ -225,9 +285,19 @@ def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
     if plan.pin == "off":
         return None, None, f"off (asked); {len(cpus)} CPUs shared by client and servers"
     if len(cpus) < 4:
-        return None, None, (f"none: only {len(cpus)} CPUs, too few to give the client and the servers CPUs of "
-                            "their own; they share them")
-    return {cpus[-1]}, set(cpus[:-1]), f"client on CPU {cpus[-1]}, launched servers on CPUs {cpus[0]}-{cpus[-2]}"
+        return (
+            None,
+            None,
+            (
+                f"none: only {len(cpus)} CPUs, too few to give the client and the servers CPUs of "
+                "their own; they share them"
+            ),
+        )
+    return (
+        {cpus[-1]},
+        set(cpus[:-1]),
+        f"client on CPU {cpus[-1]}, launched servers on CPUs {cpus[0]}-{cpus[-2]}",
+    )
 
 
 def _measure(plan: Any, run_dir: Any) -> int:
@@ -259,11 +329,22 @@ def _measure(plan: Any, run_dir: Any) -> int:
     workloads = []
     for i, w in enumerate(plan.workloads):
         specs = _dataset(make_dataset, w, tokenizer, n * points, plan.seed + i)
-        workloads.append((w, [specs[k * n:(k + 1) * n] or specs for k in range(points)]))
+        workloads.append((w, [specs[k * n : (k + 1) * n] or specs for k in range(points)]))
     warm_n = max(plan.warmup_count(s) for s in plan.load_points)
-    warm_all = make_dataset("random", tokenizer, max(warm_n, 1) * points, input_len=16, output_len=8,
-                            seed=plan.seed + 999, id_prefix="warmup") if warm_n else []
-    warm_specs = [warm_all[k * warm_n:(k + 1) * warm_n] for k in range(points)]
+    warm_all = (
+        make_dataset(
+            "random",
+            tokenizer,
+            max(warm_n, 1) * points,
+            input_len=16,
+            output_len=8,
+            seed=plan.seed + 999,
+            id_prefix="warmup",
+        )
+        if warm_n
+        else []
+    )
+    warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(points)]
 
     saved_affinity = os.sched_getaffinity(0) if client_cpus else None
     if client_cpus:
@@ -279,27 +360,52 @@ def _measure(plan: Any, run_dir: Any) -> int:
                 if backend.launched:
                     port = free_port()
                     launcher = ProcessLauncher(
-                        backend.name, backend.variant,
+                        backend.name,
+                        backend.variant,
                         reference_command(model_path, port, backend.variant, served, backend.server_args),
-                        f"http://127.0.0.1:{port}", adapter.health_path, run_dir.log_path(backend.key),
-                        plan.startup_timeout, env=package_env(), cpus=server_cpus)
-                    console.print(f"[bold]{backend.key}[/bold]: starting the server (log: {launcher.log_path})")
+                        f"http://127.0.0.1:{port}",
+                        adapter.health_path,
+                        run_dir.log_path(backend.key),
+                        plan.startup_timeout,
+                        env=package_env(),
+                        cpus=server_cpus,
+                    )
+                    console.print(
+                        f"[bold]{backend.key}[/bold]: starting the server (log: {launcher.log_path})"
+                    )
                     setup = launcher.start()
                     console.print(f"{backend.key}: ready in {setup.ready_s:.1f} s")
                 else:
-                    setup = endpoint_report(backend.name, backend.variant, backend.endpoint, adapter.health_path)
+                    setup = endpoint_report(
+                        backend.name, backend.variant, backend.endpoint, adapter.health_path
+                    )
                 run_dir.set_setup(setup)
                 for w, per_point in workloads:
                     for k, schedule in enumerate(plan.load_points):
-                        interrupted = _one_point(run_load_sync, Timeouts, run_dir, plan, backend, adapter,
-                                                 setup.url, w, per_point[k], warm_specs[k], schedule, tokenizer)
+                        interrupted = _one_point(
+                            run_load_sync,
+                            Timeouts,
+                            run_dir,
+                            plan,
+                            backend,
+                            adapter,
+                            setup.url,
+                            w,
+                            per_point[k],
+                            warm_specs[k],
+                            schedule,
+                            tokenizer,
+                        )
                         if interrupted:
                             raise KeyboardInterrupt
             except LaunchError as exc:
-                console.print(f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:"
-                              f"[/red] {exc}")
-                run_dir.manifest["notes"].append(str(exc) if str(exc).startswith(backend.key) else
-                                                 f"{backend.key}: {exc}")
+                console.print(
+                    f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:"
+                    f"[/red] {exc}"
+                )
+                run_dir.manifest["notes"].append(
+                    str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
+                )
                 code = EXIT_FAILED
             finally:
                 if launcher is not None:
@@ -321,8 +427,20 @@ def _dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int) -> li
     return make_dataset("jsonl", w.path, tokenizer, output_tokens=int(w.output_len))
 
 
-def _one_point(run_load_sync: Any, timeouts_cls: Any, run_dir: Any, plan: Any, backend: Any, adapter: Any, url: str,
-               workload: Any, specs: list, warm_specs: list, schedule: Any, tokenizer: Any) -> bool:
+def _one_point(
+    run_load_sync: Any,
+    timeouts_cls: Any,
+    run_dir: Any,
+    plan: Any,
+    backend: Any,
+    adapter: Any,
+    url: str,
+    workload: Any,
+    specs: list,
+    warm_specs: list,
+    schedule: Any,
+    tokenizer: Any,
+) -> bool:
     """Run one load point with a progress display; True when it was interrupted."""
     import uuid
 
@@ -333,8 +451,13 @@ def _one_point(run_load_sync: Any, timeouts_cls: Any, run_dir: Any, plan: Any, b
     run_dir.add_point(run_id, backend.name, backend.variant, workload.label, label, schedule.describe())
     n_warm = plan.warmup_count(schedule)
     total = plan.num_requests
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(f"{backend.key} {workload.label} {label}", total=total, rate="–", errors=0)
         started = time.perf_counter()
@@ -342,18 +465,34 @@ def _one_point(run_load_sync: Any, timeouts_cls: Any, run_dir: Any, plan: Any, b
         def update(records: list) -> None:
             measured = [r for r in records if not r.warmup]
             now = time.perf_counter()
-            recent = sum(r.output_tokens for r in measured[-500:] if r.end_s is not None
-                         and now - (r.t0_monotonic + r.end_s) <= 5.0)
+            recent = sum(
+                r.output_tokens
+                for r in measured[-500:]
+                if r.end_s is not None and now - (r.t0_monotonic + r.end_s) <= 5.0
+            )
             window = min(5.0, max(now - started, 1e-3))
             errors = sum(1 for r in measured if r.error_kind is not None)
             progress.update(task, completed=len(measured), rate=f"{recent / window:,.1f}", errors=errors)
 
-        run_load_sync(url, adapter, specs, schedule, output_path=run_dir.requests_path,
-                      summary_path=run_dir.runs_path, warmup_specs=warm_specs[:n_warm], backend=backend.name,
-                      variant=backend.variant, load_point=label,
-                      timeouts=timeouts_cls(request_s=plan.request_timeout), max_requests=plan.num_requests,
-                      max_duration_s=plan.duration, tokenizer=tokenizer, progress=update, progress_interval_s=0.5,
-                      run_id=run_id)
+        run_load_sync(
+            url,
+            adapter,
+            specs,
+            schedule,
+            output_path=run_dir.requests_path,
+            summary_path=run_dir.runs_path,
+            warmup_specs=warm_specs[:n_warm],
+            backend=backend.name,
+            variant=backend.variant,
+            load_point=label,
+            timeouts=timeouts_cls(request_s=plan.request_timeout),
+            max_requests=plan.num_requests,
+            max_duration_s=plan.duration,
+            tokenizer=tokenizer,
+            progress=update,
+            progress_interval_s=0.5,
+            run_id=run_id,
+        )
     summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
     return bool(summaries and summaries[-1].interrupted)
 
@@ -364,8 +503,10 @@ def _report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
     print_summary(results)
-    console.print(f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
-                  f"{run_dir.path / 'summary.csv'}")
+    console.print(
+        f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
+        f"{run_dir.path / 'summary.csv'}"
+    )
     return results
 
 
@@ -380,14 +521,35 @@ def print_summary(results: Any) -> None:
         for w in results.warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
         return
-    table = Table("backend", "workload", "load", "ok/fail/canc", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-                  "E2E p50", "out tok/s", "goodput/s", title="summary (ms; n = ok requests)")
+    table = Table(
+        "backend",
+        "workload",
+        "load",
+        "ok/fail/canc",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p50",
+        "out tok/s",
+        "goodput/s",
+        title="summary (ms; n = ok requests)",
+    )
     for _, r in s.iterrows():
         key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
-        table.add_row(key, r["workload"], r["load_point"],
-                      f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
-                      _ms(r["ttft_p50_ms"]), _ms(r["ttft_p99_ms"]), _ms(r["tpot_p50_ms"]), _ms(r["tpot_p99_ms"]),
-                      _ms(r["e2e_p50_ms"]), _ms(r["output_tok_s"]), _ms(r["goodput_rps"]))
+        table.add_row(
+            key,
+            r["workload"],
+            r["load_point"],
+            f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
+            _ms(r["ttft_p50_ms"]),
+            _ms(r["ttft_p99_ms"]),
+            _ms(r["tpot_p50_ms"]),
+            _ms(r["tpot_p99_ms"]),
+            _ms(r["e2e_p50_ms"]),
+            _ms(r["output_tok_s"]),
+            _ms(r["goodput_rps"]),
+        )
     console.print(table)
     for pick in results.picks:
         for sentence in pick.sentences:
@@ -400,8 +562,10 @@ def print_summary(results: Any) -> None:
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="a run directory written by `compare run`")],
-           n_boot: int = typer.Option(1000, help="bootstrap resamples")) -> None:
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory written by `compare run`")],
+    n_boot: int = typer.Option(1000, help="bootstrap resamples"),
+) -> None:
     """Rebuild summary.csv, summary.parquet, report.md and report.html from a run directory."""
     from compare.store import RunDir
 
@@ -414,10 +578,12 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory written
 
 
 @app.command()
-def diff(run_a: Annotated[Path, typer.Argument(help="baseline run directory")],
-         run_b: Annotated[Path, typer.Argument(help="run directory to compare with it")],
-         alpha: float = typer.Option(0.05, help="significance level (Holm-corrected over all comparisons)"),
-         out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None) -> None:
+def diff(
+    run_a: Annotated[Path, typer.Argument(help="baseline run directory")],
+    run_b: Annotated[Path, typer.Argument(help="run directory to compare with it")],
+    alpha: float = typer.Option(0.05, help="significance level (Holm-corrected over all comparisons)"),
+    out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None,
+) -> None:
     """Compare two runs point by point: change in each latency median, its interval, and whether it is
     significant (Mann-Whitney U, Holm-corrected), plus the change in throughput."""
     from compare.diff import diff_runs, to_markdown
@@ -429,12 +595,28 @@ def diff(run_a: Annotated[Path, typer.Argument(help="baseline run directory")],
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
-    show = Table("point (A -> B)", "metric", "A p50", "B p50", "change", "95% CI of B/A", "p (Holm)", "verdict",
-                 title=f"{run_a} -> {run_b}")
+    show = Table(
+        "point (A -> B)",
+        "metric",
+        "A p50",
+        "B p50",
+        "change",
+        "95% CI of B/A",
+        "p (Holm)",
+        "verdict",
+        title=f"{run_a} -> {run_b}",
+    )
     for _, r in table.iterrows():
-        show.add_row(r["point"], r["metric"], _ms(r["a"]), _ms(r["b"]), _pct(r["change"]),
-                     f"{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}" if np.isfinite(r["ratio_lo"]) else "–",
-                     f"{r['p_holm']:.3g}" if np.isfinite(r["p_holm"]) else "–", r["verdict"])
+        show.add_row(
+            r["point"],
+            r["metric"],
+            _ms(r["a"]),
+            _ms(r["b"]),
+            _pct(r["change"]),
+            f"{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}" if np.isfinite(r["ratio_lo"]) else "–",
+            f"{r['p_holm']:.3g}" if np.isfinite(r["p_holm"]) else "–",
+            r["verdict"],
+        )
     console.print(show)
     if out is not None:
         out.write_text(to_markdown(table, str(run_a), str(run_b)), encoding="utf-8")
@@ -446,15 +628,18 @@ def _pct(value: float) -> str:
 
 
 @app.command("import")
-def import_(files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON or AIPerf "
-                                                             "profile_export.jsonl")],
-            fmt: str = typer.Option("auto", "--format", help="auto | vllm-bench | aiperf"),
-            into: Annotated[Path | None, typer.Option(help="an existing run directory to add the results to")] = None,
-            out: Annotated[Path | None, typer.Option(help="a new run directory for the results")] = None,
-            backend: str | None = typer.Option(None, help="backend label [default: vllm-bench / aiperf]"),
-            variant: str | None = typer.Option(None, help="variant label"),
-            workload: str = typer.Option("", help="workload label (match ours to sit in the same tables)"),
-            load_point: str | None = typer.Option(None, help="load point label, e.g. c=8")) -> None:
+def import_(
+    files: Annotated[
+        list[Path], typer.Argument(help="vllm bench serve result JSON or AIPerf profile_export.jsonl")
+    ],
+    fmt: str = typer.Option("auto", "--format", help="auto | vllm-bench | aiperf"),
+    into: Annotated[Path | None, typer.Option(help="an existing run directory to add the results to")] = None,
+    out: Annotated[Path | None, typer.Option(help="a new run directory for the results")] = None,
+    backend: str | None = typer.Option(None, help="backend label [default: vllm-bench / aiperf]"),
+    variant: str | None = typer.Option(None, help="variant label"),
+    workload: str = typer.Option("", help="workload label (match ours to sit in the same tables)"),
+    load_point: str | None = typer.Option(None, help="load point label, e.g. c=8"),
+) -> None:
     """Read other tools' per-request results into a run directory's tables, beside ours."""
     from compare.importers import ImportFormatError, import_file
     from compare.store import IMPORTED, RunDir
@@ -468,8 +653,9 @@ def import_(files: Annotated[list[Path], typer.Argument(help="vllm bench serve r
         if out is not None:
             run.manifest["status"] = "imported"
         for file in files:
-            imported = import_file(file, fmt, backend=backend, variant=variant, workload=workload,
-                                   load_point=load_point)
+            imported = import_file(
+                file, fmt, backend=backend, variant=variant, workload=workload, load_point=load_point
+            )
             target = run.path / IMPORTED / f"{file.stem}.jsonl"
             if target.exists():
                 target.unlink()
@@ -479,8 +665,11 @@ def import_(files: Annotated[list[Path], typer.Argument(help="vllm bench serve r
             entries = [e for e in run.manifest.get("imported", []) if e["run_id"] != imported.run_id]
             run.manifest["imported"] = [*entries, imported.manifest_entry()]
             run.save()
-            console.print(f"{file}: {len(imported.records)} requests from {imported.source} as "
-                          f"{imported.backend}{':' + imported.variant if imported.variant else ''} {imported.load_point}")
+            console.print(
+                f"{file}: {len(imported.records)} requests from {imported.source} as "
+                f"{imported.backend}{':' + imported.variant if imported.variant else ''} "
+                f"{imported.load_point}"
+            )
     except (FileNotFoundError, FileExistsError, ImportFormatError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None

@@ -51,15 +51,20 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
     merged = sum_a.merge(sum_b, on=keys, suffixes=("_a", "_b"))
     if merged.empty:
         keys = ["workload", "load_point"]
-        if sum_a[["backend", "variant"]].drop_duplicates().shape[0] > 1 or \
-                sum_b[["backend", "variant"]].drop_duplicates().shape[0] > 1:
-            raise ValueError("the runs share no (backend, variant, workload, load point), and one of them holds "
-                             "several backends: nothing to match")
+        if (
+            sum_a[["backend", "variant"]].drop_duplicates().shape[0] > 1
+            or sum_b[["backend", "variant"]].drop_duplicates().shape[0] > 1
+        ):
+            raise ValueError(
+                "the runs share no (backend, variant, workload, load point), and one of them holds "
+                "several backends: nothing to match"
+            )
         merged = sum_a.merge(sum_b, on=keys, suffixes=("_a", "_b"))
         if merged.empty:
             raise ValueError("the runs share no (workload, load point)")
     rows = []
     for _, m in merged.iterrows():
+
         def name(side: str, m: pd.Series = m) -> str:
             backend = m["backend"] if "backend" in m else m[f"backend_{side}"]
             variant = m["variant"] if "variant" in m else m[f"variant_{side}"]
@@ -74,14 +79,36 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
             x = sel_a[f"{metric}_s"].dropna().to_numpy(dtype=float)
             y = sel_b[f"{metric}_s"].dropna().to_numpy(dtype=float)
             ratio, lo, hi = ratio_ci(y, x, "p50", seed=seed)
-            rows.append({"point": point, "metric": f"{metric} p50 (ms)", "a": np.median(x) * 1e3 if x.size else np.nan,
-                         "b": np.median(y) * 1e3 if y.size else np.nan, "n_a": int(x.size), "n_b": int(y.size),
-                         "change": ratio - 1 if np.isfinite(ratio) else np.nan, "ratio_lo": lo, "ratio_hi": hi,
-                         "p": mann_whitney(x, y), "higher_is_better": False})
-        rows.append({"point": point, "metric": "output tok/s", "a": m["output_tok_s_a"], "b": m["output_tok_s_b"],
-                     "n_a": int(m["requests_ok_a"]), "n_b": int(m["requests_ok_b"]),
-                     "change": m["output_tok_s_b"] / m["output_tok_s_a"] - 1 if m["output_tok_s_a"] else np.nan,
-                     "ratio_lo": np.nan, "ratio_hi": np.nan, "p": np.nan, "higher_is_better": True})
+            rows.append(
+                {
+                    "point": point,
+                    "metric": f"{metric} p50 (ms)",
+                    "a": np.median(x) * 1e3 if x.size else np.nan,
+                    "b": np.median(y) * 1e3 if y.size else np.nan,
+                    "n_a": int(x.size),
+                    "n_b": int(y.size),
+                    "change": ratio - 1 if np.isfinite(ratio) else np.nan,
+                    "ratio_lo": lo,
+                    "ratio_hi": hi,
+                    "p": mann_whitney(x, y),
+                    "higher_is_better": False,
+                }
+            )
+        rows.append(
+            {
+                "point": point,
+                "metric": "output tok/s",
+                "a": m["output_tok_s_a"],
+                "b": m["output_tok_s_b"],
+                "n_a": int(m["requests_ok_a"]),
+                "n_b": int(m["requests_ok_b"]),
+                "change": m["output_tok_s_b"] / m["output_tok_s_a"] - 1 if m["output_tok_s_a"] else np.nan,
+                "ratio_lo": np.nan,
+                "ratio_hi": np.nan,
+                "p": np.nan,
+                "higher_is_better": True,
+            }
+        )
     table = pd.DataFrame(rows)
     table["p_holm"] = holm(table["p"].tolist())
     table["verdict"] = [_verdict(r, alpha) for _, r in table.iterrows()]
@@ -93,7 +120,9 @@ def _select(req: pd.DataFrame, m: pd.Series, keys: list[str], side: str) -> pd.D
     for k in keys:
         mask &= (req[k] == m[k]).to_numpy()
     if "backend" not in keys:
-        mask &= ((req["backend"] == m[f"backend_{side}"]) & (req["variant"] == m[f"variant_{side}"])).to_numpy()
+        mask &= (
+            (req["backend"] == m[f"backend_{side}"]) & (req["variant"] == m[f"variant_{side}"])
+        ).to_numpy()
     return req[mask]
 
 
@@ -107,13 +136,21 @@ def _verdict(r: pd.Series, alpha: float) -> str:
 
 
 def to_markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
-    lines = [f"# llm-compare diff: {name_a} -> {name_b}", "",
-             "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected.", "",
-             "| point | metric | A | B | n A/B | change | 95% CI of B/A | p (Holm) | verdict |", "|" + "---|" * 9]
+    lines = [
+        f"# llm-compare diff: {name_a} -> {name_b}",
+        "",
+        "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected.",
+        "",
+        "| point | metric | A | B | n A/B | change | 95% CI of B/A | p (Holm) | verdict |",
+        "|" + "---|" * 9,
+    ]
     for _, r in table.iterrows():
         ci = f"{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}" if np.isfinite(r["ratio_lo"]) else "–"
         p = f"{r['p_holm']:.3g}" if np.isfinite(r["p_holm"]) else "–"
         change = f"{r['change']:+.1%}" if np.isfinite(r["change"]) else "–"
-        lines.append(f"| {r['point']} | {r['metric']} | {r['a']:.2f} | {r['b']:.2f} | {r['n_a']}/{r['n_b']} | {change} "
-                     f"| {ci} | {p} | {r['verdict']} |")
+        lines.append(
+            f"| {r['point']} | {r['metric']} | {r['a']:.2f} | {r['b']:.2f} | {r['n_a']}/{r['n_b']} "
+            f"| {change} "
+            f"| {ci} | {p} | {r['verdict']} |"
+        )
     return "\n".join(lines) + "\n"

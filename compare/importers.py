@@ -41,9 +41,17 @@ class Imported:
     source: str
 
     def manifest_entry(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "backend": self.backend, "variant": self.variant, "workload": self.workload,
-                "load_point": self.load_point, "concurrency": self.concurrency, "rate": self.rate,
-                "duration_s": self.duration_s, "source": self.source}
+        return {
+            "run_id": self.run_id,
+            "backend": self.backend,
+            "variant": self.variant,
+            "workload": self.workload,
+            "load_point": self.load_point,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "duration_s": self.duration_s,
+            "source": self.source,
+        }
 
 
 def spread(total: int, chunks: int) -> list[int]:
@@ -54,7 +62,9 @@ def spread(total: int, chunks: int) -> list[int]:
     return [base + (1 if j < extra else 0) for j in range(chunks)]
 
 
-def events_from(send: float, ttft: float, gaps: list[float], output_tokens: int) -> list[tuple[float, int, int]]:
+def events_from(
+    send: float, ttft: float, gaps: list[float], output_tokens: int
+) -> list[tuple[float, int, int]]:
     """Token events at send + ttft and each chunk gap after it, carrying `output_tokens` between them."""
     times = [send + ttft]
     for g in gaps:
@@ -78,8 +88,10 @@ def detect_format(path: Path) -> str:
         raise ImportFormatError(f"{path}: neither a vllm bench serve result JSON nor AIPerf JSONL") from None
     if isinstance(obj, dict) and "ttfts" in obj:
         return "vllm-bench"
-    raise ImportFormatError(f"{path}: JSON without per-request `ttfts` (run `vllm bench serve` with --save-result "
-                            "--save-detailed) and not AIPerf's profile_export.jsonl")
+    raise ImportFormatError(
+        f"{path}: JSON without per-request `ttfts` (run `vllm bench serve` with --save-result "
+        "--save-detailed) and not AIPerf's profile_export.jsonl"
+    )
 
 
 def import_file(path: str | Path, fmt: str = "auto", **labels: Any) -> Imported:
@@ -93,27 +105,62 @@ def import_file(path: str | Path, fmt: str = "auto", **labels: Any) -> Imported:
     raise ImportFormatError(f"unknown format {fmt!r}; known: auto, vllm-bench, aiperf")
 
 
-def _record(run_id: str, i: int, backend: str, variant: str, load_point: str, send: float, prompt: int,
-            out: int, events: list[tuple[float, int, int]], end: float, error: str | None, cancelled: bool = False,
-            warmup: bool = False, request_id: str | None = None) -> RequestRecord:
+def _record(
+    run_id: str,
+    i: int,
+    backend: str,
+    variant: str,
+    load_point: str,
+    send: float,
+    prompt: int,
+    out: int,
+    events: list[tuple[float, int, int]],
+    end: float,
+    error: str | None,
+    cancelled: bool = False,
+    warmup: bool = False,
+    request_id: str | None = None,
+) -> RequestRecord:
     kind = ErrorKind.CANCELLED if cancelled else (ErrorKind.STREAM_ERROR if error else None)
     return RequestRecord(
-        run_id=run_id, request_id=request_id or f"{run_id}-{i}", backend=backend, variant=variant,
-        load_point=load_point, warmup=warmup, t0_monotonic=0.0, prompt_tokens=prompt,
-        wanted_output_tokens=max(out, 1), output_length_forced=False, scheduled_s=send, start_s=send, send_s=send,
-        end_s=end, events=events, http_status=200 if not error else None, finish_reason=None,
-        usage_completion_tokens=out if kind is None else None, event_tokens=sum(n for _, n, _ in events),
+        run_id=run_id,
+        request_id=request_id or f"{run_id}-{i}",
+        backend=backend,
+        variant=variant,
+        load_point=load_point,
+        warmup=warmup,
+        t0_monotonic=0.0,
+        prompt_tokens=prompt,
+        wanted_output_tokens=max(out, 1),
+        output_length_forced=False,
+        scheduled_s=send,
+        start_s=send,
+        send_s=send,
+        end_s=end,
+        events=events,
+        http_status=200 if not error else None,
+        finish_reason=None,
+        usage_completion_tokens=out if kind is None else None,
+        event_tokens=sum(n for _, n, _ in events),
         output_tokens=out if kind is None else sum(n for _, n, _ in events),
-        output_tokens_source="usage" if kind is None else "events", error_kind=kind,
-        error_message=f"imported: {error}" if error else ("imported: cancelled" if cancelled else None))
+        output_tokens_source="usage" if kind is None else "events",
+        error_kind=kind,
+        error_message=f"imported: {error}" if error else ("imported: cancelled" if cancelled else None),
+    )
 
 
-def import_vllm_bench(path: Path, backend: str | None = None, variant: str | None = None, workload: str = "",
-                      load_point: str | None = None) -> Imported:
+def import_vllm_bench(
+    path: Path,
+    backend: str | None = None,
+    variant: str | None = None,
+    workload: str = "",
+    load_point: str | None = None,
+) -> Imported:
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not isinstance(data.get("ttfts"), list):
-        raise ImportFormatError(f"{path}: no per-request `ttfts`; run `vllm bench serve` with --save-result "
-                                "--save-detailed")
+        raise ImportFormatError(
+            f"{path}: no per-request `ttfts`; run `vllm bench serve` with --save-result --save-detailed"
+        )
     ttfts, n = data["ttfts"], len(data["ttfts"])
     itls = data.get("itls") or [[] for _ in range(n)]
     ins = data.get("input_lens") or [0] * n
@@ -130,11 +177,17 @@ def import_vllm_bench(path: Path, backend: str | None = None, variant: str | Non
     variant = variant if variant is not None else str(data.get("label") or data.get("backend") or "")
     run_id = f"import-{path.stem}"
     # newer versions also save each request's start time (monotonic) and latency
-    starts = data.get("start_times") if isinstance(data.get("start_times"), list) and len(data["start_times"]) == n \
+    starts = (
+        data.get("start_times")
+        if isinstance(data.get("start_times"), list) and len(data["start_times"]) == n
         else [0.0] * n
+    )
     first = min(starts) if starts else 0.0
-    latencies = data.get("latencies") if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n \
+    latencies = (
+        data.get("latencies")
+        if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n
         else None
+    )
     records = []
     for i in range(n):
         err = errors[i] or None
@@ -142,9 +195,21 @@ def import_vllm_bench(path: Path, backend: str | None = None, variant: str | Non
         send = float(starts[i]) - first
         ev = [] if err else events_from(send, float(ttfts[i] or 0.0), [float(g) for g in itls[i] or []], out)
         end = send + float(latencies[i]) if latencies and latencies[i] else (ev[-1][0] if ev else send)
-        records.append(_record(run_id, i, backend, variant, load_point, send, int(ins[i] or 0), out, ev, end, err))
-    return Imported(records, run_id, backend, variant, workload, load_point, int(conc) if conc else None, rate,
-                    float(data["duration"]) if data.get("duration") else None, "vllm bench serve")
+        records.append(
+            _record(run_id, i, backend, variant, load_point, send, int(ins[i] or 0), out, ev, end, err)
+        )
+    return Imported(
+        records,
+        run_id,
+        backend,
+        variant,
+        workload,
+        load_point,
+        int(conc) if conc else None,
+        rate,
+        float(data["duration"]) if data.get("duration") else None,
+        "vllm bench serve",
+    )
 
 
 def _metric(metrics: dict[str, Any], name: str) -> Any:
@@ -152,8 +217,13 @@ def _metric(metrics: dict[str, Any], name: str) -> Any:
     return entry.get("value") if isinstance(entry, dict) else entry
 
 
-def import_aiperf(path: Path, backend: str | None = None, variant: str | None = None, workload: str = "",
-                  load_point: str | None = None) -> Imported:
+def import_aiperf(
+    path: Path,
+    backend: str | None = None,
+    variant: str | None = None,
+    workload: str = "",
+    load_point: str | None = None,
+) -> Imported:
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -177,8 +247,11 @@ def import_aiperf(path: Path, backend: str | None = None, variant: str | None = 
         send = (md.get("request_start_ns", t0) - t0) / 1e9
         end_ns = md.get("request_end_ns")
         error = r.get("error")
-        err = (error.get("error_message") or error.get("message") or str(error)) if isinstance(error, dict) else \
-            (str(error) if error else None)
+        err = (
+            (error.get("error_message") or error.get("message") or str(error))
+            if isinstance(error, dict)
+            else (str(error) if error else None)
+        )
         cancelled = bool(md.get("was_cancelled"))
         out = int(_metric(metrics, "output_sequence_length") or _metric(metrics, "output_token_count") or 0)
         ttft = _metric(metrics, "time_to_first_token")
@@ -193,9 +266,23 @@ def import_aiperf(path: Path, backend: str | None = None, variant: str | None = 
             else:
                 events = [(send + ttft / 1e3, max(out, 1), 0)]
         end = (end_ns - t0) / 1e9 if end_ns else (events[-1][0] if events else send)
-        records.append(_record(run_id, i, backend, variant, load_point, send,
-                               int(_metric(metrics, "input_sequence_length") or 0), out, events, end, err, cancelled,
-                               warmup=md.get("benchmark_phase") == "warmup",
-                               request_id=str(md.get("x_request_id") or f"{run_id}-{i}")))
+        records.append(
+            _record(
+                run_id,
+                i,
+                backend,
+                variant,
+                load_point,
+                send,
+                int(_metric(metrics, "input_sequence_length") or 0),
+                out,
+                events,
+                end,
+                err,
+                cancelled,
+                warmup=md.get("benchmark_phase") == "warmup",
+                request_id=str(md.get("x_request_id") or f"{run_id}-{i}"),
+            )
+        )
     conc = int(load_point[2:]) if load_point.startswith("c=") and load_point[2:].isdigit() else None
     return Imported(records, run_id, backend, variant, workload, load_point, conc, None, None, "AIPerf")

@@ -100,7 +100,10 @@ _REF_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 _REF_PHASES = [
     ("tokenizer", re.compile(r"model .* resolved, tokenizer loaded in ([0-9.]+) s")),
     ("weights", re.compile(r"weights loaded: ([0-9.]+) GiB, (?:torch\.)?(\w+) on (\S+) in ([0-9.]+) s")),
-    ("kv_cache", re.compile(r"KV cache allocated: (\d+) blocks of (\d+) tokens, ([0-9.]+) GiB in ([0-9.]+) s")),
+    (
+        "kv_cache",
+        re.compile(r"KV cache allocated: (\d+) blocks of (\d+) tokens, ([0-9.]+) GiB in ([0-9.]+) s"),
+    ),
     ("cuda_graphs", re.compile(r"CUDA graphs captured: (\d+) buckets .*pool ([0-9.]+) GiB in ([0-9.]+) s")),
 ]
 _REF_READY = re.compile(r"server ready at \S+ in ([0-9.]+) s")
@@ -136,7 +139,9 @@ def parse_reference_log(text: str) -> ParsedLog:
                 blocks, size, gib = int(g[0]), int(g[1]), float(g[2])
                 out.memory["kv_cache"] = gib * GIB
                 out.memory["kv_tokens"] = blocks * size
-                out.phases.append(Phase("kv_cache", float(g[3]), when, f"{blocks} blocks x {size} tokens, {gib} GiB"))
+                out.phases.append(
+                    Phase("kv_cache", float(g[3]), when, f"{blocks} blocks x {size} tokens, {gib} GiB")
+                )
             else:
                 out.memory["graph_pool"] = float(g[1]) * GIB
                 out.phases.append(Phase("cuda_graphs", float(g[2]), when, f"{g[0]} buckets, pool {g[1]} GiB"))
@@ -156,14 +161,18 @@ _VLLM_PATTERNS = [
     ("compile", re.compile(r"torch\.compile takes ([0-9.]+) s in total")),
     ("cuda_graphs", re.compile(r"Graph capturing finished in ([0-9.]+) secs?, took ([0-9.]+) GiB")),
     ("kv_tokens", re.compile(r"(?:GPU|CPU) KV cache size: ([0-9,]+) tokens")),
-    ("kv_cache", re.compile(r"set \(([0-9.]+)/[0-9.]+\) GiB for KV cache|Available KV cache memory: ([0-9.]+) GiB")),
+    (
+        "kv_cache",
+        re.compile(r"set \(([0-9.]+)/[0-9.]+\) GiB for KV cache|Available KV cache memory: ([0-9.]+) GiB"),
+    ),
     ("init_engine", re.compile(r"init engine \(.*\) took ([0-9.]+) s")),
     ("server_ready", re.compile(r"Starting vLLM (?:API )?server on (\S+)")),
 ]
 
 
 def parse_vllm_log(text: str) -> ParsedLog:
-    """vLLM's start-up lines (`Loading weights took`, `Graph capturing finished in`, `init engine ... took`)."""
+    """vLLM's start-up lines (`Loading weights took`, `Graph capturing finished in`, `init engine ...
+    took`, `KV cache size`, `Starting vLLM server on`)."""
     out = ParsedLog()
     year = datetime.now().year
     for line in text.splitlines():
@@ -279,9 +288,19 @@ def _stop_all() -> None:
 class ProcessLauncher:
     """Starts one server command, waits for health, always stops it (use as a context manager)."""
 
-    def __init__(self, backend: str, variant: str, command: list[str], url: str, health_path: str,
-                 log_path: Path, startup_timeout: float = 600.0, env: dict[str, str] | None = None,
-                 cpus: set[int] | None = None, stop_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        backend: str,
+        variant: str,
+        command: list[str],
+        url: str,
+        health_path: str,
+        log_path: Path,
+        startup_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
+        stop_timeout: float = 30.0,
+    ) -> None:
         self.command, self.url, self.log_path = command, url.rstrip("/"), log_path
         self.health_url = self.url + health_path
         self.startup_timeout, self.stop_timeout = startup_timeout, stop_timeout
@@ -295,9 +314,14 @@ class ProcessLauncher:
         self._log_file = self.log_path.open("wb")
         self.report.spawned_at = time.time()
         started = time.perf_counter()
-        self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, **(self.env or {})})
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(self.env or {})},
+        )
         _LIVE.add(self)
         self.report.pid = self.proc.pid
         if self.cpus:
@@ -310,14 +334,18 @@ class ProcessLauncher:
             if code is not None:
                 self.report.exit_code = code
                 self.stop()
-                raise LaunchError(f"{self.report.key} exited with code {code} before it was ready "
-                                  f"(log: {self.log_path}):\n{self.log_tail()}")
+                raise LaunchError(
+                    f"{self.report.key} exited with code {code} before it was ready "
+                    f"(log: {self.log_path}):\n{self.log_tail()}"
+                )
             if healthy(self.health_url, timeout=1.0):
                 break
             if time.perf_counter() > deadline:
                 self.stop()
-                raise LaunchError(f"{self.report.key} not healthy at {self.health_url} after "
-                                  f"{self.startup_timeout:.0f} s (log: {self.log_path}):\n{self.log_tail()}")
+                raise LaunchError(
+                    f"{self.report.key} not healthy at {self.health_url} after "
+                    f"{self.startup_timeout:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
+                )
             time.sleep(0.1)
         self.report.ready_s = round(time.perf_counter() - started, 3)
         self.refresh()
@@ -344,10 +372,15 @@ class ProcessLauncher:
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM to the server's process group, SIGKILL after `timeout`; idempotent."""
         proc = self.proc
-        if proc is not None and self.report.ready_s is not None and self.report.exit_code is None \
-                and proc.poll() not in (None, 0):
-            self.report.notes.append(f"the server exited with code {proc.returncode} during the run "
-                                     f"(log: {self.log_path})")
+        if (
+            proc is not None
+            and self.report.ready_s is not None
+            and self.report.exit_code is None
+            and proc.poll() not in (None, 0)
+        ):
+            self.report.notes.append(
+                f"the server exited with code {proc.returncode} during the run (log: {self.log_path})"
+            )
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.refresh()
@@ -375,13 +408,33 @@ class ProcessLauncher:
         self.stop()
 
 
-def reference_command(model: str, port: int, variant: str, served_model: str, extra: list[str] | tuple[str, ...],
-                      host: str = "127.0.0.1") -> list[str]:
+def reference_command(
+    model: str,
+    port: int,
+    variant: str,
+    served_model: str,
+    extra: list[str] | tuple[str, ...],
+    host: str = "127.0.0.1",
+) -> list[str]:
     from compare.plan import REFERENCE_VARIANTS
 
-    return [sys.executable, "-m", "reference_engine.server", "--model", model, "--host", host, "--port",
-            str(port), "--served-model-name", served_model, "--shutdown-timeout", "5",
-            *REFERENCE_VARIANTS.get(variant, []), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "reference_engine.server",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_model,
+        "--shutdown-timeout",
+        "5",
+        *REFERENCE_VARIANTS.get(variant, []),
+        *extra,
+    ]
 
 
 def package_env() -> dict[str, str]:
@@ -390,13 +443,22 @@ def package_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
-def endpoint_report(backend: str, variant: str, url: str, health_path: str, timeout: float = 10.0) -> SetupReport:
+def endpoint_report(
+    backend: str, variant: str, url: str, health_path: str, timeout: float = 10.0
+) -> SetupReport:
     """A running server: check that it answers; its set-up cost is not ours to know."""
-    report = SetupReport(backend, variant, "endpoint", url.rstrip("/"),
-                         notes=["running endpoint, not launched by llm-compare: set-up cost not measured"])
+    report = SetupReport(
+        backend,
+        variant,
+        "endpoint",
+        url.rstrip("/"),
+        notes=["running endpoint, not launched by llm-compare: set-up cost not measured"],
+    )
     deadline = time.monotonic() + timeout
     while not healthy(report.url + health_path, timeout=2.0):
         if time.monotonic() > deadline:
-            raise LaunchError(f"{report.key}: no healthy answer from {report.url + health_path} within {timeout:.0f} s")
+            raise LaunchError(
+                f"{report.key}: no healthy answer from {report.url + health_path} within {timeout:.0f} s"
+            )
         time.sleep(0.2)
     return report

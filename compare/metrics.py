@@ -1,4 +1,5 @@
-"""Every metric of a run, computed from the request records with the declared definitions (`workloads.timing`).
+"""Every metric of a run, computed from the request records with the declared definitions
+(`workloads.timing`).
 
 `request_table` is one row per request (TTFT, TPOT, E2E and client lag straight from `workloads.timing`);
 `itl_table` holds every inter-token gap (an event with k tokens gives k gaps of gap/k, as `timing.itl`, but
@@ -68,7 +69,9 @@ def status_of(record: RequestRecord) -> str:
     return "cancelled" if record.error_kind == ErrorKind.CANCELLED else "failed"
 
 
-def request_table(records: Iterable[RequestRecord], points: Mapping[str, PointInfo] | None = None) -> pd.DataFrame:
+def request_table(
+    records: Iterable[RequestRecord], points: Mapping[str, PointInfo] | None = None
+) -> pd.DataFrame:
     """One row per request with its metrics in seconds (NaN where the record has no such time)."""
     points = points or {}
     rows = []
@@ -78,25 +81,68 @@ def request_table(records: Iterable[RequestRecord], points: Mapping[str, PointIn
         last = timing.e2e(r)
         per_token = timing.tpot(r)
         lag = timing.client_lag(r) if info.lag_measured else None
-        rows.append({
-            "run_id": r.run_id, "request_id": r.request_id, "backend": r.backend, "variant": r.variant,
-            "workload": info.workload, "load_point": r.load_point, "warmup": r.warmup, "status": status_of(r),
-            "error_kind": None if r.error_kind is None else str(r.error_kind),
-            "prompt_tokens": r.prompt_tokens,
-            "input_tokens": r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens,
-            "output_tokens": r.output_tokens, "wanted_output_tokens": r.wanted_output_tokens,
-            "output_length_forced": r.output_length_forced, "output_tokens_source": r.output_tokens_source,
-            "token_count_mismatch": r.token_count_mismatch, "event_tokens": r.event_tokens,
-            "usage_tokens": r.usage_completion_tokens, "retokenized_tokens": r.retokenized_tokens,
-            "scheduled_s": r.scheduled_s, "send_s": _nan(r.send_s), "end_s": _nan(r.end_s),
-            "ttft_s": _nan(first), "tpot_s": _nan(per_token), "e2e_s": _nan(last), "lag_s": _nan(lag),
-            "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
-        })
-    columns = ["run_id", "request_id", "backend", "variant", "workload", "load_point", "warmup", "status",
-               "error_kind", "prompt_tokens", "input_tokens", "output_tokens", "wanted_output_tokens",
-               "output_length_forced", "output_tokens_source", "token_count_mismatch", "event_tokens",
-               "usage_tokens", "retokenized_tokens", "scheduled_s", "send_s",
-               "end_s", "ttft_s", "tpot_s", "e2e_s", "lag_s", "n_token_events"]
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "request_id": r.request_id,
+                "backend": r.backend,
+                "variant": r.variant,
+                "workload": info.workload,
+                "load_point": r.load_point,
+                "warmup": r.warmup,
+                "status": status_of(r),
+                "error_kind": None if r.error_kind is None else str(r.error_kind),
+                "prompt_tokens": r.prompt_tokens,
+                "input_tokens": r.usage_prompt_tokens
+                if r.usage_prompt_tokens is not None
+                else r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "wanted_output_tokens": r.wanted_output_tokens,
+                "output_length_forced": r.output_length_forced,
+                "output_tokens_source": r.output_tokens_source,
+                "token_count_mismatch": r.token_count_mismatch,
+                "event_tokens": r.event_tokens,
+                "usage_tokens": r.usage_completion_tokens,
+                "retokenized_tokens": r.retokenized_tokens,
+                "scheduled_s": r.scheduled_s,
+                "send_s": _nan(r.send_s),
+                "end_s": _nan(r.end_s),
+                "ttft_s": _nan(first),
+                "tpot_s": _nan(per_token),
+                "e2e_s": _nan(last),
+                "lag_s": _nan(lag),
+                "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
+            }
+        )
+    columns = [
+        "run_id",
+        "request_id",
+        "backend",
+        "variant",
+        "workload",
+        "load_point",
+        "warmup",
+        "status",
+        "error_kind",
+        "prompt_tokens",
+        "input_tokens",
+        "output_tokens",
+        "wanted_output_tokens",
+        "output_length_forced",
+        "output_tokens_source",
+        "token_count_mismatch",
+        "event_tokens",
+        "usage_tokens",
+        "retokenized_tokens",
+        "scheduled_s",
+        "send_s",
+        "end_s",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "lag_s",
+        "n_token_events",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -145,9 +191,14 @@ def describe(values: np.ndarray) -> dict[str, float]:
     return out
 
 
-def bootstrap_ci(values: np.ndarray, clusters: np.ndarray | None = None, n_boot: int = N_BOOT,
-                 level: float = CI_LEVEL, seed: int = 0, max_cells: int = 20_000_000
-                 ) -> dict[str, tuple[float, float]]:
+def bootstrap_ci(
+    values: np.ndarray,
+    clusters: np.ndarray | None = None,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+    max_cells: int = 20_000_000,
+) -> dict[str, tuple[float, float]]:
     """Percentile-bootstrap intervals for the mean and p50/p90/p95/p99.
 
     With `clusters` (one label per value) whole clusters are resampled (a request's ITL gaps together).
@@ -193,8 +244,9 @@ def bootstrap_ci(values: np.ndarray, clusters: np.ndarray | None = None, n_boot:
     return out
 
 
-def latency_columns(prefix: str, values: np.ndarray, clusters: np.ndarray | None, seed: int,
-                    n_boot: int) -> dict[str, float]:
+def latency_columns(
+    prefix: str, values: np.ndarray, clusters: np.ndarray | None, seed: int, n_boot: int
+) -> dict[str, float]:
     """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms."""
     d = describe(values)
     out: dict[str, float] = {f"{prefix}_n": d["n"]}
@@ -221,8 +273,13 @@ def meets_slo(frame: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
 # -- aggregation ------------------------------------------------------------------------------------------
 
 
-def summarize(records: Sequence[RequestRecord], points: Mapping[str, PointInfo] | None = None,
-              slo: Mapping[str, float] | None = None, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+def summarize(
+    records: Sequence[RequestRecord],
+    points: Mapping[str, PointInfo] | None = None,
+    slo: Mapping[str, float] | None = None,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per (backend, variant, workload, load point) of the measured (non-warm-up) records."""
     points = dict(points or {})
     slo = dict(slo or {})
@@ -234,38 +291,71 @@ def summarize(records: Sequence[RequestRecord], points: Mapping[str, PointInfo] 
     if table.empty:
         return pd.DataFrame(columns=summary_columns())
     for key, group in table.groupby(GROUP_KEYS, sort=False, dropna=False):
-        rows.append(_summarize_group(dict(zip(GROUP_KEYS, key, strict=True)), group, measured, gaps, gaps_event,
-                                     points, slo, n_boot, seed))
+        rows.append(
+            _summarize_group(
+                dict(zip(GROUP_KEYS, key, strict=True)),
+                group,
+                measured,
+                gaps,
+                gaps_event,
+                points,
+                slo,
+                n_boot,
+                seed,
+            )
+        )
     out = pd.DataFrame(rows)
-    return out[[c for c in summary_columns() if c in out.columns] + [c for c in out.columns
-                                                                    if c not in summary_columns()]]
+    return out[
+        [c for c in summary_columns() if c in out.columns]
+        + [c for c in out.columns if c not in summary_columns()]
+    ]
 
 
-def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence[RequestRecord],
-                     gaps: pd.DataFrame, gaps_event: pd.DataFrame,
-                     points: Mapping[str, PointInfo], slo: Mapping[str, float], n_boot: int, seed: int
-                     ) -> dict[str, Any]:
+def _summarize_group(
+    key: dict[str, Any],
+    group: pd.DataFrame,
+    records: Sequence[RequestRecord],
+    gaps: pd.DataFrame,
+    gaps_event: pd.DataFrame,
+    points: Mapping[str, PointInfo],
+    slo: Mapping[str, float],
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
     run_ids = list(dict.fromkeys(group["run_id"]))
     infos = [points.get(rid) or point_info_from_label(key["load_point"]) for rid in run_ids]
     info = infos[0]
     ok = group[group["status"] == "ok"]
     row: dict[str, Any] = dict(key)
-    row.update({
-        "mode": info.mode, "concurrency": info.concurrency, "rate": info.rate, "arrival": info.arrival,
-        "source": info.source, "runs": len(run_ids), "interrupted": any(i.interrupted for i in infos),
-        "requests": len(group), "requests_ok": len(ok), "requests_failed": int((group["status"] == "failed").sum()),
-        "requests_cancelled": int((group["status"] == "cancelled").sum()),
-        "errors": "; ".join(f"{k}: {v}" for k, v in group["error_kind"].dropna().value_counts().items()),
-    })
+    row.update(
+        {
+            "mode": info.mode,
+            "concurrency": info.concurrency,
+            "rate": info.rate,
+            "arrival": info.arrival,
+            "source": info.source,
+            "runs": len(run_ids),
+            "interrupted": any(i.interrupted for i in infos),
+            "requests": len(group),
+            "requests_ok": len(ok),
+            "requests_failed": int((group["status"] == "failed").sum()),
+            "requests_cancelled": int((group["status"] == "cancelled").sum()),
+            "errors": "; ".join(f"{k}: {v}" for k, v in group["error_kind"].dropna().value_counts().items()),
+        }
+    )
     for name in ("ttft", "tpot", "e2e"):
         values = ok[f"{name}_s"].dropna().to_numpy(dtype=float)
         row.update(latency_columns(name, values, None, seed, n_boot))
     ok_rows = ok.index.to_numpy()
     mine = gaps[gaps["row"].isin(ok_rows)]
-    row.update(latency_columns("itl", mine["gap_s"].to_numpy(dtype=float), mine["row"].to_numpy(), seed, n_boot))
+    row.update(
+        latency_columns("itl", mine["gap_s"].to_numpy(dtype=float), mine["row"].to_numpy(), seed, n_boot)
+    )
     per_event = gaps_event[gaps_event["row"].isin(ok_rows)]["gap_s"].to_numpy(dtype=float)
     d = describe(per_event)
-    row.update({"itl_event_n": d["n"], "itl_event_p50_ms": d["p50"] * 1e3, "itl_event_p99_ms": d["p99"] * 1e3})
+    row.update(
+        {"itl_event_n": d["n"], "itl_event_p50_ms": d["p50"] * 1e3, "itl_event_p99_ms": d["p99"] * 1e3}
+    )
 
     # throughput over the measured window, summed over the point's runs (repeats of a point add up)
     duration = 0.0
@@ -285,8 +375,13 @@ def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence
     row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
     lo, hi = (np.nan, np.nan)
     if n_boot and len(run_ids) == 1 and infos[0].duration_s is None and len(ok):
-        lo, hi = throughput_ci([records[i] for i in ok.index], float(group["send_s"].min()),
-                               float(group["end_s"].max()), n_boot=n_boot, seed=seed)
+        lo, hi = throughput_ci(
+            [records[i] for i in ok.index],
+            float(group["send_s"].min()),
+            float(group["end_s"].max()),
+            n_boot=n_boot,
+            seed=seed,
+        )
     row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
         good = int(meets_slo(group, slo).sum())
@@ -317,9 +412,15 @@ def _summarize_group(key: dict[str, Any], group: pd.DataFrame, records: Sequence
     bad = ok[ok["token_count_mismatch"]]
     if len(bad):
         first = bad.iloc[0]
-        counts = [f"{name} {int(first[col])}" for name, col in (("usage", "usage_tokens"), ("stream", "event_tokens"),
-                                                               ("re-tokenised", "retokenized_tokens"))
-                  if pd.notna(first[col])]
+        counts = [
+            f"{name} {int(first[col])}"
+            for name, col in (
+                ("usage", "usage_tokens"),
+                ("stream", "event_tokens"),
+                ("re-tokenised", "retokenized_tokens"),
+            )
+            if pd.notna(first[col])
+        ]
         row["mismatch_example"] = f" (e.g. {', '.join(counts)})"
     forced = ok[ok["output_length_forced"]]
     row["output_short"] = int((forced["output_tokens"] < forced["wanted_output_tokens"]).sum())
@@ -334,12 +435,46 @@ def summary_columns() -> list[str]:
     lat = []
     for name in LATENCY_METRICS:
         lat += [f"{name}_n", f"{name}_mean_ms", f"{name}_std_ms"] + [f"{name}_p{q}_ms" for q in PERCENTILES]
-    return [*GROUP_KEYS, "mode", "concurrency", "rate", "arrival", "requests", "requests_ok", "requests_failed",
-            "requests_cancelled", "errors", *lat, "itl_event_n", "itl_event_p50_ms", "itl_event_p99_ms",
-            "duration_s", "input_tokens", "output_tokens", "input_tok_s", "output_tok_s", "request_rps",
-            "goodput_n", "goodput_rps", "goodput_frac", "offered_rps", "achieved_rps", "lag_n", "lag_p50_ms",
-            "lag_p99_ms", "lag_max_ms", "token_mismatches", "token_mismatches_server", "output_short", "output_tokens_from_usage",
-            "input_tokens_mean", "output_tokens_mean", "source", "runs", "interrupted"]
+    return [
+        *GROUP_KEYS,
+        "mode",
+        "concurrency",
+        "rate",
+        "arrival",
+        "requests",
+        "requests_ok",
+        "requests_failed",
+        "requests_cancelled",
+        "errors",
+        *lat,
+        "itl_event_n",
+        "itl_event_p50_ms",
+        "itl_event_p99_ms",
+        "duration_s",
+        "input_tokens",
+        "output_tokens",
+        "input_tok_s",
+        "output_tok_s",
+        "request_rps",
+        "goodput_n",
+        "goodput_rps",
+        "goodput_frac",
+        "offered_rps",
+        "achieved_rps",
+        "lag_n",
+        "lag_p50_ms",
+        "lag_p99_ms",
+        "lag_max_ms",
+        "token_mismatches",
+        "token_mismatches_server",
+        "output_short",
+        "output_tokens_from_usage",
+        "input_tokens_mean",
+        "output_tokens_mean",
+        "source",
+        "runs",
+        "interrupted",
+    ]
 
 
 # -- comparing two samples --------------------------------------------------------------------------------
@@ -365,8 +500,14 @@ def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
     return float(math.erfc(abs(z) / math.sqrt(2)))
 
 
-def ratio_ci(a: np.ndarray, b: np.ndarray, stat: str = "p50", n_boot: int = N_BOOT, level: float = CI_LEVEL,
-             seed: int = 0) -> tuple[float, float, float]:
+def ratio_ci(
+    a: np.ndarray,
+    b: np.ndarray,
+    stat: str = "p50",
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """`stat(a) / stat(b)` and a percentile-bootstrap interval (each sample resampled on its own)."""
     if a.size < 2 or b.size < 2:
         return np.nan, np.nan, np.nan
@@ -387,8 +528,15 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, stat: str = "p50", n_boot: int = N_BO
     return point, float(lo), float(hi)
 
 
-def throughput_ci(records: Sequence[RequestRecord], start: float, end: float, slices: int = 10,
-                  n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0) -> tuple[float, float]:
+def throughput_ci(
+    records: Sequence[RequestRecord],
+    start: float,
+    end: float,
+    slices: int = 10,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Relative interval (lo, hi as fractions of the mean) of output tokens/s: the window is cut into
     `slices` equal slices, each slice's token rate counted from the token events that arrived in it, and
     the mean slice rate bootstrapped. It says how steady the rate was, not how another run would go."""

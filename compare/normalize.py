@@ -29,8 +29,13 @@ def prefill_ms_per_1k(ttft_p50_ms: float, input_tokens_mean: float) -> float:
     return ttft_p50_ms / input_tokens_mean * 1000.0
 
 
-def roofline_tpot_ms(weight_bytes: float, bandwidth_gbs: float, concurrency: float = 1.0,
-                     context_tokens: float = 0.0, kv_bytes_per_token: float = 0.0) -> float:
+def roofline_tpot_ms(
+    weight_bytes: float,
+    bandwidth_gbs: float,
+    concurrency: float = 1.0,
+    context_tokens: float = 0.0,
+    kv_bytes_per_token: float = 0.0,
+) -> float:
     """The memory-bandwidth bound on TPOT: bytes a decode step must read / bandwidth (GB/s = 1e9 B/s)."""
     if not weight_bytes or not bandwidth_gbs:
         return math.nan
@@ -63,7 +68,9 @@ class BreakEven:
         return f"after {self.requests:,.0f} requests ({format_hours(self.hours)})"
 
 
-def break_even(setup_a_s: float, setup_b_s: float, per_request_a_s: float, per_request_b_s: float) -> BreakEven:
+def break_even(
+    setup_a_s: float, setup_b_s: float, per_request_a_s: float, per_request_b_s: float
+) -> BreakEven:
     """When does A, set up in `setup_a_s` and serving one request per `per_request_a_s` at its measured
     rate, catch up with B on the total time to serve N requests (set-up + N * per request)?"""
     ds = setup_a_s - setup_b_s
@@ -113,8 +120,13 @@ def graph_pool_trade(setup: SetupReport | None, seq_tokens: float) -> MemoryTrad
     return MemoryTrade(pool, tokens, tokens / seq_tokens if seq_tokens else math.nan)
 
 
-def add_normalized(summary: pd.DataFrame, setups: dict[str, SetupReport], price_per_hour: float | None,
-                   bandwidth_gbs: float | None, model_bytes: float | None) -> pd.DataFrame:
+def add_normalized(
+    summary: pd.DataFrame,
+    setups: dict[str, SetupReport],
+    price_per_hour: float | None,
+    bandwidth_gbs: float | None,
+    model_bytes: float | None,
+) -> pd.DataFrame:
     """Columns `prefill_ms_per_1k_in`, `roofline_tpot_ms`, `roofline_efficiency`, `usd_per_1m_out`."""
     out = summary.copy()
     if out.empty:
@@ -128,8 +140,13 @@ def add_normalized(summary: pd.DataFrame, setups: dict[str, SetupReport], price_
         per_token = kv_bytes_per_token(setup)
         conc = row["concurrency"] if pd.notna(row["concurrency"]) and row["concurrency"] else 1.0
         context = (row["input_tokens_mean"] or 0) + (row["output_tokens_mean"] or 0) / 2
-        b = roofline_tpot_ms(weights or 0.0, bandwidth_gbs or 0.0, conc, context if np.isfinite(context) else 0.0,
-                             per_token if np.isfinite(per_token) else 0.0)
+        b = roofline_tpot_ms(
+            weights or 0.0,
+            bandwidth_gbs or 0.0,
+            conc,
+            context if np.isfinite(context) else 0.0,
+            per_token if np.isfinite(per_token) else 0.0,
+        )
         bound.append(b)
         efficiency.append(b / row["tpot_p50_ms"] if np.isfinite(b) and row["tpot_p50_ms"] > 0 else math.nan)
         cost.append(cost_per_million_tokens(price_per_hour, row["output_tok_s"]))

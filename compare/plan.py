@@ -134,11 +134,20 @@ class RunPlan:
             "backends": [asdict(b) | {"key": b.key, "launched": b.launched} for b in self.backends],
             "workloads": [asdict(w) | {"label": w.label} for w in self.workloads],
             "load_points": [s.describe() | {"label": s.label} for s in self.load_points],
-            "model": self.model, "tokenizer": self.tokenizer, "served_model": self.served_model,
-            "num_requests": self.num_requests, "duration_s": self.duration, "warmup": self.warmup,
-            "slo_s": self.slo, "seed": self.seed, "gpu_price_per_hour": self.gpu_price,
-            "mem_bandwidth_gbs": self.mem_bandwidth_gbs, "model_bytes": self.model_bytes,
-            "request_timeout_s": self.request_timeout, "startup_timeout_s": self.startup_timeout, "pin": self.pin,
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "served_model": self.served_model,
+            "num_requests": self.num_requests,
+            "duration_s": self.duration,
+            "warmup": self.warmup,
+            "slo_s": self.slo,
+            "seed": self.seed,
+            "gpu_price_per_hour": self.gpu_price,
+            "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+            "model_bytes": self.model_bytes,
+            "request_timeout_s": self.request_timeout,
+            "startup_timeout_s": self.startup_timeout,
+            "pin": self.pin,
         }
 
 
@@ -225,7 +234,9 @@ def parse_endpoints(values: list[str] | dict[str, str] | None) -> dict[str, str]
     return out
 
 
-def parse_backend(item: str | dict[str, Any], endpoints: dict[str, str], server_args: list[str]) -> BackendSpec:
+def parse_backend(
+    item: str | dict[str, Any], endpoints: dict[str, str], server_args: list[str]
+) -> BackendSpec:
     if isinstance(item, dict):
         extra = item.get("args") or item.get("server_args") or []
         name, variant = str(item.get("name", "")), str(item.get("variant") or "")
@@ -240,12 +251,16 @@ def parse_backend(item: str | dict[str, Any], endpoints: dict[str, str], server_
     key = f"{name}:{variant}" if variant else name
     endpoint = endpoint or endpoints.get(key) or endpoints.get(name)
     if endpoint is None and name not in LAUNCHABLE:
-        raise PlanError(f"backend {key}: no endpoint given (--endpoint {name}=http://HOST:PORT); this version "
-                        f"launches only {', '.join(sorted(LAUNCHABLE))} itself")
+        raise PlanError(
+            f"backend {key}: no endpoint given (--endpoint {name}=http://HOST:PORT); this version "
+            f"launches only {', '.join(sorted(LAUNCHABLE))} itself"
+        )
     if endpoint is None:
         variant = variant or default_reference_variant()
         if variant not in REFERENCE_VARIANTS:
-            raise PlanError(f"backend {name}: unknown variant {variant!r}; known: {', '.join(REFERENCE_VARIANTS)}")
+            raise PlanError(
+                f"backend {name}: unknown variant {variant!r}; known: {', '.join(REFERENCE_VARIANTS)}"
+            )
     return BackendSpec(name, variant, endpoint, tuple(server_args + extra))
 
 
@@ -279,7 +294,9 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
     known = set(DEFAULTS) | {"endpoints", "workloads", "out"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise PlanError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known | {'load'}))}")
+        raise PlanError(
+            f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known | {'load'}))}"
+        )
     return data
 
 
@@ -315,8 +332,16 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     try:
         schedules += [ClosedLoop(c) for c in concurrencies]
         max_conc = merged.get("max_concurrency")
-        schedules += [OpenLoop(r, arrival, float(merged["burstiness"]), int(merged["seed"]),  # type: ignore[arg-type]
-                               int(max_conc) if max_conc else None) for r in rates]
+        schedules += [
+            OpenLoop(
+                r,
+                arrival,
+                float(merged["burstiness"]),
+                int(merged["seed"]),  # type: ignore[arg-type]
+                int(max_conc) if max_conc else None,
+            )
+            for r in rates
+        ]
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
     if not schedules:
@@ -329,14 +354,23 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     if num_requests is None and duration is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
     return RunPlan(
-        backends=backends, workloads=workloads, load_points=schedules, model=str(merged["model"]),
-        tokenizer=merged.get("tokenizer"), served_model=merged.get("served_model"), num_requests=num_requests,
-        duration=duration, warmup=None if merged.get("warmup") is None else int(merged["warmup"]),
+        backends=backends,
+        workloads=workloads,
+        load_points=schedules,
+        model=str(merged["model"]),
+        tokenizer=merged.get("tokenizer"),
+        served_model=merged.get("served_model"),
+        num_requests=num_requests,
+        duration=duration,
+        warmup=None if merged.get("warmup") is None else int(merged["warmup"]),
         slo=parse_slo(merged.get("slo")),
-        seed=int(merged["seed"]), gpu_price=_opt_float(merged.get("gpu_price")),
+        seed=int(merged["seed"]),
+        gpu_price=_opt_float(merged.get("gpu_price")),
         mem_bandwidth_gbs=_opt_float(merged.get("mem_bandwidth_gbs")),
-        model_bytes=_opt_float(merged.get("model_bytes")), request_timeout=float(merged["request_timeout"]),
-        startup_timeout=float(merged["startup_timeout"]), pin=str(merged.get("pin") or "auto"),
+        model_bytes=_opt_float(merged.get("model_bytes")),
+        request_timeout=float(merged["request_timeout"]),
+        startup_timeout=float(merged["startup_timeout"]),
+        pin=str(merged.get("pin") or "auto"),
     )
 
 
@@ -344,20 +378,36 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _workloads(merged: dict[str, Any], file_data: dict[str, Any], options: dict[str, Any]) -> list[WorkloadSpec]:
-    cli_workload = any(options.get(k) is not None for k in ("dataset", "input_len", "output_len", "dataset_path"))
+def _workloads(
+    merged: dict[str, Any], file_data: dict[str, Any], options: dict[str, Any]
+) -> list[WorkloadSpec]:
+    cli_workload = any(
+        options.get(k) is not None for k in ("dataset", "input_len", "output_len", "dataset_path")
+    )
     listed = file_data.get("workloads")
     if listed and not cli_workload:
         out = []
         for item in listed:
             if not isinstance(item, dict):
                 raise PlanError(f"each workload in the run file is a mapping, got {item!r}")
-            out.append(WorkloadSpec(str(item.get("dataset", "random")), str(item.get("input_len", "128")),
-                                    str(item.get("output_len", "32")), item.get("path") or item.get("dataset_path"),
-                                    str(item.get("name", ""))))
+            out.append(
+                WorkloadSpec(
+                    str(item.get("dataset", "random")),
+                    str(item.get("input_len", "128")),
+                    str(item.get("output_len", "32")),
+                    item.get("path") or item.get("dataset_path"),
+                    str(item.get("name", "")),
+                )
+            )
     else:
-        out = [WorkloadSpec(str(merged["dataset"]), str(merged["input_len"]), str(merged["output_len"]),
-                            merged.get("dataset_path"))]
+        out = [
+            WorkloadSpec(
+                str(merged["dataset"]),
+                str(merged["input_len"]),
+                str(merged["output_len"]),
+                merged.get("dataset_path"),
+            )
+        ]
     for w in out:
         if w.dataset not in ("random", "fixed", "sharegpt", "jsonl"):
             raise PlanError(f"unknown dataset {w.dataset!r}; known: random, fixed, sharegpt, jsonl")

@@ -51,12 +51,19 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     config = run.manifest.get("config") or {}
     setups = {s.key: s for s in run.setups()}
     summary = summarize(records, points, slo, n_boot=n_boot, seed=seed)
-    summary = add_normalized(summary, setups, config.get("gpu_price_per_hour"), config.get("mem_bandwidth_gbs"),
-                             config.get("model_bytes"))
+    summary = add_normalized(
+        summary,
+        setups,
+        config.get("gpu_price_per_hour"),
+        config.get("mem_bandwidth_gbs"),
+        config.get("model_bytes"),
+    )
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
-    results.warnings = list(run.manifest.get("notes") or []) + (warnings(summary, setups) if not summary.empty else [])
+    results.warnings = list(run.manifest.get("notes") or []) + (
+        warnings(summary, setups) if not summary.empty else []
+    )
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -75,11 +82,12 @@ def write_reports(results: Results) -> None:
     results.run.write_summary(results.summary)
     blocks = build_blocks(results)
     (results.run.path / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
-    (results.run.path / "report.html").write_text(to_html(blocks, results.run.manifest.get("run_id", "")),
-                                                  encoding="utf-8")
+    (results.run.path / "report.html").write_text(
+        to_html(blocks, results.run.manifest.get("run_id", "")), encoding="utf-8"
+    )
 
 
-# -- content --------------------------------------------------------------------------------------------------
+# -- content ------------------------------------------------------------------------------------------
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -105,26 +113,46 @@ def build_blocks(res: Results) -> list[Block]:
     s = res.summary
     status = m.get("status", "unknown")
     blocks: list[Block] = [("h1", f"llm-compare report: {m.get('run_id', res.run.path.name)}")]
-    head = [f"Status: **{status}**" + (" — a partial report of what was measured before the run stopped."
-                                        if status == "interrupted" else "."),
-            f"Model: `{config.get('model', '?')}`; created {m.get('created', '?')}."]
+    head = [
+        f"Status: **{status}**"
+        + (
+            " — a partial report of what was measured before the run stopped."
+            if status == "interrupted"
+            else "."
+        ),
+        f"Model: `{config.get('model', '?')}`; created {m.get('created', '?')}.",
+    ]
     mach = m.get("machine") or {}
     if mach:
         gpus = mach.get("gpus") or "none"
-        head.append(f"Machine: {mach.get('cpus', '?')} CPUs ({mach.get('processor', '?')}), "
-                    f"{mach.get('memory_gib', '?')} GiB, GPUs: {gpus if isinstance(gpus, str) else ', '.join(gpus) or 'none'}."
-                    + (f" CPU pinning: {m['pinning']}." if m.get("pinning") else ""))
+        head.append(
+            f"Machine: {mach.get('cpus', '?')} CPUs ({mach.get('processor', '?')}), "
+            f"{mach.get('memory_gib', '?')} GiB, "
+            f"GPUs: {gpus if isinstance(gpus, str) else ', '.join(gpus) or 'none'}."
+            + (f" CPU pinning: {m['pinning']}." if m.get("pinning") else "")
+        )
     if m.get("command"):
         head.append("Command: `" + " ".join(m["command"]) + "`")
     blocks.append(("p", " ".join(head[:2])))
     blocks += [("p", h) for h in head[2:]]
     slo = config.get("slo_s") or {}
     if slo:
-        blocks.append(("p", "SLOs: " + ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in slo.items())
-                       + "; goodput counts the requests within all of them."))
+        blocks.append(
+            (
+                "p",
+                "SLOs: "
+                + ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in slo.items())
+                + "; goodput counts the requests within all of them.",
+            )
+        )
     else:
-        blocks.append(("p", "No SLO given (`--slo ttft=200ms,tpot=50ms`): goodput is not computed; the interactive "
-                            "class ranks by median end-to-end latency, the batch class by output tokens/s."))
+        blocks.append(
+            (
+                "p",
+                "No SLO given (`--slo ttft=200ms,tpot=50ms`): goodput is not computed; the interactive "
+                "class ranks by median end-to-end latency, the batch class by output tokens/s.",
+            )
+        )
 
     blocks.append(("h2", "Decision"))
     if s.empty:
@@ -139,8 +167,11 @@ def build_blocks(res: Results) -> list[Block]:
         blocks.append(("p", cpu_note))
 
     blocks.append(("h2", "Warnings"))
-    blocks.append(("ul", res.warnings) if res.warnings else ("p", "None: no failed or cancelled requests, no "
-                                                                   "token-count mismatch, no client lag."))
+    blocks.append(
+        ("ul", res.warnings)
+        if res.warnings
+        else ("p", "None: no failed or cancelled requests, no token-count mismatch, no client lag.")
+    )
 
     if not s.empty:
         blocks.append(("h2", "Plots"))
@@ -150,87 +181,215 @@ def build_blocks(res: Results) -> list[Block]:
     rows = []
     for key, st in res.setups.items():
         mem = st.memory
-        rows.append([key, st.launcher, _f(st.ready_s, 2), _f(st.server_ready_s, 2),
-                     ", ".join(f"{p.name} {p.seconds:.2f}" for p in st.phases if p.name != "server_ready") or "–",
-                     *(_f(mem.get(k, math.nan) / 2**30, 3) for k in ("weights", "kv_cache", "graph_pool", "peak_rss")),
-                     st.device or "–", _f(res.cold_first_token.get(key, math.nan) * 1e3, 1)])
-    blocks.append(("table", (["backend", "launcher", "ready (s, measured)", "ready (s, logged)", "phases (s)",
-                              "weights GiB", "KV GiB", "graph pool GiB", "peak RSS GiB", "device",
-                              "cold first token (ms)"], rows)))
+        rows.append(
+            [
+                key,
+                st.launcher,
+                _f(st.ready_s, 2),
+                _f(st.server_ready_s, 2),
+                ", ".join(f"{p.name} {p.seconds:.2f}" for p in st.phases if p.name != "server_ready") or "–",
+                *(
+                    _f(mem.get(k, math.nan) / 2**30, 3)
+                    for k in ("weights", "kv_cache", "graph_pool", "peak_rss")
+                ),
+                st.device or "–",
+                _f(res.cold_first_token.get(key, math.nan) * 1e3, 1),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "launcher",
+                    "ready (s, measured)",
+                    "ready (s, logged)",
+                    "phases (s)",
+                    "weights GiB",
+                    "KV GiB",
+                    "graph pool GiB",
+                    "peak RSS GiB",
+                    "device",
+                    "cold first token (ms)",
+                ],
+                rows,
+            ),
+        )
+    )
 
     blocks.append(("h2", "Results per load point"))
-    blocks.append(("p", "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
-                        "values. Throughput over the measured window (first send to last end)."))
+    blocks.append(
+        (
+            "p",
+            "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
+            "values. Throughput over the measured window (first send to last end).",
+        )
+    )
     rows = []
     for _, r in s.iterrows():
-        rows.append([key_of(r["backend"], r["variant"]), r["workload"], r["load_point"],
-                     f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
-                     _ci(r, "ttft_p50_ms"), _f(r["ttft_p99_ms"]), _ci(r, "tpot_p50_ms"), _f(r["tpot_p99_ms"]),
-                     _ci(r, "itl_p50_ms"), _f(r["itl_p99_ms"]), _ci(r, "e2e_p50_ms"), _f(r["e2e_p99_ms"]),
-                     _f(r["output_tok_s"]), _f(r["input_tok_s"]), _f(r["request_rps"], 2), _f(r["goodput_rps"], 2),
-                     f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}", _f(r["lag_p99_ms"], 2),
-                     str(int(r["token_mismatches"]))])
-    blocks.append(("table", (["backend", "workload", "load", "ok/failed/cancelled", "TTFT p50", "TTFT p99",
-                              "TPOT p50", "TPOT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99", "out tok/s",
-                              "in tok/s", "req/s", "goodput req/s", "offered / sent req/s", "lag p99 ms", "token mismatches"],
-                             rows)))
-    blocks.append(("p", "n per metric: " + "; ".join(
-        f"{key_of(r['backend'], r['variant'])} {r['load_point']}: TTFT {int(r['ttft_n'])}, TPOT {int(r['tpot_n'])}, "
-        f"ITL {int(r['itl_n'])}, E2E {int(r['e2e_n'])}" for _, r in s.iterrows()) if not s.empty else "–"))
+        rows.append(
+            [
+                key_of(r["backend"], r["variant"]),
+                r["workload"],
+                r["load_point"],
+                f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
+                _ci(r, "ttft_p50_ms"),
+                _f(r["ttft_p99_ms"]),
+                _ci(r, "tpot_p50_ms"),
+                _f(r["tpot_p99_ms"]),
+                _ci(r, "itl_p50_ms"),
+                _f(r["itl_p99_ms"]),
+                _ci(r, "e2e_p50_ms"),
+                _f(r["e2e_p99_ms"]),
+                _f(r["output_tok_s"]),
+                _f(r["input_tok_s"]),
+                _f(r["request_rps"], 2),
+                _f(r["goodput_rps"], 2),
+                f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}",
+                _f(r["lag_p99_ms"], 2),
+                str(int(r["token_mismatches"])),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "workload",
+                    "load",
+                    "ok/failed/cancelled",
+                    "TTFT p50",
+                    "TTFT p99",
+                    "TPOT p50",
+                    "TPOT p99",
+                    "ITL p50",
+                    "ITL p99",
+                    "E2E p50",
+                    "E2E p99",
+                    "out tok/s",
+                    "in tok/s",
+                    "req/s",
+                    "goodput req/s",
+                    "offered / sent req/s",
+                    "lag p99 ms",
+                    "token mismatches",
+                ],
+                rows,
+            ),
+        )
+    )
+    blocks.append(
+        (
+            "p",
+            "n per metric: "
+            + "; ".join(
+                f"{key_of(r['backend'], r['variant'])} {r['load_point']}: TTFT {int(r['ttft_n'])}, "
+                f"TPOT {int(r['tpot_n'])}, "
+                f"ITL {int(r['itl_n'])}, E2E {int(r['e2e_n'])}"
+                for _, r in s.iterrows()
+            )
+            if not s.empty
+            else "–",
+        )
+    )
 
     blocks.append(("h2", "Normalised"))
     rows = []
     for _, r in s.iterrows():
         eff = r["roofline_efficiency"]
-        rows.append([key_of(r["backend"], r["variant"]), r["workload"], r["load_point"], _f(r["prefill_ms_per_1k_in"]),
-                     _f(r["tpot_p50_ms"]), _f(r["roofline_tpot_ms"], 3),
-                     f"{eff:.0%}" if np.isfinite(eff) else "–", _f(r["usd_per_1m_out"], 3)])
-    blocks.append(("table", (["backend", "workload", "load", "p50 TTFT per 1k input tokens (ms)", "TPOT p50 (ms)",
-                              "roofline TPOT (ms)", "of roofline", "$ per 1M output tokens"], rows)))
+        rows.append(
+            [
+                key_of(r["backend"], r["variant"]),
+                r["workload"],
+                r["load_point"],
+                _f(r["prefill_ms_per_1k_in"]),
+                _f(r["tpot_p50_ms"]),
+                _f(r["roofline_tpot_ms"], 3),
+                f"{eff:.0%}" if np.isfinite(eff) else "–",
+                _f(r["usd_per_1m_out"], 3),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "workload",
+                    "load",
+                    "p50 TTFT per 1k input tokens (ms)",
+                    "TPOT p50 (ms)",
+                    "roofline TPOT (ms)",
+                    "of roofline",
+                    "$ per 1M output tokens",
+                ],
+                rows,
+            ),
+        )
+    )
     missing = []
     if not config.get("mem_bandwidth_gbs"):
-        missing.append("roofline: give the memory bandwidth (`--mem-bandwidth GB/s`) and, unless the backend logs its "
-                       "weights, `--model-bytes`")
+        missing.append(
+            "roofline: give the memory bandwidth (`--mem-bandwidth GB/s`) and, unless the backend logs its "
+            "weights, `--model-bytes`"
+        )
     if config.get("gpu_price_per_hour") is None:
         missing.append("cost per token: give `--gpu-price` (per hour)")
     if missing:
         blocks.append(("p", "Not computed — " + "; ".join(missing) + "."))
 
     blocks.append(("h2", "Definitions"))
-    blocks.append(("ul", [
-        "TTFT: first event carrying a generated token minus the send time (role-only and empty events do not count).",
-        "E2E: last token event minus the send time. TPOT: (E2E − TTFT) / (output tokens − 1).",
-        "ITL: gaps between token events; an event with k tokens counts as k gaps of gap/k (per-event view in "
-        "summary.csv: itl_event_*). Its interval resamples whole requests.",
-        "Output tokens: the server's usage when given, else the stream's per-event counts; re-tokenisation is a "
-        "cross-check only.",
-        "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send minus "
-        "scheduled time.",
-        "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap (1000 resamples).",
-    ]))
+    blocks.append(
+        (
+            "ul",
+            [
+                "TTFT: first event carrying a generated token minus the send time (role-only and empty "
+                "events do not count).",
+                "E2E: last token event minus the send time. TPOT: (E2E − TTFT) / (output tokens − 1).",
+                "ITL: gaps between token events; an event with k tokens counts as k gaps of gap/k "
+                "(per-event view in summary.csv: itl_event_*). Its interval resamples whole requests.",
+                "Output tokens: the server's usage when given, else the stream's per-event counts; "
+                "re-tokenisation is a cross-check only.",
+                "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
+                "minus scheduled time.",
+                "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
+                "(1000 resamples).",
+            ],
+        )
+    )
     return blocks
 
 
 def _cpu_note(res: Results) -> str:
-    cpu = [k for k, st in res.setups.items() if st.device and st.device.startswith("cpu")
-           and st.backend.startswith("reference")]
+    cpu = [
+        k
+        for k, st in res.setups.items()
+        if st.device and st.device.startswith("cpu") and st.backend.startswith("reference")
+    ]
     if not cpu:
         return ""
     graphs = [k for k in cpu if k.endswith(":graphs")]
-    note = f"{', '.join(cpu)} ran on the CPU, where the reference engine never uses CUDA graphs: every variant runs eager"
+    note = (
+        f"{', '.join(cpu)} ran on the CPU, where the reference engine never uses CUDA graphs: every "
+        "variant runs eager"
+    )
     if graphs:
         note += f" ({', '.join(graphs)} included), so a difference between its variants is noise, not graphs"
     return note + "."
 
 
-# -- plots ----------------------------------------------------------------------------------------------------
+# -- plots --------------------------------------------------------------------------------------------
 
 
 def make_plots(res: Results) -> list[str]:
-    s = res.summary.assign(key=[key_of(b, v) for b, v in zip(res.summary["backend"], res.summary["variant"],
-                                                               strict=True)])
-    req = res.requests.assign(key=[key_of(b, v) for b, v in zip(res.requests["backend"], res.requests["variant"],
-                                                                strict=True)])
+    s = res.summary.assign(
+        key=[key_of(b, v) for b, v in zip(res.summary["backend"], res.summary["variant"], strict=True)]
+    )
+    req = res.requests.assign(
+        key=[key_of(b, v) for b, v in zip(res.requests["backend"], res.requests["variant"], strict=True)]
+    )
     out = []
     keys = list(dict.fromkeys(s["key"]))
     color = {k: plots.PALETTE[i % len(plots.PALETTE)] for i, k in enumerate(keys)}
@@ -242,10 +401,20 @@ def make_plots(res: Results) -> list[str]:
             for k in keys:
                 rows = ws[ws["key"] == k].sort_values("output_tok_s")
                 if not rows.empty:
-                    series.append(plots.Series(k, rows["output_tok_s"].tolist(), rows[metric].tolist(), color[k],
-                                               point_labels=rows["load_point"].tolist()))
-            out.append(plots.line_chart(series, f"Latency against throughput: {label}{suffix}",
-                                        "output tokens/s", label))
+                    series.append(
+                        plots.Series(
+                            k,
+                            rows["output_tok_s"].tolist(),
+                            rows[metric].tolist(),
+                            color[k],
+                            point_labels=rows["load_point"].tolist(),
+                        )
+                    )
+            out.append(
+                plots.line_chart(
+                    series, f"Latency against throughput: {label}{suffix}", "output tokens/s", label
+                )
+            )
         wr = req[(req["workload"] == workload) & (req["status"] == "ok")]
         points = list(dict.fromkeys(ws["load_point"]))
         for metric, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
@@ -254,11 +423,24 @@ def make_plots(res: Results) -> list[str]:
                 for j, point in enumerate(points):
                     sel = wr[(wr["load_point"] == point) & (wr["key"] == k)]
                     if len(sel):
-                        series.append(plots.cdf_series((sel[metric].dropna() * 1e3).tolist(), f"{k} {point}",
-                                                       color[k], plots.DASHES[j % len(plots.DASHES)]))
-            out.append(plots.line_chart(series, f"{label} CDF{suffix}", f"{label} (ms)", "fraction of requests",
-                                        x_from_zero=False))
-        for metric, label in (("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("e2e_p50_ms", "E2E p50")):
+                        series.append(
+                            plots.cdf_series(
+                                (sel[metric].dropna() * 1e3).tolist(),
+                                f"{k} {point}",
+                                color[k],
+                                plots.DASHES[j % len(plots.DASHES)],
+                            )
+                        )
+            out.append(
+                plots.line_chart(
+                    series, f"{label} CDF{suffix}", f"{label} (ms)", "fraction of requests", x_from_zero=False
+                )
+            )
+        for metric, label in (
+            ("ttft_p50_ms", "TTFT p50"),
+            ("tpot_p50_ms", "TPOT p50"),
+            ("e2e_p50_ms", "E2E p50"),
+        ):
             bars = []
             for k in keys:
                 vals, los, his = [], [], []
@@ -272,8 +454,11 @@ def make_plots(res: Results) -> list[str]:
             out.append(plots.bar_chart(points, bars, f"{label} with 95% intervals{suffix}", f"{label} (ms)"))
     rows = []
     for key, st in res.setups.items():
-        phases = [(p.name, max(0.0, (p.end_s or 0.0) - p.seconds), p.end_s or 0.0) for p in st.phases
-                  if p.end_s is not None and p.name != "server_ready"]
+        phases = [
+            (p.name, max(0.0, (p.end_s or 0.0) - p.seconds), p.end_s or 0.0)
+            for p in st.phases
+            if p.end_s is not None and p.name != "server_ready"
+        ]
         if phases or st.ready_s:
             rows.append((key, phases, st.ready_s))
     out.append(plots.timeline(rows, "Set-up phases (spawn to healthy)"))
@@ -301,8 +486,10 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
             out.append("\n".join(lines) + "\n")
         elif kind == "svg" and not svg_noted:
-            out.append("The plots (latency against throughput, TTFT and TPOT CDFs, bars with intervals, set-up "
-                       "timeline) are in report.html.\n")
+            out.append(
+                "The plots (latency against throughput, TTFT and TPOT CDFs, bars with intervals, set-up "
+                "timeline) are in report.html.\n"
+            )
             svg_noted = True
     return "\n".join(out)
 
@@ -330,8 +517,12 @@ code { background: #f4f4f4; padding: 0 3px; }
 
 
 def to_html(blocks: list[Block], title: str) -> str:
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>llm-compare report {html.escape(title)}</title>", f"<style>{CSS}</style></head><body>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>llm-compare report {html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+    ]
     in_plots = False
     for kind, content in blocks:
         if kind == "svg":
@@ -351,7 +542,11 @@ def to_html(blocks: list[Block], title: str) -> str:
             out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in content) + "</ul>")
         elif kind == "table":
             header, rows = content
-            out.append("<table><thead><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in header) + "</tr></thead><tbody>")
+            out.append(
+                "<table><thead><tr>"
+                + "".join(f"<th>{_inline(h)}</th>" for h in header)
+                + "</tr></thead><tbody>"
+            )
             out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows]
             out.append("</tbody></table>")
     if in_plots:

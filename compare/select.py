@@ -70,8 +70,9 @@ def _load_order(row: pd.Series) -> tuple[int, float]:
     return 2, 0.0
 
 
-def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: str,
-                     slo: dict[str, float], seed: int = 0) -> Pick:
+def interactive_pick(
+    summary: pd.DataFrame, requests: pd.DataFrame, workload: str, slo: dict[str, float], seed: int = 0
+) -> Pick:
     pick = Pick("interactive", workload)
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
@@ -85,12 +86,16 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
     if shared:
         at = candidates[candidates["load_point"] == point]
     else:  # no load point in common: each at its lowest load
-        at = pd.DataFrame([min((r for _, r in g.iterrows()), key=_load_order) for _, g in rows.groupby("key")])
+        at = pd.DataFrame(
+            [min((r for _, r in g.iterrows()), key=_load_order) for _, g in rows.groupby("key")]
+        )
     failures = failure_sentences(at, "")
     at = at[at["e2e_n"] > 0]
     if at.empty:
-        pick.sentences.append(f"**Interactive** ({_where(workload, point)}): no backend completed a request at {point}; "
-                              "nothing to select.")
+        pick.sentences.append(
+            f"**Interactive** ({_where(workload, point)}): no backend completed a request at {point}; "
+            "nothing to select."
+        )
         pick.sentences += failures
         return pick
     clean = at[at["requests_failed"] == 0]
@@ -101,15 +106,28 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
     else:
         pool = pool.sort_values("e2e_p50_ms")
     ranked = list(pool.itertuples()) + [r for r in at.itertuples() if r.Index not in pool.index]
-    pick.ranking = [{"key": r.key, "load_point": r.load_point, "e2e_p50_ms": r.e2e_p50_ms,
-                     "ttft_p50_ms": r.ttft_p50_ms, "tpot_p50_ms": r.tpot_p50_ms, "n": r.e2e_n,
-                     "failed": r.requests_failed, "goodput_frac": r.goodput_frac} for r in ranked]
+    pick.ranking = [
+        {
+            "key": r.key,
+            "load_point": r.load_point,
+            "e2e_p50_ms": r.e2e_p50_ms,
+            "ttft_p50_ms": r.ttft_p50_ms,
+            "tpot_p50_ms": r.tpot_p50_ms,
+            "n": r.e2e_n,
+            "failed": r.requests_failed,
+            "goodput_frac": r.goodput_frac,
+        }
+        for r in ranked
+    ]
     win = ranked[0]
     pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
     where = point if shared else "each one's lowest load point"
-    head = (f"**Interactive** ({_where(workload, where)}): **{win.key}** has the lowest median end-to-end latency, "
-            f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
-            f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})")
+    head = (
+        f"**Interactive** ({_where(workload, where)}): **{win.key}** has the lowest median end-to-end "
+        "latency, "
+        f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
+        f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})"
+    )
     if slo and np.isfinite(win.goodput_frac):
         head += f", {win.goodput_frac:.0%} of its requests within the SLOs"
     if len(ranked) == 1:
@@ -123,9 +141,11 @@ def interactive_pick(summary: pd.DataFrame, requests: pd.DataFrame, workload: st
     pick.ratio, pick.ratio_lo, pick.ratio_hi = ratio_ci(b, a, "p50", seed=seed)
     pick.p_value = mann_whitney(a, b)
     pick.confidence = _confidence(pick.ratio_lo, pick.p_value, min(a.size, b.size))
-    head += (f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
-             f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
-             f"{pick.confidence}.")
+    head += (
+        f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
+        f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
+        f"{pick.confidence}."
+    )
     pick.sentences.append(head)
     pick.sentences += failures
     return pick
@@ -136,9 +156,15 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
     out = []
     for _, r in rows.iterrows():
         if r["requests_failed"]:
-            ranked = "is not ranked" if r["requests_ok"] == 0 else "is ranked after the candidates without failures"
-            out.append(f"{r['key']} {ranked}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed "
-                       f"{where or 'at ' + str(r['load_point'])} ({r['errors']}).")
+            ranked = (
+                "is not ranked"
+                if r["requests_ok"] == 0
+                else "is ranked after the candidates without failures"
+            )
+            out.append(
+                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed "
+                f"{where or 'at ' + str(r['load_point'])} ({r['errors']})."
+            )
     return out
 
 
@@ -160,18 +186,32 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
         best.append(use.loc[use[metric].idxmax()])
     table = pd.DataFrame(best)
     table["_clean"] = table["_fail"] <= 0.01
-    failures = [f"{r['key']} failed requests at every load point (at {r['load_point']}: "
-                f"{int(r['requests_failed'])} of {int(r['requests'])}, {r['errors']}) and is ranked last."
-                for _, r in table.iterrows() if not r["_clean"]]
+    failures = [
+        f"{r['key']} failed requests at every load point (at {r['load_point']}: "
+        f"{int(r['requests_failed'])} of {int(r['requests'])}, {r['errors']}) and is ranked last."
+        for _, r in table.iterrows()
+        if not r["_clean"]
+    ]
     table = table.sort_values(["_clean", metric], ascending=[False, False])
-    pick.ranking = [{"key": r["key"], "load_point": r["load_point"], metric: r[metric],
-                     "output_tok_s": r["output_tok_s"], "n": r["requests_ok"], "failed": r["requests_failed"]}
-                    for _, r in table.iterrows()]
+    pick.ranking = [
+        {
+            "key": r["key"],
+            "load_point": r["load_point"],
+            metric: r[metric],
+            "output_tok_s": r["output_tok_s"],
+            "n": r["requests_ok"],
+            "failed": r["requests_failed"],
+        }
+        for _, r in table.iterrows()
+    ]
     win = table.iloc[0]
     pick.winner, pick.load_point, pick.value = win["key"], win["load_point"], float(win[metric])
     unit = "requests/s within the SLOs" if slo else "output tokens/s"
-    head = (f"**Throughput / batch**{f' ({workload})' if workload else ''}: **{win['key']}** reaches {_fmt_rate(win[metric])} {unit} at "
-            f"{win['load_point']} (n={int(win['requests_ok'])} ok")
+    head = (
+        f"**Throughput / batch**{f' ({workload})' if workload else ''}: **{win['key']}** reaches "
+        f"{_fmt_rate(win[metric])} {unit} at "
+        f"{win['load_point']} (n={int(win['requests_ok'])} ok"
+    )
     if not slo and np.isfinite(win.get("output_tok_s_lo", np.nan)):
         head += f"; over time {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
     head += ")"
@@ -185,16 +225,20 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     if slo:
         pick.confidence = "a single measurement per point (no interval for goodput)"
     elif np.isfinite(win.get("output_tok_s_lo", np.nan)) and np.isfinite(run.get("output_tok_s_hi", np.nan)):
-        pick.confidence = ("high confidence: the rate intervals do not overlap"
-                           if win["output_tok_s_lo"] > run["output_tok_s_hi"]
-                           else "low confidence: the rate intervals overlap")
+        pick.confidence = (
+            "high confidence: the rate intervals do not overlap"
+            if win["output_tok_s_lo"] > run["output_tok_s_hi"]
+            else "low confidence: the rate intervals overlap"
+        )
     else:
         pick.confidence = "no interval available"
     if slo:
         head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
     if pick.runner_value > 0:
-        head += (f", {pick.ratio:.2f}x {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: "
-                 f"{pick.confidence}.")
+        head += (
+            f", {pick.ratio:.2f}x {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: "
+            f"{pick.confidence}."
+        )
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
@@ -213,9 +257,14 @@ def _fmt_rate(value: float) -> str:
 
 
 def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
-    mask = ((requests["backend"] == row.backend) & (requests["variant"] == row.variant)
-            & (requests["workload"] == row.workload) & (requests["load_point"] == row.load_point)
-            & (requests["status"] == "ok") & ~requests["warmup"])
+    mask = (
+        (requests["backend"] == row.backend)
+        & (requests["variant"] == row.variant)
+        & (requests["workload"] == row.workload)
+        & (requests["load_point"] == row.load_point)
+        & (requests["status"] == "ok")
+        & ~requests["warmup"]
+    )
     return requests.loc[mask, column].dropna().to_numpy(dtype=float)
 
 
@@ -238,27 +287,46 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
     run = setups.get(pick.runner_up) if pick.runner_up else None
     if win is not None and win.launcher == "endpoint" and (run is None or run.launcher == "endpoint"):
         names = " and ".join(k for k in (pick.winner, pick.runner_up) if k)
-        return [f"Set-up not measured: {names} {'were running endpoints' if pick.runner_up else 'was a running endpoint'}."]
+        return [
+            f"Set-up not measured: {names} "
+            f"{'were running endpoints' if pick.runner_up else 'was a running endpoint'}."
+        ]
     out.append(f"Set-up of {pick.winner}: {describe_setup(win)}.")
     if pick.runner_up is None:
         return out
     if win is None or run is None or win.ready_s is None or run.ready_s is None:
-        out.append(f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times.")
+        out.append(
+            f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times."
+        )
         return out
-    per_win, per_run = _per_request_s(pick, summary, pick.winner), _per_request_s(pick, summary, pick.runner_up)
+    per_win, per_run = (
+        _per_request_s(pick, summary, pick.winner),
+        _per_request_s(pick, summary, pick.runner_up),
+    )
     if not (np.isfinite(per_win) and np.isfinite(per_run)):
         return out
     be = break_even(win.ready_s, run.ready_s, per_win, per_run)
-    basis = "median end-to-end latency" if pick.slo_class == "interactive" else "time per request at the measured rate"
+    basis = (
+        "median end-to-end latency"
+        if pick.slo_class == "interactive"
+        else "time per request at the measured rate"
+    )
     if be.requests is None:
-        out.append(f"{pick.winner} is not faster per request than {pick.runner_up} by {basis}: no break-even.")
+        out.append(
+            f"{pick.winner} is not faster per request than {pick.runner_up} by {basis}: no break-even."
+        )
     elif be.requests == 0:
-        out.append(f"{pick.winner} is also the quicker to start ({win.ready_s:.1f} s against {run.ready_s:.1f} s): "
-                   "nothing to pay back.")
+        out.append(
+            f"{pick.winner} is also the quicker to start ({win.ready_s:.1f} s against {run.ready_s:.1f} s): "
+            "nothing to pay back."
+        )
     else:
-        out.append(f"{pick.winner} takes {be.setup_delta_s:.1f} s longer to be ready than {pick.runner_up} "
-                   f"({win.ready_s:.1f} s against {run.ready_s:.1f} s) and saves {_fmt_s(be.per_request_delta_s)} per "
-                   f"request ({basis}): it pays back {be.verdict}.")
+        out.append(
+            f"{pick.winner} takes {be.setup_delta_s:.1f} s longer to be ready than {pick.runner_up} "
+            f"({win.ready_s:.1f} s against {run.ready_s:.1f} s) and saves "
+            f"{_fmt_s(be.per_request_delta_s)} per "
+            f"request ({basis}): it pays back {be.verdict}."
+        )
     return out
 
 
@@ -286,9 +354,16 @@ def describe_setup(setup: SetupReport | None) -> str:
     if phases:
         parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
     mem = setup.memory
-    bits = [f"{name.replace('_', ' ')} {mem[k] / 2**30:.2f} GiB" for k, name in
-            (("weights", "weights"), ("kv_cache", "KV cache"), ("graph_pool", "CUDA-graph pool"),
-             ("peak_rss", "peak RSS")) if mem.get(k)]
+    bits = [
+        f"{name.replace('_', ' ')} {mem[k] / 2**30:.2f} GiB"
+        for k, name in (
+            ("weights", "weights"),
+            ("kv_cache", "KV cache"),
+            ("graph_pool", "CUDA-graph pool"),
+            ("peak_rss", "peak RSS"),
+        )
+        if mem.get(k)
+    ]
     if bits:
         parts.append("; " + ", ".join(bits))
     if setup.device:
@@ -302,40 +377,65 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
     for _, r in summary.iterrows():
         key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
         if r["requests_failed"]:
-            out.append(f"{key}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed ({r['errors']}).")
+            out.append(
+                f"{key}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed ({r['errors']})."
+            )
         if r["interrupted"] or r["requests_cancelled"]:
-            out.append(f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial.")
+            out.append(
+                f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial."
+            )
         if r["token_mismatches"]:
             example = r.get("mismatch_example") or ""
             server = int(r.get("token_mismatches_server", 0) or 0)
-            what = (f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
-                    "problem)" if server else "all between the generated count and the client's re-tokenisation of "
-                    "the text, which does not always give back the generated tokens")
-            out.append(f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
-                       f"token count{example}, {what}; the metrics use the server's usage, else the stream's count.")
+            what = (
+                f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
+                "problem)"
+                if server
+                else "all between the generated count and the client's re-tokenisation of "
+                "the text, which does not always give back the generated tokens"
+            )
+            out.append(
+                f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
+                f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
+            )
         if r["output_short"]:
-            out.append(f"{key}: {int(r['output_short'])} responses are shorter than the forced output length.")
+            out.append(
+                f"{key}: {int(r['output_short'])} responses are shorter than the forced output length."
+            )
         if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
-            behind = np.isfinite(r["achieved_rps"]) and np.isfinite(r["offered_rps"]) and \
-                r["achieved_rps"] < 0.95 * r["offered_rps"]
+            behind = (
+                np.isfinite(r["achieved_rps"])
+                and np.isfinite(r["offered_rps"])
+                and r["achieved_rps"] < 0.95 * r["offered_rps"]
+            )
             if r["lag_p99_ms"] > 5 or behind:
-                out.append(f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
-                           f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
-                           "load was not the load applied.")
+                out.append(
+                    f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
+                    f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
+                    "load was not the load applied."
+                )
     for s in setups.values():
         out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
     return out
 
 
-def selection(summary: pd.DataFrame, requests: pd.DataFrame, setups: dict[str, SetupReport],
-              slo: dict[str, float], seed: int = 0) -> tuple[list[Pick], list[str]]:
+def selection(
+    summary: pd.DataFrame,
+    requests: pd.DataFrame,
+    setups: dict[str, SetupReport],
+    slo: dict[str, float],
+    seed: int = 0,
+) -> tuple[list[Pick], list[str]]:
     """The picks per workload and SLO class (with their set-up sentences), and the memory trade notes."""
     picks: list[Pick] = []
     if summary.empty:
         return picks, []
     described: set[str] = set()
     for workload in dict.fromkeys(summary["workload"]):
-        for pick in (interactive_pick(summary, requests, workload, slo, seed), throughput_pick(summary, workload, slo)):
+        for pick in (
+            interactive_pick(summary, requests, workload, slo, seed),
+            throughput_pick(summary, workload, slo),
+        ):
             extra = setup_sentences(pick, summary, setups)
             if pick.winner in described and extra:  # its set-up was described already
                 extra = extra[1:]
@@ -347,7 +447,9 @@ def selection(summary: pd.DataFrame, requests: pd.DataFrame, setups: dict[str, S
     for key, setup in setups.items():
         trade = graph_pool_trade(setup, seq)
         if trade is not None:
-            memory.append(f"{key}: its CUDA-graph pool of {trade.pool_bytes / 2**30:.2f} GiB would hold "
-                          f"{trade.kv_tokens:,.0f} tokens of KV cache, {trade.sequences:,.0f} more concurrent "
-                          f"sequences of {seq:.0f} tokens.")
+            memory.append(
+                f"{key}: its CUDA-graph pool of {trade.pool_bytes / 2**30:.2f} GiB would hold "
+                f"{trade.kv_tokens:,.0f} tokens of KV cache, {trade.sequences:,.0f} more concurrent "
+                f"sequences of {seq:.0f} tokens."
+            )
     return picks, memory

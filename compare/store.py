@@ -1,13 +1,13 @@
 """The run directory: what every stage writes and the next one reads, so any stage can be re-run alone.
 
-    RUN_DIR/
-      manifest.json        versions, machine, the plan, each load point's run id, set-up reports, status
-      requests.jsonl       one RequestRecord per request (warm-up included, flagged), appended as each ends
-      runs.jsonl           one RunSummary per load point (offered vs achieved rate, lag, interrupted)
-      logs/<backend>.log   the log of each server we launched
-      imported/*.jsonl     records read from other tools (`compare import`), beside ours
-      summary.csv          one row per backend x variant x workload x load point (summary.parquet: the same)
-      report.md, report.html
+RUN_DIR/
+  manifest.json        versions, machine, the plan, each load point's run id, set-up reports, status
+  requests.jsonl       one RequestRecord per request (warm-up included, flagged), appended as each ends
+  runs.jsonl           one RunSummary per load point (offered vs achieved rate, lag, interrupted)
+  logs/<backend>.log   the log of each server we launched
+  imported/*.jsonl     records read from other tools (`compare import`), beside ours
+  summary.csv          one row per backend x variant x workload x load point (summary.parquet: the same)
+  report.md, report.html
 """
 
 from __future__ import annotations
@@ -35,8 +35,18 @@ RUNS = "runs.jsonl"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
 IMPORTED = "imported"
-PACKAGES = ("llm-compare", "torch", "transformers", "aiohttp", "pandas", "numpy", "pyarrow", "pydantic", "typer",
-            "rich")
+PACKAGES = (
+    "llm-compare",
+    "torch",
+    "transformers",
+    "aiohttp",
+    "pandas",
+    "numpy",
+    "pyarrow",
+    "pydantic",
+    "typer",
+    "rich",
+)
 
 
 def default_run_dir(root: str | Path = "runs") -> Path:
@@ -54,10 +64,19 @@ def versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    info: dict[str, Any] = {"hostname": socket.gethostname(), "platform": platform.platform(),
-                            "processor": _cpu_model(), "cpus": len(cpus), "cpu_ids": cpus,
-                            "memory_gib": _mem_gib()}
+    cpus = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpus": len(cpus),
+        "cpu_ids": cpus,
+        "memory_gib": _mem_gib(),
+    }
     try:
         import torch
 
@@ -101,9 +120,22 @@ class RunDir:
         if (path / REQUESTS).exists() or (path / MANIFEST).exists():
             raise FileExistsError(f"{path} already holds a run; choose another --out")
         path.mkdir(parents=True, exist_ok=True)
-        run = cls(path, {"schema_version": 1, "run_id": path.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         "status": "running", "command": command, "versions": versions(), "machine": machine(),
-                         "config": plan, "points": [], "setups": [], "notes": []})
+        run = cls(
+            path,
+            {
+                "schema_version": 1,
+                "run_id": path.name,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "status": "running",
+                "command": command,
+                "versions": versions(),
+                "machine": machine(),
+                "config": plan,
+                "points": [],
+                "setups": [],
+                "notes": [],
+            },
+        )
         run.save()
         return run
 
@@ -133,16 +165,33 @@ class RunDir:
     def log_path(self, key: str) -> Path:
         return self.path / "logs" / (key.replace(":", "-") + ".log")
 
-    def add_point(self, run_id: str, backend: str, variant: str, workload: str, load_point: str,
-                  schedule: dict[str, Any]) -> None:
-        self.manifest.setdefault("points", []).append({"run_id": run_id, "backend": backend, "variant": variant,
-                                                       "workload": workload, "load_point": load_point,
-                                                       "schedule": schedule})
+    def add_point(
+        self,
+        run_id: str,
+        backend: str,
+        variant: str,
+        workload: str,
+        load_point: str,
+        schedule: dict[str, Any],
+    ) -> None:
+        self.manifest.setdefault("points", []).append(
+            {
+                "run_id": run_id,
+                "backend": backend,
+                "variant": variant,
+                "workload": workload,
+                "load_point": load_point,
+                "schedule": schedule,
+            }
+        )
         self.save()
 
     def set_setup(self, report: SetupReport) -> None:
-        setups = [s for s in self.manifest.get("setups", []) if not (s["backend"] == report.backend
-                                                                      and s["variant"] == report.variant)]
+        setups = [
+            s
+            for s in self.manifest.get("setups", [])
+            if not (s["backend"] == report.backend and s["variant"] == report.variant)
+        ]
         setups.append(report.to_dict())
         self.manifest["setups"] = setups
         self.save()
@@ -176,10 +225,15 @@ class RunDir:
             if rid not in out:
                 out[rid] = _point("", summary.schedule, summary)
         for p in self.manifest.get("imported", []):
-            out[p["run_id"]] = PointInfo(workload=p.get("workload", ""), mode="imported",
-                                         concurrency=p.get("concurrency"), rate=p.get("rate"),
-                                         duration_s=p.get("duration_s"), lag_measured=False,
-                                         source=p.get("source", "imported"))
+            out[p["run_id"]] = PointInfo(
+                workload=p.get("workload", ""),
+                mode="imported",
+                concurrency=p.get("concurrency"),
+                rate=p.get("rate"),
+                duration_s=p.get("duration_s"),
+                lag_measured=False,
+                source=p.get("source", "imported"),
+            )
         return out
 
     def slo(self) -> dict[str, float]:
@@ -195,6 +249,11 @@ def _point(workload: str, sched: dict[str, Any], summary: RunSummary | None) -> 
     rate = sched.get("rate") if kind in ("open", "trace") else None
     if summary is not None and summary.offered_rate is not None:
         rate = summary.offered_rate
-    return PointInfo(workload=workload, mode=kind, concurrency=sched.get("concurrency") if kind == "closed" else
-                     sched.get("max_concurrency"), rate=rate, arrival=sched.get("arrival"),
-                     interrupted=bool(summary.interrupted) if summary is not None else False)
+    return PointInfo(
+        workload=workload,
+        mode=kind,
+        concurrency=sched.get("concurrency") if kind == "closed" else sched.get("max_concurrency"),
+        rate=rate,
+        arrival=sched.get("arrival"),
+        interrupted=bool(summary.interrupted) if summary is not None else False,
+    )

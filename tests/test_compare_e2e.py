@@ -21,8 +21,15 @@ from workloads.records import read_records
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ["manifest.json", "requests.jsonl", "runs.jsonl", "summary.csv", "summary.parquet", "report.md",
-             "report.html"]
+ARTIFACTS = [
+    "manifest.json",
+    "requests.jsonl",
+    "runs.jsonl",
+    "summary.csv",
+    "summary.parquet",
+    "report.md",
+    "report.html",
+]
 
 
 def compare_cmd(*args: str) -> list[str]:
@@ -30,11 +37,16 @@ def compare_cmd(*args: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def run_compare(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(compare_cmd(*args), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        compare_cmd(*args), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -43,9 +55,29 @@ def run_compare(*args: str, timeout: float = 240) -> subprocess.CompletedProcess
 @pytest.mark.slow
 def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
     out = tmp_path / "run"
-    run_compare("run", "--backends", "reference", "--model", str(llama_dir), "--concurrency", "1,3",
-                "--num-requests", "9", "--input-len", "uniform:16:48", "--output-len", "12", "--slo",
-                "ttft=2s,tpot=1s", "--n-boot", "200", "--server-args", "--max-model-len 256", "--out", str(out))
+    run_compare(
+        "run",
+        "--backends",
+        "reference",
+        "--model",
+        str(llama_dir),
+        "--concurrency",
+        "1,3",
+        "--num-requests",
+        "9",
+        "--input-len",
+        "uniform:16:48",
+        "--output-len",
+        "12",
+        "--slo",
+        "ttft=2s,tpot=1s",
+        "--n-boot",
+        "200",
+        "--server-args",
+        "--max-model-len 256",
+        "--out",
+        str(out),
+    )
     for name in ARTIFACTS:
         assert (out / name).is_file(), name
     assert list((out / "logs").glob("reference-*.log"))
@@ -103,12 +135,39 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     fast = ScriptedSchedule(ttft_s=0.02, itl_s=0.004)
     slow = ScriptedSchedule(ttft_s=0.08, itl_s=0.012)
     out = tmp_path / "run"
-    with scripted_server(flavor="vllm", default_schedule=fast) as a, scripted_server(flavor="tgi",
-                                                                                       default_schedule=slow) as b:
-        run_compare("run", "--backends", "vllm,tgi", "--endpoint", f"vllm={a.url}", "--endpoint", f"tgi={b.url}",
-                    "--model", "scripted-model", "--tokenizer", str(llama_dir), "--concurrency", "1,4", "--rate", "25",
-                    "--num-requests", "16", "--input-len", "16", "--output-len", "20", "--slo", "ttft=50ms",
-                    "--n-boot", "300", "--out", str(out))
+    with (
+        scripted_server(flavor="vllm", default_schedule=fast) as a,
+        scripted_server(flavor="tgi", default_schedule=slow) as b,
+    ):
+        run_compare(
+            "run",
+            "--backends",
+            "vllm,tgi",
+            "--endpoint",
+            f"vllm={a.url}",
+            "--endpoint",
+            f"tgi={b.url}",
+            "--model",
+            "scripted-model",
+            "--tokenizer",
+            str(llama_dir),
+            "--concurrency",
+            "1,4",
+            "--rate",
+            "25",
+            "--num-requests",
+            "16",
+            "--input-len",
+            "16",
+            "--output-len",
+            "20",
+            "--slo",
+            "ttft=50ms",
+            "--n-boot",
+            "300",
+            "--out",
+            str(out),
+        )
     summary = pd.read_csv(out / "summary.csv").set_index(["backend", "load_point"])
     assert summary.loc[("vllm", "c=1"), "ttft_p50_ms"] == pytest.approx(20, abs=8)
     assert summary.loc[("tgi", "c=1"), "ttft_p50_ms"] == pytest.approx(80, abs=8)
@@ -120,7 +179,9 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     assert open_loop["mode"] == "open" and open_loop["offered_rps"] == 25 and open_loop["lag_n"] == 16
     assert 10 < open_loop["achieved_rps"] < 60 and open_loop["lag_p99_ms"] < 100
     # the SLO (TTFT <= 50 ms) is met by the fast server's requests and missed by the slow one's
-    assert summary.loc[("vllm", "c=1"), "goodput_frac"] == 1.0 and summary.loc[("tgi", "c=1"), "goodput_n"] == 0
+    assert (
+        summary.loc[("vllm", "c=1"), "goodput_frac"] == 1.0 and summary.loc[("tgi", "c=1"), "goodput_n"] == 0
+    )
     report = (out / "report.md").read_text()
     decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
     interactive = next(p for p in decision.split("\n\n") if "**Interactive**" in p)
@@ -139,10 +200,34 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_mid_load_leaves_a_partial_report_and_stops_the_server(llama_dir, tmp_path, sig):
     out = tmp_path / "run"
-    proc = subprocess.Popen(compare_cmd("run", "--backends", "reference", "--model", str(llama_dir),
-                                        "--concurrency", "4", "--num-requests", "200", "--input-len", "16",
-                                        "--output-len", "200", "--warmup", "0", "--n-boot", "100", "--out", str(out)),
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        compare_cmd(
+            "run",
+            "--backends",
+            "reference",
+            "--model",
+            str(llama_dir),
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "200",
+            "--input-len",
+            "16",
+            "--output-len",
+            "200",
+            "--warmup",
+            "0",
+            "--n-boot",
+            "100",
+            "--out",
+            str(out),
+        ),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -162,7 +247,9 @@ def test_interrupt_mid_load_leaves_a_partial_report_and_stops_the_server(llama_d
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     pid = manifest["setups"][0]["pid"]
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+    )
     summary = pd.read_csv(out / "summary.csv")
     row = summary.iloc[0]
     assert row["requests_cancelled"] >= 1 and row["requests_ok"] >= 2 and bool(row["interrupted"])

@@ -18,14 +18,22 @@ from compare.launch import (
     parse_reference_log,
 )
 
-REFERENCE_LOG = """\
-2025-03-01 12:00:01,000 INFO reference_engine.server: starting llm-compare reference server 0.1.0, model m
-2025-03-01 12:00:02,000 INFO reference_engine: model m resolved, tokenizer loaded in 0.980 s
-2025-03-01 12:00:03,800 INFO reference_engine: weights loaded: 0.501 GiB, torch.float32 on cpu in 1.783 s
-2025-03-01 12:00:07,100 INFO reference_engine: KV cache allocated: 1456 blocks of 16 tokens, 1.000 GiB in 3.327 s
-2025-03-01 12:00:09,000 INFO reference_engine: CUDA graphs captured: 4 buckets [1, 2, 4, 8], pool 0.250 GiB in 1.900 s
-2025-03-01 12:00:09,100 INFO reference_engine.server: server ready at http://127.0.0.1:8000 in 6.097 s
-"""
+REFERENCE_LOG = "\n".join(
+    [
+        "2025-03-01 12:00:01,000 INFO reference_engine.server: starting llm-compare reference"
+        " server 0.1.0, model m",
+        "2025-03-01 12:00:02,000 INFO reference_engine: model m resolved, tokenizer loaded in 0.980 s",
+        "2025-03-01 12:00:03,800 INFO reference_engine: weights loaded: 0.501 GiB, torch.float32"
+        " on cpu in 1.783 s",
+        "2025-03-01 12:00:07,100 INFO reference_engine: KV cache allocated: 1456 blocks of 16"
+        " tokens, 1.000 GiB in 3.327 s",
+        "2025-03-01 12:00:09,000 INFO reference_engine: CUDA graphs captured: 4 buckets [1, 2, 4,"
+        " 8], pool 0.250 GiB in 1.900 s",
+        "2025-03-01 12:00:09,100 INFO reference_engine.server: server ready at"
+        " http://127.0.0.1:8000 in 6.097 s",
+        "",
+    ]
+)
 
 VLLM_LOG = """\
 INFO 05-12 10:00:01 [default_loader.py:262] Loading weights took 1.23 seconds
@@ -39,7 +47,13 @@ INFO 05-12 10:00:26 [core.py:193] init engine (profile, create kv cache, warmup 
 
 def test_reference_log_phases_memory_and_offsets():
     parsed = parse_reference_log(REFERENCE_LOG)
-    assert [p.name for p in parsed.phases] == ["tokenizer", "weights", "kv_cache", "cuda_graphs", "server_ready"]
+    assert [p.name for p in parsed.phases] == [
+        "tokenizer",
+        "weights",
+        "kv_cache",
+        "cuda_graphs",
+        "server_ready",
+    ]
     assert [p.seconds for p in parsed.phases[:4]] == [0.980, 1.783, 3.327, 1.900]
     assert parsed.memory["weights"] == pytest.approx(0.501 * 2**30)
     assert parsed.memory["kv_cache"] == 2**30 and parsed.memory["kv_tokens"] == 1456 * 16
@@ -71,8 +85,9 @@ def test_unknown_backend_log_parses_to_nothing():
 
 def test_launch_failure_quotes_the_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('cannot load the model: boom', flush=True); sys.exit(3)"]
-    launcher = ProcessLauncher("reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "a.log",
-                               startup_timeout=30)
+    launcher = ProcessLauncher(
+        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "a.log", startup_timeout=30
+    )
     with pytest.raises(LaunchError, match="exited with code 3") as info:
         launcher.start()
     assert "boom" in str(info.value)
@@ -81,8 +96,9 @@ def test_launch_failure_quotes_the_log(tmp_path):
 
 def test_startup_timeout_stops_the_server(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('warming up forever', flush=True); time.sleep(120)"]
-    launcher = ProcessLauncher("reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "b.log",
-                               startup_timeout=1.5)
+    launcher = ProcessLauncher(
+        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "b.log", startup_timeout=1.5
+    )
     with pytest.raises(LaunchError, match="not healthy") as info:
         launcher.start()
     assert "warming up forever" in str(info.value)
@@ -93,12 +109,22 @@ def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
     """A server that starts a helper of its own: Ctrl-C in the middle of the run stops both."""
     port = free_port()
     pid_file = tmp_path / "helper.pid"
-    script = (f"import subprocess, sys, http.server; h = subprocess.Popen([sys.executable, '-c', "
-              f"'import time; time.sleep(300)']); open({str(pid_file)!r}, 'w').write(str(h.pid)); "
-              f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler)"
-              f".serve_forever()")
-    launcher = ProcessLauncher("reference", "eager", [sys.executable, "-c", script], f"http://127.0.0.1:{port}",
-                               "/", tmp_path / "c.log", startup_timeout=30, stop_timeout=5)
+    script = (
+        f"import subprocess, sys, http.server; h = subprocess.Popen([sys.executable, '-c', "
+        f"'import time; time.sleep(300)']); open({str(pid_file)!r}, 'w').write(str(h.pid)); "
+        f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler)"
+        f".serve_forever()"
+    )
+    launcher = ProcessLauncher(
+        "reference",
+        "eager",
+        [sys.executable, "-c", script],
+        f"http://127.0.0.1:{port}",
+        "/",
+        tmp_path / "c.log",
+        startup_timeout=30,
+        stop_timeout=5,
+    )
     with pytest.raises(KeyboardInterrupt), launcher:
         report = launcher.start()
         assert report.ready_s is not None and report.ready_s > 0

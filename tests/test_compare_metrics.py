@@ -14,12 +14,25 @@ from workloads.records import ErrorKind, RequestRecord
 
 
 def rec(request_id: str, send: float | None, events: list[tuple[float, int, int]], **kw) -> RequestRecord:
-    fields = dict(run_id="run1", request_id=request_id, backend="x", variant="v", load_point="c=2",
-                  t0_monotonic=100.0, prompt_tokens=10, wanted_output_tokens=sum(n for _, n, _ in events),
-                  output_length_forced=True, scheduled_s=(send or 0.0), start_s=send, send_s=send,
-                  end_s=(events[-1][0] + 0.01) if events else (send or 0.0) + 0.01, events=events,
-                  http_status=200, output_tokens=sum(n for _, n, _ in events),
-                  event_tokens=sum(n for _, n, _ in events))
+    fields = dict(
+        run_id="run1",
+        request_id=request_id,
+        backend="x",
+        variant="v",
+        load_point="c=2",
+        t0_monotonic=100.0,
+        prompt_tokens=10,
+        wanted_output_tokens=sum(n for _, n, _ in events),
+        output_length_forced=True,
+        scheduled_s=(send or 0.0),
+        start_s=send,
+        send_s=send,
+        end_s=(events[-1][0] + 0.01) if events else (send or 0.0) + 0.01,
+        events=events,
+        http_status=200,
+        output_tokens=sum(n for _, n, _ in events),
+        event_tokens=sum(n for _, n, _ in events),
+    )
     fields.update(kw)
     return RequestRecord(**fields)
 
@@ -29,23 +42,45 @@ def records() -> list[RequestRecord]:
     return [
         # ok: role-only chunk, then 1, 2 (one event carrying two tokens) and 1 tokens
         # ttft 0.10, e2e 0.25, tpot (0.25-0.10)/3 = 0.05; itl [0.025, 0.025, 0.10]; per event [0.05, 0.10]
-        rec("r1", 1.0, [(1.05, 0, 0), (1.10, 1, 3), (1.15, 2, 6), (1.25, 1, 3), (1.26, 0, 0)],
-            scheduled_s=0.999, prompt_tokens=10, usage_prompt_tokens=11, usage_completion_tokens=4,
-            output_tokens_source="usage"),
+        rec(
+            "r1",
+            1.0,
+            [(1.05, 0, 0), (1.10, 1, 3), (1.15, 2, 6), (1.25, 1, 3), (1.26, 0, 0)],
+            scheduled_s=0.999,
+            prompt_tokens=10,
+            usage_prompt_tokens=11,
+            usage_completion_tokens=4,
+            output_tokens_source="usage",
+        ),
         # ok: an empty event between the two tokens and a usage-only event at the end
         # ttft 0.20, e2e 0.30, tpot 0.10/1; itl [0.10]; the client's re-tokenisation disagreed
-        rec("r2", 2.0, [(2.20, 1, 2), (2.25, 0, 0), (2.30, 1, 2), (2.31, 0, 0)], scheduled_s=1.998,
-            prompt_tokens=20, retokenized_tokens=3, token_count_mismatch=True),
+        rec(
+            "r2",
+            2.0,
+            [(2.20, 1, 2), (2.25, 0, 0), (2.30, 1, 2), (2.31, 0, 0)],
+            scheduled_s=1.998,
+            prompt_tokens=20,
+            retokenized_tokens=3,
+            token_count_mismatch=True,
+        ),
         # failed after one token: counted as failed, never in the latencies
-        rec("r3", 3.0, [(3.1, 1, 2)], scheduled_s=2.997, prompt_tokens=40,
-            error_kind=ErrorKind.CONNECTION_RESET, error_message="reset"),
+        rec(
+            "r3",
+            3.0,
+            [(3.1, 1, 2)],
+            scheduled_s=2.997,
+            prompt_tokens=40,
+            error_kind=ErrorKind.CONNECTION_RESET,
+            error_message="reset",
+        ),
         # cancelled before it was sent: no send time, so no lag either
         rec("r4", None, [], scheduled_s=3.5, error_kind=ErrorKind.CANCELLED, error_message="stopped"),
         # warm-up: ignored entirely
         rec("w0", 0.1, [(0.9, 5, 5)], warmup=True, prompt_tokens=999),
         # ok, one token although four were forced: ttft = e2e = 0.40, no tpot, no itl; ends at 4.45
-        rec("r6", 4.0, [(4.40, 1, 1)], scheduled_s=3.996, prompt_tokens=30, wanted_output_tokens=4,
-            end_s=4.45),
+        rec(
+            "r6", 4.0, [(4.40, 1, 1)], scheduled_s=3.996, prompt_tokens=30, wanted_output_tokens=4, end_s=4.45
+        ),
     ]
 
 
@@ -78,7 +113,12 @@ def test_summary_by_hand(records):
     assert len(s) == 1
     row = s.iloc[0]
     assert (row["backend"], row["variant"], row["workload"], row["load_point"]) == ("x", "v", "wl", "c=2")
-    assert (row["requests"], row["requests_ok"], row["requests_failed"], row["requests_cancelled"]) == (5, 3, 1, 1)
+    assert (row["requests"], row["requests_ok"], row["requests_failed"], row["requests_cancelled"]) == (
+        5,
+        3,
+        1,
+        1,
+    )
     assert row["errors"] in ("connection_reset: 1; cancelled: 1", "cancelled: 1; connection_reset: 1")
     # TTFT of the ok requests: 0.10, 0.20, 0.40
     assert row["ttft_n"] == 3
@@ -106,7 +146,11 @@ def test_summary_by_hand(records):
     assert row["goodput_frac"] == pytest.approx(1 / 5)
     # sends at 1, 2, 3, 4 s: achieved 1 request/s; lags 1, 2, 3, 4 ms
     assert row["achieved_rps"] == pytest.approx(1.0)
-    assert row["lag_n"] == 4 and row["lag_p50_ms"] == pytest.approx(2.5) and row["lag_max_ms"] == pytest.approx(4)
+    assert (
+        row["lag_n"] == 4
+        and row["lag_p50_ms"] == pytest.approx(2.5)
+        and row["lag_max_ms"] == pytest.approx(4)
+    )
     assert row["lag_p99_ms"] == pytest.approx(3.97)
     assert row["token_mismatches"] == 1
     assert row["output_short"] == 1  # r6: one token of four forced
@@ -148,7 +192,9 @@ def test_vectorised_itl_equals_timing_itl_on_random_records():
         assert gaps.loc[gaps["row"] == i, "gap_s"].tolist() == pytest.approx(timing.itl(r)), f"seed {seed}"
     events = itl_table(records, per_event=True)
     for i, r in enumerate(records):
-        assert events.loc[events["row"] == i, "gap_s"].tolist() == pytest.approx(timing.itl_per_event(r)), seed
+        assert events.loc[events["row"] == i, "gap_s"].tolist() == pytest.approx(timing.itl_per_event(r)), (
+            seed
+        )
 
 
 def test_bootstrap_interval_coverage_of_the_mean():

@@ -24,7 +24,9 @@ def test_prefill_roofline_and_cost():
     # 16 GB of weights at 4000 GB/s: 4 ms per decode step
     assert roofline_tpot_ms(16e9, 4000.0) == pytest.approx(4.0)
     # plus 8 sequences x 1000 tokens x 128 KiB of KV: 16e9 + 1.048576e9 bytes
-    assert roofline_tpot_ms(16e9, 4000.0, 8, 1000, 131072) == pytest.approx((16e9 + 8 * 1000 * 131072) / 4e12 * 1e3)
+    assert roofline_tpot_ms(16e9, 4000.0, 8, 1000, 131072) == pytest.approx(
+        (16e9 + 8 * 1000 * 131072) / 4e12 * 1e3
+    )
     assert math.isnan(roofline_tpot_ms(16e9, 0.0))
     # $3.60 an hour at 1000 tokens/s: 3.6e6 tokens per hour -> $1 per million
     assert cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)
@@ -43,8 +45,13 @@ def test_break_even_by_hand():
 
 
 def test_graph_pool_trade():
-    setup = SetupReport("reference", "graphs", "process", "http://x",
-                        memory={"graph_pool": 2**30, "kv_cache": 8 * 2**30, "kv_tokens": 65536})
+    setup = SetupReport(
+        "reference",
+        "graphs",
+        "process",
+        "http://x",
+        memory={"graph_pool": 2**30, "kv_cache": 8 * 2**30, "kv_tokens": 65536},
+    )
     trade = graph_pool_trade(setup, seq_tokens=512)
     # 8 GiB for 65536 tokens = 128 KiB per token; 1 GiB of pool = 8192 tokens = 16 sequences of 512
     assert trade.kv_tokens == pytest.approx(8192) and trade.sequences == pytest.approx(16)
@@ -54,7 +61,9 @@ def test_graph_pool_trade():
 def test_mann_whitney_by_hand():
     # a = 1,2,3; b = 4,5,6: U = 0, mean 4.5, sigma sqrt(9/12 * 7) = 2.2913; z = (0 - 4.5 + 0.5) / 2.2913
     z = -4.0 / math.sqrt(9 / 12 * 7)
-    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(math.erfc(abs(z) / math.sqrt(2)))
+    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(
+        math.erfc(abs(z) / math.sqrt(2))
+    )
     assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(0.0809, abs=1e-4)
     assert mann_whitney(np.array([1.0, 1, 1]), np.array([1.0, 1, 1])) == 1.0
     assert math.isnan(mann_whitney(np.array([]), np.array([1.0])))

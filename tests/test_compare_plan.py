@@ -30,8 +30,12 @@ def test_slo_and_durations():
 
 
 def test_backends_variants_and_endpoints():
-    plan = build_plan({"backends": "vllm,tgi,reference:eager",
-                       "endpoints": ["vllm=http://127.0.0.1:8000/", "tgi=http://127.0.0.1:8080"]})
+    plan = build_plan(
+        {
+            "backends": "vllm,tgi,reference:eager",
+            "endpoints": ["vllm=http://127.0.0.1:8000/", "tgi=http://127.0.0.1:8080"],
+        }
+    )
     by_key = {b.key: b for b in plan.backends}
     assert by_key["vllm"].endpoint == "http://127.0.0.1:8000" and not by_key["vllm"].launched
     assert by_key["tgi"].endpoint == "http://127.0.0.1:8080"
@@ -40,17 +44,20 @@ def test_backends_variants_and_endpoints():
     assert [b.endpoint for b in plan.backends] == ["http://h:1", "http://h:2"]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"backends": "vllm"}, "no endpoint"),
-    ({"backends": "nosuch"}, "unknown backend"),
-    ({"backends": "reference:turbo"}, "unknown variant"),
-    ({"backends": "reference,reference"}, "appears twice"),
-    ({"backends": "reference", "endpoints": ["tgi=http://x:1"]}, "not in --backends"),
-    ({"endpoints": ["vllm"]}, "NAME=URL"),
-    ({"concurrency": "0"}, "concurrency"),
-    ({"concurrency": "a,b"}, "numbers"),
-    ({"dataset": "sharegpt"}, "--dataset-path"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"backends": "vllm"}, "no endpoint"),
+        ({"backends": "nosuch"}, "unknown backend"),
+        ({"backends": "reference:turbo"}, "unknown variant"),
+        ({"backends": "reference,reference"}, "appears twice"),
+        ({"backends": "reference", "endpoints": ["tgi=http://x:1"]}, "not in --backends"),
+        ({"endpoints": ["vllm"]}, "NAME=URL"),
+        ({"concurrency": "0"}, "concurrency"),
+        ({"concurrency": "a,b"}, "numbers"),
+        ({"dataset": "sharegpt"}, "--dataset-path"),
+    ],
+)
 def test_plan_errors_are_clear(options, message):
     with pytest.raises(PlanError, match=message):
         build_plan(options)

@@ -26,8 +26,16 @@ from workloads.records import RecordWriter, RequestRecord, RunSummary
 GIB = 2**30
 
 
-def requests_for(backend: str, variant: str, run_id: str, load_point: str, n: int, tpot: float,
-                 rng: np.random.Generator | None = None, concurrency: int = 1) -> list[RequestRecord]:
+def requests_for(
+    backend: str,
+    variant: str,
+    run_id: str,
+    load_point: str,
+    n: int,
+    tpot: float,
+    rng: np.random.Generator | None = None,
+    concurrency: int = 1,
+) -> list[RequestRecord]:
     """`n` ok requests of 100 prompt tokens and 20 output tokens: TTFT 0.1 s, then a token every `tpot`
     (times `1 + noise` when `rng` is given); a closed loop of `concurrency` streams."""
     out = []
@@ -36,17 +44,43 @@ def requests_for(backend: str, variant: str, run_id: str, load_point: str, n: in
         e2e = (0.1 + 19 * tpot) * scale
         send = (i // concurrency) * (e2e + 0.01) + 0.001 * (i % concurrency)
         events = [(send + 0.1 * scale + k * tpot * scale, 1, 4) for k in range(20)]
-        out.append(RequestRecord(
-            run_id=run_id, request_id=f"{run_id}-{i}", backend=backend, variant=variant, load_point=load_point,
-            t0_monotonic=1000.0, prompt_tokens=100, wanted_output_tokens=20, output_length_forced=True,
-            scheduled_s=send, start_s=send, send_s=send, headers_s=send + 0.01, end_s=events[-1][0] + 0.001,
-            events=events, http_status=200, finish_reason="length", usage_prompt_tokens=100,
-            usage_completion_tokens=20, event_tokens=20, output_tokens=20, output_tokens_source="usage"))
+        out.append(
+            RequestRecord(
+                run_id=run_id,
+                request_id=f"{run_id}-{i}",
+                backend=backend,
+                variant=variant,
+                load_point=load_point,
+                t0_monotonic=1000.0,
+                prompt_tokens=100,
+                wanted_output_tokens=20,
+                output_length_forced=True,
+                scheduled_s=send,
+                start_s=send,
+                send_s=send,
+                headers_s=send + 0.01,
+                end_s=events[-1][0] + 0.001,
+                events=events,
+                http_status=200,
+                finish_reason="length",
+                usage_prompt_tokens=100,
+                usage_completion_tokens=20,
+                event_tokens=20,
+                output_tokens=20,
+                output_tokens_source="usage",
+            )
+        )
     return out
 
 
-def make_run(path: Path, tpots: dict[str, float], setups: dict[str, SetupReport] | None = None,
-             slo: dict[str, float] | None = None, noise_seed: int | None = None, n: int = 30) -> RunDir:
+def make_run(
+    path: Path,
+    tpots: dict[str, float],
+    setups: dict[str, SetupReport] | None = None,
+    slo: dict[str, float] | None = None,
+    noise_seed: int | None = None,
+    n: int = 30,
+) -> RunDir:
     run = RunDir.create(path, {"model": "m", "slo_s": slo or {}}, ["compare", "run"])
     rng = np.random.default_rng(noise_seed) if noise_seed is not None else None
     with RecordWriter(run.requests_path) as writer, RecordWriter(run.runs_path) as runs:
@@ -54,14 +88,33 @@ def make_run(path: Path, tpots: dict[str, float], setups: dict[str, SetupReport]
             backend, _, variant = key.partition(":")
             for conc in (1, 4):
                 run_id = f"{backend}-{variant}-c{conc}"
-                run.add_point(run_id, backend, variant, "wl", f"c={conc}", {"kind": "closed", "concurrency": conc})
+                run.add_point(
+                    run_id, backend, variant, "wl", f"c={conc}", {"kind": "closed", "concurrency": conc}
+                )
                 for record in requests_for(backend, variant, run_id, f"c={conc}", n, tpot, rng, conc):
                     writer.append(record)
-                runs.append(RunSummary(run_id=run_id, backend=backend, variant=variant, load_point=f"c={conc}",
-                                       t0_monotonic=1000.0, schedule={"kind": "closed", "concurrency": conc},
-                                       measured_start_s=0.0, wall_s=10.0, n_warmup=0, n_measured=n, n_sent=n,
-                                       n_ok=n, errors={}, offered_rate=None, achieved_rate=None, lag_p50_s=0.0,
-                                       lag_p99_s=0.0, lag_max_s=0.0))
+                runs.append(
+                    RunSummary(
+                        run_id=run_id,
+                        backend=backend,
+                        variant=variant,
+                        load_point=f"c={conc}",
+                        t0_monotonic=1000.0,
+                        schedule={"kind": "closed", "concurrency": conc},
+                        measured_start_s=0.0,
+                        wall_s=10.0,
+                        n_warmup=0,
+                        n_measured=n,
+                        n_sent=n,
+                        n_ok=n,
+                        errors={},
+                        offered_rate=None,
+                        achieved_rate=None,
+                        lag_p50_s=0.0,
+                        lag_p99_s=0.0,
+                        lag_max_s=0.0,
+                    )
+                )
     for setup in (setups or {}).values():
         run.set_setup(setup)
     run.manifest["status"] = "complete"
@@ -70,18 +123,38 @@ def make_run(path: Path, tpots: dict[str, float], setups: dict[str, SetupReport]
 
 
 def setups_graphs_vs_eager() -> dict[str, SetupReport]:
-    graphs = SetupReport("reference", "graphs", "process", "http://a", ready_s=20.0, device="cuda:0",
-                         phases=[Phase("process_start", 2.0, 2.0), Phase("weights", 5.0, 7.0),
-                                 Phase("kv_cache", 3.0, 10.0), Phase("cuda_graphs", 9.0, 19.0)],
-                         memory={"weights": 2 * GIB, "kv_cache": 4 * GIB, "kv_tokens": 32768, "graph_pool": GIB / 2})
-    eager = SetupReport("reference", "eager", "process", "http://b", ready_s=8.0, device="cuda:0",
-                        phases=[Phase("process_start", 2.0, 2.0), Phase("weights", 5.0, 7.0)],
-                        memory={"weights": 2 * GIB, "kv_cache": 4 * GIB, "kv_tokens": 32768})
+    graphs = SetupReport(
+        "reference",
+        "graphs",
+        "process",
+        "http://a",
+        ready_s=20.0,
+        device="cuda:0",
+        phases=[
+            Phase("process_start", 2.0, 2.0),
+            Phase("weights", 5.0, 7.0),
+            Phase("kv_cache", 3.0, 10.0),
+            Phase("cuda_graphs", 9.0, 19.0),
+        ],
+        memory={"weights": 2 * GIB, "kv_cache": 4 * GIB, "kv_tokens": 32768, "graph_pool": GIB / 2},
+    )
+    eager = SetupReport(
+        "reference",
+        "eager",
+        "process",
+        "http://b",
+        ready_s=8.0,
+        device="cuda:0",
+        phases=[Phase("process_start", 2.0, 2.0), Phase("weights", 5.0, 7.0)],
+        memory={"weights": 2 * GIB, "kv_cache": 4 * GIB, "kv_tokens": 32768},
+    )
     return {"reference:graphs": graphs, "reference:eager": eager}
 
 
 def test_selection_with_setup_break_even_and_memory_trade(tmp_path):
-    run = make_run(tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager())
+    run = make_run(
+        tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager()
+    )
     results = analyze(run, n_boot=200)
     write_reports(results)
     report = (run.path / "report.md").read_text()
@@ -98,9 +171,22 @@ def test_selection_with_setup_break_even_and_memory_trade(tmp_path):
     assert "## Warnings\n\nNone" in report
     summary = pd.read_csv(run.path / "summary.csv")
     assert set(summary["backend"] + ":" + summary["variant"]) == {"reference:graphs", "reference:eager"}
-    for col in ("backend", "variant", "concurrency", "rate", "requests_ok", "requests_failed", "ttft_p50_ms",
-                "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "e2e_p50_ms", "output_tok_s",
-                "goodput_rps"):
+    for col in (
+        "backend",
+        "variant",
+        "concurrency",
+        "rate",
+        "requests_ok",
+        "requests_failed",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "tpot_p99_ms",
+        "itl_p50_ms",
+        "e2e_p50_ms",
+        "output_tok_s",
+        "goodput_rps",
+    ):
         assert col in summary.columns
 
 
@@ -119,13 +205,17 @@ def test_failed_requests_are_named_and_cannot_win(tmp_path):
     report = (run.path / "report.md").read_text()
     decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
     assert "**slow** has the lowest median" in decision  # the faster one failed requests at that point
-    assert "fast is ranked after the candidates without failures: 2 of 30 requests failed at c=1 (http_status: 2)" \
-        in decision
+    assert (
+        "fast is ranked after the candidates without failures: 2 of 30 requests failed at c=1 "
+        "(http_status: 2)" in decision
+    )
     assert "fast wl c=1: 2 of 30 requests failed (http_status: 2)" in report  # and under Warnings
 
 
 def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):
-    run = make_run(tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager())
+    run = make_run(
+        tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager()
+    )
     write_reports(analyze(run, n_boot=100))
     html = (run.path / "report.html").read_text()
     assert "<script" not in html and " src=" not in html and "<link" not in html  # nothing fetched
@@ -134,13 +224,31 @@ def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):
     if chromium is None:
         pytest.skip("headless rendering not checked: no chromium on this machine (apt-get install chromium)")
     png = tmp_path / "report.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1200,7000",
-                    f"--screenshot={png}", (run.path / "report.html").as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--hide-scrollbars",
+            "--window-size=1200,7000",
+            f"--screenshot={png}",
+            (run.path / "report.html").as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     width, height, pixels = read_png(png.read_bytes())
-    counts = {color: count_color(pixels, color) for color in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0xFF, 0x7F, 0x0E))}
+    counts = {
+        color: count_color(pixels, color)
+        for color in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0xFF, 0x7F, 0x0E))
+    }
     # both series' colours are drawn in quantity: the plots rendered, not just the text
     assert counts[(0x1F, 0x77, 0xB4)] > 5000 and counts[(0xFF, 0x7F, 0x0E)] > 5000, counts
     assert (width, height) == (1200, 7000)
@@ -151,8 +259,8 @@ def read_png(data: bytes) -> tuple[int, int, np.ndarray]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, chunks, header = 8, [], None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -161,7 +269,9 @@ def read_png(data: bytes) -> tuple[int, int, np.ndarray]:
     width, height, depth, color_type, _, _, interlace = header
     assert depth == 8 and color_type in (2, 6) and interlace == 0
     channels = 4 if color_type == 6 else 3
-    raw = np.frombuffer(zlib.decompress(b"".join(chunks)), dtype=np.uint8).reshape(height, 1 + width * channels)
+    raw = np.frombuffer(zlib.decompress(b"".join(chunks)), dtype=np.uint8).reshape(
+        height, 1 + width * channels
+    )
     out = np.zeros((height, width * channels), dtype=np.int32)
     prev = np.zeros(width * channels, dtype=np.int32)
     for y in range(height):
@@ -216,9 +326,16 @@ def test_diff_finds_a_real_change_and_no_change_in_noise(tmp_path):
 
 
 VLLM_BENCH = {
-    "backend": "vllm", "duration": 2.0, "completed": 2, "max_concurrency": 2, "request_rate": float("inf"),
-    "input_lens": [10, 20, 30], "output_lens": [3, 4, 0], "ttfts": [0.1, 0.2, 0.0],
-    "itls": [[0.05, 0.05], [0.1], []], "errors": ["", "", "Bad Request"],
+    "backend": "vllm",
+    "duration": 2.0,
+    "completed": 2,
+    "max_concurrency": 2,
+    "request_rate": float("inf"),
+    "input_lens": [10, 20, 30],
+    "output_lens": [3, 4, 0],
+    "ttfts": [0.1, 0.2, 0.0],
+    "itls": [[0.05, 0.05], [0.1], []],
+    "errors": ["", "", "Bad Request"],
 }
 
 
@@ -226,7 +343,9 @@ def test_import_vllm_bench_by_hand(tmp_path):
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps(VLLM_BENCH))  # writes Infinity, as vllm's json.dump does
     imported = import_file(path)
-    assert imported.load_point == "c=2" and imported.duration_s == 2.0 and imported.source == "vllm bench serve"
+    assert (
+        imported.load_point == "c=2" and imported.duration_s == 2.0 and imported.source == "vllm bench serve"
+    )
     s = summarize(imported.records, {imported.run_id: _info(imported)}, n_boot=0).iloc[0]
     # r0: tokens at 0.10, 0.15, 0.20; r1: 4 tokens over 2 chunks, 2 at 0.2 and 2 at 0.3
     assert (s["requests"], s["requests_ok"], s["requests_failed"]) == (3, 2, 1)
@@ -239,24 +358,51 @@ def test_import_vllm_bench_by_hand(tmp_path):
 def _info(imported):
     from compare.metrics import PointInfo
 
-    return PointInfo(imported.workload, "imported", imported.concurrency, imported.rate, None, imported.duration_s,
-                     lag_measured=False)
+    return PointInfo(
+        imported.workload,
+        "imported",
+        imported.concurrency,
+        imported.rate,
+        None,
+        imported.duration_s,
+        lag_measured=False,
+    )
 
 
 def test_import_aiperf_and_into_a_run(tmp_path):
     def line(rid, start_ms, phase="profiling", error=None, cancelled=False):
-        return json.dumps({"metadata": {"x_request_id": rid, "request_start_ns": int(1e12 + start_ms * 1e6),
-                                        "request_end_ns": int(1e12 + (start_ms + 120) * 1e6),
-                                        "benchmark_phase": phase, "was_cancelled": cancelled},
-                           "metrics": {"time_to_first_token": {"value": 50.0, "unit": "ms"},
-                                       "inter_chunk_latency": {"value": [20.0, 30.0], "unit": "ms"},
-                                       "output_sequence_length": {"value": 3, "unit": "tokens"},
-                                       "input_sequence_length": {"value": 100, "unit": "tokens"},
-                                       "request_latency": {"value": 100.0, "unit": "ms"}},
-                           "error": error})
+        return json.dumps(
+            {
+                "metadata": {
+                    "x_request_id": rid,
+                    "request_start_ns": int(1e12 + start_ms * 1e6),
+                    "request_end_ns": int(1e12 + (start_ms + 120) * 1e6),
+                    "benchmark_phase": phase,
+                    "was_cancelled": cancelled,
+                },
+                "metrics": {
+                    "time_to_first_token": {"value": 50.0, "unit": "ms"},
+                    "inter_chunk_latency": {"value": [20.0, 30.0], "unit": "ms"},
+                    "output_sequence_length": {"value": 3, "unit": "tokens"},
+                    "input_sequence_length": {"value": 100, "unit": "tokens"},
+                    "request_latency": {"value": 100.0, "unit": "ms"},
+                },
+                "error": error,
+            }
+        )
+
     path = tmp_path / "profile_export.jsonl"
-    path.write_text("\n".join([line("w", 0, "warmup"), line("a", 1000), line("b", 1500),
-                               line("c", 2000, error={"error_message": "timeout"}), line("d", 2500, cancelled=True)]))
+    path.write_text(
+        "\n".join(
+            [
+                line("w", 0, "warmup"),
+                line("a", 1000),
+                line("b", 1500),
+                line("c", 2000, error={"error_message": "timeout"}),
+                line("d", 2500, cancelled=True),
+            ]
+        )
+    )
     imported = import_file(path, load_point="c=4")
     s = summarize(imported.records, {imported.run_id: _info(imported)}, n_boot=0).iloc[0]
     assert (s["requests"], s["requests_ok"], s["requests_failed"], s["requests_cancelled"]) == (4, 2, 1, 1)
@@ -264,8 +410,9 @@ def test_import_aiperf_and_into_a_run(tmp_path):
     assert s["ttft_p50_ms"] == pytest.approx(50) and s["e2e_p50_ms"] == pytest.approx(100)
     assert s["tpot_p50_ms"] == pytest.approx(25) and s["concurrency"] == 4
     run = make_run(tmp_path / "run", {"reference:eager": 0.05})
-    result = CliRunner().invoke(app, ["import", str(path), "--into", str(run.path), "--load-point", "c=4",
-                                      "--workload", "wl"])
+    result = CliRunner().invoke(
+        app, ["import", str(path), "--into", str(run.path), "--load-point", "c=4", "--workload", "wl"]
+    )
     assert result.exit_code == 0, result.output
     summary = pd.read_csv(run.path / "summary.csv")
     imported_row = summary[summary["backend"] == "aiperf"].iloc[0]
@@ -275,7 +422,8 @@ def test_import_aiperf_and_into_a_run(tmp_path):
 
 def test_import_real_vllm_bench_output_agrees_with_its_own_numbers():
     """A `vllm bench serve --save-result --save-detailed` file (vLLM's CPU build against our scripted server,
-    16 requests at concurrency 4; generated texts removed): TTFT, ITL and throughput read the same as vLLM's."""
+    16 requests at concurrency 4; generated texts removed): TTFT, ITL and throughput read the same as
+    vLLM's."""
     path = Path(__file__).parent / "data" / "vllm_bench_serve.json"
     data = json.loads(path.read_text())
     imported = import_file(path)
