@@ -223,18 +223,23 @@ def bootstrap_ci(
     boots = max(200, min(n_boot, max_cells // n))
     batch = max(1, min(boots, 4_000_000 // n))
     stats = {key: [] for key in keys}
-    probs = np.full(k, 1.0 / k)
     done = 0
     while done < boots:
         b = min(batch, boots - done)
-        counts = rng.multinomial(k, probs, size=b)
+        # multiplicities of k draws with replacement, per resample (one bincount over all rows at once)
+        draws = rng.integers(0, k, size=(b, k)) + (np.arange(b) * k)[:, None]
+        counts = np.bincount(draws.ravel(), minlength=b * k).reshape(b, k)
         w = counts[:, owner] if clusters is not None else counts
         total = w.sum(axis=1)
-        cw = np.cumsum(w, axis=1)
         stats["mean"].append((w @ xs) / total)
+        # each row's cumulative weights rise; lifting row r by r * (max total + 1) makes the whole array
+        # sorted, so one searchsorted finds, per row, the first value whose cumulative weight reaches q
+        lift = np.arange(b, dtype=np.int64) * (int(total.max()) + 1)
+        flat = (np.cumsum(w, axis=1) + lift[:, None]).ravel()
+        base = np.arange(b, dtype=np.int64) * n
         for q in PERCENTILES:
-            idx = np.minimum((cw < (q / 100.0) * total[:, None]).sum(axis=1), n - 1)
-            stats[f"p{q}"].append(xs[idx])
+            idx = np.searchsorted(flat, (q / 100.0) * total + lift, side="left") - base
+            stats[f"p{q}"].append(xs[np.minimum(idx, n - 1)])
         done += b
     lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
     out = {}
