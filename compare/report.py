@@ -21,7 +21,7 @@ from compare import plots
 from compare.launch import SetupReport
 from compare.metrics import summarize
 from compare.normalize import add_normalized
-from compare.select import Pick, key_of, selection, warnings
+from compare.select import Pick, break_even_rows, key_of, selection, warnings
 from compare.store import RunDir
 from workloads import timing
 from workloads.records import RequestRecord
@@ -217,6 +217,35 @@ def build_blocks(res: Results) -> list[Block]:
             ),
         )
     )
+
+    pairs = break_even_rows(res.picks, s, res.setups) if not s.empty else []
+    if pairs:
+        blocks.append(("h2", "Set-up cost against latency"))
+        blocks.append(
+            (
+                "p",
+                "For each pair of launched candidates: the one faster per request, how long each took to be "
+                "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
+                "time per request equal), with how long serving those takes at its measured rate.",
+            )
+        )
+        blocks.append(
+            (
+                "table",
+                (
+                    [
+                        "workload",
+                        "class (time per request)",
+                        "faster",
+                        "other",
+                        "ready s",
+                        "per request",
+                        "pays back",
+                    ],
+                    pairs,
+                ),
+            )
+        )
 
     blocks.append(("h2", "Results per load point"))
     blocks.append(

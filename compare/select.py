@@ -453,3 +453,38 @@ def selection(
                 f"sequences of {seq:.0f} tokens."
             )
     return picks, memory
+
+
+def break_even_rows(
+    picks: list[Pick], summary: pd.DataFrame, setups: dict[str, SetupReport]
+) -> list[list[str]]:
+    """Every pair of launched candidates, per workload and class: which one is faster per request, how much
+    longer it takes to be ready, and after how many requests (and how long at its measured rate) that pays
+    back. Rows: workload, class, faster, other, ready s (faster / other), per request (faster / other),
+    verdict."""
+    rows = []
+    for pick in picks:
+        keys = [
+            r["key"] for r in pick.ranking if setups.get(r["key"]) and setups[r["key"]].ready_s is not None
+        ]
+        for i, a in enumerate(keys):
+            for b in keys[i + 1 :]:
+                per = {k: _per_request_s(pick, summary, k) for k in (a, b)}
+                if not all(np.isfinite(v) for v in per.values()):
+                    continue
+                fast, slow = (a, b) if per[a] <= per[b] else (b, a)
+                be = break_even(setups[fast].ready_s, setups[slow].ready_s, per[fast], per[slow])
+                rows.append(
+                    [
+                        pick.workload,
+                        "interactive (median E2E)"
+                        if pick.slo_class == "interactive"
+                        else "batch (1 / requests/s)",
+                        fast,
+                        slow,
+                        f"{setups[fast].ready_s:.1f} / {setups[slow].ready_s:.1f}",
+                        f"{_fmt_s(per[fast])} / {_fmt_s(per[slow])}",
+                        "never (no faster per request)" if be.requests is None else be.verdict,
+                    ]
+                )
+    return rows

@@ -437,3 +437,16 @@ def test_import_real_vllm_bench_output_agrees_with_its_own_numbers():
     assert s["output_tok_s"] == pytest.approx(data["output_throughput"])
     # vLLM's TPOT runs to the end of the response, ours to the last token event: within 1 %
     assert s["tpot_mean_ms"] == pytest.approx(data["mean_tpot_ms"], rel=0.01)
+
+
+def test_break_even_table_for_every_launched_pair(tmp_path):
+    run = make_run(
+        tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager()
+    )
+    write_reports(analyze(run, n_boot=100))
+    report = (run.path / "report.md").read_text()
+    table = report.split("## Set-up cost against latency", 1)[1].split("## Results per load point", 1)[0]
+    interactive = next(line for line in table.splitlines() if "interactive" in line)
+    assert "| reference:graphs | reference:eager | 20.0 / 8.0 | 1.05 s / 1.24 s |" in interactive
+    assert "after 63 requests (66 s of serving)" in interactive
+    assert any("batch (1 / requests/s)" in line for line in table.splitlines())
