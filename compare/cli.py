@@ -145,6 +145,11 @@ def run(
     pin: str | None = typer.Option(
         None, help="auto (pin client and server to CPUs of their own when >= 4 CPUs) | off"
     ),
+    repeats: int | None = typer.Option(
+        None,
+        help="launch every backend this many times, in alternating order, and check that a winner wins in "
+        "each [default: 1]",
+    ),
     n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
 ) -> None:
     """Measure backends under load and write the run directory with its reports."""
@@ -178,6 +183,7 @@ def run(
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
         pin=pin,
+        repeats=repeats,
     )
     try:
         plan = build_plan(options, config)
@@ -326,16 +332,17 @@ def _measure(plan: Any, run_dir: Any) -> int:
     # from its prefix cache), and every backend gets the same prompts at the same point.
     n = plan.num_requests or 256
     points = len(plan.load_points)
+    slices = points * plan.repeats  # a running endpoint keeps its prefix cache from one repeat to the next
     workloads = []
     for i, w in enumerate(plan.workloads):
-        specs = _dataset(make_dataset, w, tokenizer, n * points, plan.seed + i)
-        workloads.append((w, [specs[k * n : (k + 1) * n] or specs for k in range(points)]))
+        specs = _dataset(make_dataset, w, tokenizer, n * slices, plan.seed + i)
+        workloads.append((w, [specs[k * n : (k + 1) * n] or specs for k in range(slices)]))
     warm_n = max(plan.warmup_count(s) for s in plan.load_points)
     warm_all = (
         make_dataset(
             "random",
             tokenizer,
-            max(warm_n, 1) * points,
+            max(warm_n, 1) * slices,
             input_len=16,
             output_len=8,
             seed=plan.seed + 999,
@@ -344,14 +351,14 @@ def _measure(plan: Any, run_dir: Any) -> int:
         if warm_n
         else []
     )
-    warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(points)]
+    warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(slices)]
 
     saved_affinity = os.sched_getaffinity(0) if client_cpus else None
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     code = EXIT_OK
     try:
-        for backend in plan.backends:
+        for repeat, backend in launch_order(plan.backends, plan.repeats):
             served = plan.served_model or plan.model
             options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
             adapter = get_adapter(backend.name, **options)
@@ -365,7 +372,7 @@ def _measure(plan: Any, run_dir: Any) -> int:
                         reference_command(model_path, port, backend.variant, served, backend.server_args),
                         f"http://127.0.0.1:{port}",
                         adapter.health_path,
-                        run_dir.log_path(backend.key),
+                        run_dir.log_path(backend.key + (f"-{repeat + 1}" if plan.repeats > 1 else "")),
                         plan.startup_timeout,
                         env=package_env(),
                         cpus=server_cpus,
@@ -375,10 +382,12 @@ def _measure(plan: Any, run_dir: Any) -> int:
                     )
                     setup = launcher.start()
                     console.print(f"{backend.key}: ready in {setup.ready_s:.1f} s")
+                    launcher.report.repeat = repeat
                 else:
                     setup = endpoint_report(
                         backend.name, backend.variant, backend.endpoint, adapter.health_path
                     )
+                    setup.repeat = repeat
                 run_dir.set_setup(setup)
                 for w, per_point in workloads:
                     for k, schedule in enumerate(plan.load_points):
@@ -391,10 +400,11 @@ def _measure(plan: Any, run_dir: Any) -> int:
                             adapter,
                             setup.url,
                             w,
-                            per_point[k],
-                            warm_specs[k],
+                            per_point[repeat * points + k],
+                            warm_specs[repeat * points + k],
                             schedule,
                             tokenizer,
+                            repeat,
                         )
                         if interrupted:
                             raise KeyboardInterrupt
@@ -415,6 +425,12 @@ def _measure(plan: Any, run_dir: Any) -> int:
         if saved_affinity:
             os.sched_setaffinity(0, saved_affinity)
     return code
+
+
+def launch_order(backends: list, repeats: int) -> list[tuple[int, Any]]:
+    """Each backend `repeats` times, every other round in reverse (A B, B A, A B, ...), so that what drifts
+    with time on the machine (other load, caches, clocks) does not favour whoever always runs second."""
+    return [(r, b) for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
 
 
 def _dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int) -> list:
@@ -440,6 +456,7 @@ def _one_point(
     warm_specs: list,
     schedule: Any,
     tokenizer: Any,
+    repeat: int = 0,
 ) -> bool:
     """Run one load point with a progress display; True when it was interrupted."""
     import uuid
@@ -448,7 +465,9 @@ def _one_point(
 
     run_id = uuid.uuid4().hex[:12]
     label = schedule.label
-    run_dir.add_point(run_id, backend.name, backend.variant, workload.label, label, schedule.describe())
+    run_dir.add_point(
+        run_id, backend.name, backend.variant, workload.label, label, schedule.describe(), repeat
+    )
     n_warm = plan.warmup_count(schedule)
     total = plan.num_requests
     columns = [
@@ -459,7 +478,13 @@ def _one_point(
         TimeElapsedColumn(),
     ]
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(f"{backend.key} {workload.label} {label}", total=total, rate="–", errors=0)
+        task = progress.add_task(
+            f"{backend.key} {workload.label} {label}"
+            + (f" (launch {repeat + 1})" if plan.repeats > 1 else ""),
+            total=total,
+            rate="–",
+            errors=0,
+        )
         started = time.perf_counter()
 
         def update(records: list) -> None:

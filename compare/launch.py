@@ -75,6 +75,8 @@ class SetupReport:
     exit_code: int | None = None
     pinned_cpus: list[int] | None = None
     pid: int | None = None
+    repeat: int = 0  # which launch of this backend (--repeats)
+    ready_runs: list[float] = field(default_factory=list)  # every launch's ready_s, when combined
 
     @property
     def key(self) -> str:

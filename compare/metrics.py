@@ -48,6 +48,7 @@ class PointInfo:
     lag_measured: bool = True  # imported results may have no scheduled times
     interrupted: bool = False
     source: str = "llm-compare"
+    repeat: int = 0  # which launch of the backend (--repeats)
 
 
 def point_info_from_label(label: str) -> PointInfo:
@@ -89,6 +90,7 @@ def request_table(
                 "variant": r.variant,
                 "workload": info.workload,
                 "load_point": r.load_point,
+                "repeat": info.repeat,
                 "warmup": r.warmup,
                 "status": status_of(r),
                 "error_kind": None if r.error_kind is None else str(r.error_kind),
@@ -121,6 +123,7 @@ def request_table(
         "variant",
         "workload",
         "load_point",
+        "repeat",
         "warmup",
         "status",
         "error_kind",

@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout": 600.0,
     "server_args": [],
     "pin": "auto",
+    "repeats": 1,
 }
 
 
@@ -122,6 +123,7 @@ class RunPlan:
     request_timeout: float = 600.0
     startup_timeout: float = 600.0
     pin: str = "auto"
+    repeats: int = 1  # launches of every backend, in alternating order (ABBA...), pooled per point
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:
@@ -148,6 +150,7 @@ class RunPlan:
             "request_timeout_s": self.request_timeout,
             "startup_timeout_s": self.startup_timeout,
             "pin": self.pin,
+            "repeats": self.repeats,
         }
 
 
@@ -353,6 +356,9 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     num_requests = int(num_requests) if num_requests not in (None, 0) else None
     if num_requests is None and duration is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
+    repeats = int(merged["repeats"])
+    if repeats < 1:
+        raise PlanError(f"repeats must be >= 1, got {repeats}")
     return RunPlan(
         backends=backends,
         workloads=workloads,
@@ -371,6 +377,7 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         request_timeout=float(merged["request_timeout"]),
         startup_timeout=float(merged["startup_timeout"]),
         pin=str(merged.get("pin") or "auto"),
+        repeats=repeats,
     )
 
 

@@ -8,6 +8,7 @@ the plots out and points to the HTML, whose plots are inline SVG.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import re
@@ -49,7 +50,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     points = run.points()
     slo = run.slo()
     config = run.manifest.get("config") or {}
-    setups = {s.key: s for s in run.setups()}
+    setups = combine_setups(run.setups())
     summary = summarize(records, points, slo, n_boot=n_boot, seed=seed)
     summary = add_normalized(
         summary,
@@ -76,6 +77,28 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         if value is not None:
             results.cold_first_token[key] = value
     return results
+
+
+def combine_setups(reports: list[SetupReport]) -> dict[str, SetupReport]:
+    """One set-up per backend key: with several launches (--repeats) the first launch's phases, the median
+    time to ready (every launch's kept in `ready_runs`) and the highest peak memory."""
+    groups: dict[str, list[SetupReport]] = {}
+    for report in reports:
+        groups.setdefault(report.key, []).append(report)
+    out = {}
+    for key, group in groups.items():
+        group.sort(key=lambda s: s.repeat)
+        first = dataclasses.replace(group[0], memory=dict(group[0].memory), notes=list(group[0].notes))
+        readies = [s.ready_s for s in group if s.ready_s is not None]
+        if len(group) > 1:
+            first.ready_runs = readies
+            first.ready_s = float(np.median(readies)) if readies else None
+            peaks = [s.memory.get("peak_rss", 0.0) for s in group]
+            if max(peaks) > 0:
+                first.memory["peak_rss"] = max(peaks)
+            first.notes += [n for s in group[1:] for n in s.notes if n not in first.notes]
+        out[key] = first
+    return out
 
 
 def write_reports(results: Results) -> None:

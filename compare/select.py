@@ -42,6 +42,7 @@ class Pick:
     ratio_hi: float = math.nan
     p_value: float = math.nan
     confidence: str = ""
+    decisive: bool = False  # the difference is significant (and held in every launch, when repeated)
     sentences: list[str] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
 
@@ -141,14 +142,64 @@ def interactive_pick(
     pick.ratio, pick.ratio_lo, pick.ratio_hi = ratio_ci(b, a, "p50", seed=seed)
     pick.p_value = mann_whitney(a, b)
     pick.confidence = _confidence(pick.ratio_lo, pick.p_value, min(a.size, b.size))
+    pick.decisive = pick.confidence in ("high confidence", "moderate confidence")
     head += (
         f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
         f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
         f"{pick.confidence}."
     )
+    a_runs = _per_launch(requests, win, lambda g: g["e2e_s"].median())
+    b_runs = _per_launch(requests, run, lambda g: g["e2e_s"].median())
+    head += " " + _launch_check(pick, {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()})
     pick.sentences.append(head)
     pick.sentences += failures
     return pick
+
+
+def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
+    """`stat` of the row's ok requests in each launch (--repeats) of its backend."""
+    mask = (
+        (requests["backend"] == _get(row, "backend"))
+        & (requests["variant"] == _get(row, "variant"))
+        & (requests["workload"] == _get(row, "workload"))
+        & (requests["load_point"] == _get(row, "load_point"))
+        & (requests["status"] == "ok")
+    )
+    return {int(r): float(stat(g)) for r, g in requests[mask].groupby("repeat")}
+
+
+def _get(row: Any, name: str) -> Any:
+    return row[name] if isinstance(row, pd.Series | dict) else getattr(row, name)
+
+
+def _throughput(group: pd.DataFrame) -> float:
+    window = group["end_s"].max() - group["send_s"].min()
+    return group["output_tokens"].sum() / window if window > 0 else math.nan
+
+
+def _launch_check(pick: Pick, ratios: dict[int, float]) -> str:
+    """Does the winner win in every launch? The intervals above cover request-to-request variation within a
+    run only; separately launched servers also differ by launch, by the order of the runs and by whatever
+    else the machine is doing, and only repeating the launches measures that. Downgrades `pick` when the
+    launches disagree."""
+    values = [ratios[r] for r in sorted(ratios) if np.isfinite(ratios[r])]
+    if len(values) < 2:
+        return (
+            "(One launch each: the interval covers request-to-request variation within this run, not "
+            "launch-to-launch variation or the order of the runs; `--repeats 2` or more alternates the order "
+            "and checks the winner in each launch.)"
+        )
+    shown = ", ".join(f"{v:.2f}x" for v in values)
+    if not pick.decisive:
+        return f"Per launch: {shown}."
+    if all(v > 1 for v in values):
+        return f"The same winner in each of {len(values)} launches ({shown})."
+    pick.decisive = False
+    pick.confidence = "not consistent across launches"
+    return (
+        f"But not in every launch ({shown}): the launches differ as much as the candidates do; treat it as "
+        "a tie."
+    )
 
 
 def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
@@ -168,7 +219,9 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
     return out
 
 
-def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float]) -> Pick:
+def throughput_pick(
+    summary: pd.DataFrame, workload: str, slo: dict[str, float], requests: pd.DataFrame | None = None
+) -> Pick:
     pick = Pick("throughput", workload)
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
@@ -222,12 +275,25 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
     pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
+    launches: dict[int, float] = {}
+    if requests is not None and not slo:
+        a_runs = _per_launch(requests, win, _throughput)
+        b_runs = _per_launch(requests, run, _throughput)
+        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
     if slo:
         pick.confidence = "a single measurement per point (no interval for goodput)"
+    elif len(launches) >= 2:
+        pick.decisive = all(v > 1 for v in launches.values())
+        pick.confidence = (
+            f"ahead in each of {len(launches)} launches"
+            if pick.decisive
+            else "not ahead in every launch: a tie"
+        )
     elif np.isfinite(win.get("output_tok_s_lo", np.nan)) and np.isfinite(run.get("output_tok_s_hi", np.nan)):
+        pick.decisive = bool(win["output_tok_s_lo"] > run["output_tok_s_hi"])
         pick.confidence = (
             "high confidence: the rate intervals do not overlap"
-            if win["output_tok_s_lo"] > run["output_tok_s_hi"]
+            if pick.decisive
             else "low confidence: the rate intervals overlap"
         )
     else:
@@ -239,6 +305,12 @@ def throughput_pick(summary: pd.DataFrame, workload: str, slo: dict[str, float])
             f", {pick.ratio:.2f}x {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: "
             f"{pick.confidence}."
         )
+        if len(launches) >= 2:
+            head += " Per launch: " + ", ".join(f"{launches[r]:.2f}x" for r in sorted(launches)) + "."
+        elif not slo:
+            decisive = pick.decisive
+            head += " " + _launch_check(pick, launches)
+            pick.decisive = decisive
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
@@ -299,6 +371,11 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
             f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times."
         )
         return out
+    if not pick.decisive:
+        out.append(
+            f"The difference from {pick.runner_up} is not established, so no set-up cost is paid back."
+        )
+        return out
     per_win, per_run = (
         _per_request_s(pick, summary, pick.winner),
         _per_request_s(pick, summary, pick.runner_up),
@@ -350,6 +427,9 @@ def describe_setup(setup: SetupReport | None) -> str:
     if setup.launcher == "endpoint":
         return "a running endpoint (set-up not measured)"
     parts = [f"ready in {setup.ready_s:.1f} s" if setup.ready_s is not None else "never became ready"]
+    if len(setup.ready_runs) > 1:
+        runs = ", ".join(f"{r:.1f}" for r in setup.ready_runs)
+        parts[0] += f" (median of {len(setup.ready_runs)} launches: {runs} s)"
     phases = [p for p in setup.phases if p.seconds >= 0.05 and p.name != "server_ready"]
     if phases:
         parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
@@ -434,7 +514,7 @@ def selection(
     for workload in dict.fromkeys(summary["workload"]):
         for pick in (
             interactive_pick(summary, requests, workload, slo, seed),
-            throughput_pick(summary, workload, slo),
+            throughput_pick(summary, workload, slo, requests),
         ):
             extra = setup_sentences(pick, summary, setups)
             if pick.winner in described and extra:  # its set-up was described already

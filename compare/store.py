@@ -173,6 +173,7 @@ class RunDir:
         workload: str,
         load_point: str,
         schedule: dict[str, Any],
+        repeat: int = 0,
     ) -> None:
         self.manifest.setdefault("points", []).append(
             {
@@ -182,6 +183,7 @@ class RunDir:
                 "workload": workload,
                 "load_point": load_point,
                 "schedule": schedule,
+                "repeat": repeat,
             }
         )
         self.save()
@@ -190,7 +192,11 @@ class RunDir:
         setups = [
             s
             for s in self.manifest.get("setups", [])
-            if not (s["backend"] == report.backend and s["variant"] == report.variant)
+            if not (
+                s["backend"] == report.backend
+                and s["variant"] == report.variant
+                and s.get("repeat", 0) == report.repeat
+            )
         ]
         setups.append(report.to_dict())
         self.manifest["setups"] = setups
@@ -220,7 +226,7 @@ class RunDir:
         for p in self.manifest.get("points", []):
             sched = p.get("schedule") or {}
             summary = summaries.get(p["run_id"])
-            out[p["run_id"]] = _point(p.get("workload", ""), sched, summary)
+            out[p["run_id"]] = _point(p.get("workload", ""), sched, summary, int(p.get("repeat", 0)))
         for rid, summary in summaries.items():
             if rid not in out:
                 out[rid] = _point("", summary.schedule, summary)
@@ -244,7 +250,7 @@ class RunDir:
         summary.to_parquet(self.path / SUMMARY_PARQUET, index=False)
 
 
-def _point(workload: str, sched: dict[str, Any], summary: RunSummary | None) -> PointInfo:
+def _point(workload: str, sched: dict[str, Any], summary: RunSummary | None, repeat: int = 0) -> PointInfo:
     kind = sched.get("kind", "")
     rate = sched.get("rate") if kind in ("open", "trace") else None
     if summary is not None and summary.offered_rate is not None:
@@ -256,4 +262,5 @@ def _point(workload: str, sched: dict[str, Any], summary: RunSummary | None) -> 
         rate=rate,
         arrival=sched.get("arrival"),
         interrupted=bool(summary.interrupted) if summary is not None else False,
+        repeat=repeat,
     )

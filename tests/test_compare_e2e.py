@@ -256,3 +256,57 @@ def test_interrupt_mid_load_leaves_a_partial_report_and_stops_the_server(llama_d
     report = (out / "report.md").read_text()
     assert "**interrupted**" in report and "partial" in report and "cancelled" in report
     assert (out / "report.html").stat().st_size > 1000
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_two_launched_variants_on_cpu_get_setup_reports_and_an_honest_note(llama_dir, tmp_path):
+    """reference:graphs against reference:eager on a CPU, each launched twice in alternating order: both run
+    eager, and the report says so rather than crediting graphs; every launch's set-up is measured, and the
+    winner is checked launch by launch."""
+    out = tmp_path / "run"
+    run_compare(
+        "run",
+        "--backends",
+        "reference:graphs,reference:eager",
+        "--model",
+        str(llama_dir),
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "10",
+        "--input-len",
+        "16",
+        "--output-len",
+        "16",
+        "--repeats",
+        "2",
+        "--n-boot",
+        "200",
+        "--out",
+        str(out),
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    launches = [(s["variant"], s["repeat"]) for s in manifest["setups"]]
+    assert sorted(launches) == [("eager", 0), ("eager", 1), ("graphs", 0), ("graphs", 1)]
+    assert all(s["ready_s"] > 0 and s["exit_code"] == 0 for s in manifest["setups"])
+    eager = next(s for s in manifest["setups"] if s["variant"] == "eager")
+    graphs = next(s for s in manifest["setups"] if s["variant"] == "graphs")
+    assert "--enforce-eager" in eager["command"] and "--enforce-eager" not in graphs["command"]
+    assert len(list((out / "logs").glob("*.log"))) == 4
+    # the order alternates: graphs, eager, then eager, graphs
+    order = [(p["repeat"], p["variant"]) for p in manifest["points"]]
+    assert order == [(0, "graphs"), (0, "eager"), (1, "eager"), (1, "graphs")]
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["runs"]) == [2, 2] and list(summary["requests_ok"]) == [20, 20]
+    report = (out / "report.md").read_text()
+    assert (
+        "every variant runs eager (reference:graphs included), so a difference between its variants is noise"
+        in (report)
+    )
+    assert "## Set-up cost against latency" in report and "median of 2 launches" in report
+    decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
+    assert "reference:graphs" in decision and "reference:eager" in decision and "Mann-Whitney" in decision
+    assert (
+        "launch" in decision.split("**Throughput / batch**")[0]
+    )  # the interactive pick is checked per launch

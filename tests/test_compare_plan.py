@@ -56,6 +56,7 @@ def test_backends_variants_and_endpoints():
         ({"concurrency": "0"}, "concurrency"),
         ({"concurrency": "a,b"}, "numbers"),
         ({"dataset": "sharegpt"}, "--dataset-path"),
+        ({"repeats": 0}, "repeats"),
     ],
 )
 def test_plan_errors_are_clear(options, message):

@@ -450,3 +450,46 @@ def test_break_even_table_for_every_launched_pair(tmp_path):
     assert "| reference:graphs | reference:eager | 20.0 / 8.0 | 1.05 s / 1.24 s |" in interactive
     assert "after 63 requests (66 s of serving)" in interactive
     assert any("batch (1 / requests/s)" in line for line in table.splitlines())
+
+
+def test_a_winner_that_loses_one_launch_is_called_a_tie(tmp_path):
+    """Pooled over two launches A looks clearly faster (it is, by far, in the first), but B wins the second:
+    the launch check must overrule the within-run test, and no set-up is said to pay back."""
+    run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
+    tpots = {"a": (0.04, 0.06), "b": (0.08, 0.05)}  # E2E 0.86 / 1.24 s against 1.62 / 1.05 s
+    with RecordWriter(run.requests_path) as writer:
+        for repeat in (0, 1):
+            for backend, per_launch in tpots.items():
+                run_id = f"{backend}-{repeat}"
+                run.add_point(run_id, backend, "", "wl", "c=1", {"kind": "closed", "concurrency": 1}, repeat)
+                for record in requests_for(backend, "", run_id, "c=1", 30, per_launch[repeat]):
+                    writer.append(record)
+    for backend, ready in (("a", 30.0), ("b", 10.0)):
+        for repeat in (0, 1):
+            run.set_setup(
+                SetupReport(backend, "", "process", "http://x", ready_s=ready + repeat, repeat=repeat)
+            )
+    results = analyze(run, n_boot=200)
+    interactive = results.picks[0]
+    assert interactive.winner == "a" and interactive.p_value < 0.01
+    assert interactive.confidence == "not consistent across launches" and not interactive.decisive
+    text = " ".join(interactive.sentences)
+    assert "But not in every launch (1.88x, 0.85x)" in text and "treat it as a tie" in text
+    assert "no set-up cost is paid back" in text
+    assert "ready in 30.5 s (median of 2 launches: 30.0, 31.0 s)" in text
+
+
+def test_launch_order_alternates():
+    from compare.cli import launch_order
+
+    assert [(r, b) for r, b in launch_order(["A", "B", "C"], 3)] == [
+        (0, "A"),
+        (0, "B"),
+        (0, "C"),
+        (1, "C"),
+        (1, "B"),
+        (1, "A"),
+        (2, "A"),
+        (2, "B"),
+        (2, "C"),
+    ]
