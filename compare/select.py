@@ -3,9 +3,13 @@ what confidence, and what it costs to set up, in plain sentences generated from 
 
 - interactive: the lowest median E2E at the lowest load point every candidate ran (with SLOs: the highest
   share of requests meeting them first); confidence from a bootstrap interval of the ratio of medians and
-  a Mann-Whitney test on the per-request E2E samples.
+  a Mann-Whitney test on the per-request E2E samples, then launch by launch (`--repeats`): a winner that
+  loses one launch is a tie.
 - throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
-  confidence from whether the winners' rate intervals (token rate over time slices) overlap.
+  confidence launch by launch when repeated, else from whether the rate intervals (token rate over time
+  slices) overlap.
+
+Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
 A candidate with failed requests at the compared point cannot win while one without failures exists, and
 every failure is named. Token-count mismatches, open-loop client lag, outputs cut short and interrupted
