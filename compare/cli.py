@@ -1,16 +1,39 @@
-"""The `compare` command line."""
+"""The `compare` command line: run a comparison, rebuild its reports, diff two runs, import other tools'
+results.
+
+    compare run                                   # the embedded default: reference engine, built-in model
+    compare run --backends vllm,tgi --endpoint vllm=http://127.0.0.1:8000 --endpoint tgi=http://127.0.0.1:8080
+    compare report runs/20250101-120000
+    compare diff runs/A runs/B
+    compare import result.json --into runs/A
+
+Exit codes of `run`: 0 every load point ran; 1 a backend could not be started or reached, or no request
+succeeded; 2 the options are wrong; 130 interrupted (Ctrl-C or SIGTERM; a partial report is written).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
+import signal
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
-console = Console()
+app = typer.Typer(
+    add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0], rich_markup_mode=None
+)  # help texts show [default: ...] and a:b:c literally
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -18,6 +41,7 @@ DEMO_PROMPTS = [
     "Explain in one sentence why batching helps LLM serving.",
     "List three prime numbers.",
 ]
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 @app.command()
@@ -36,8 +60,14 @@ def demo(
     prompts = []
     for text in DEMO_PROMPTS:
         if getattr(tok, "chat_template", None):
-            prompts.append(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False))
+            prompts.append(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": text}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                )
+            )
         else:
             prompts.append(tok.encode(text))
     start = time.perf_counter()
@@ -45,12 +75,630 @@ def demo(
     elapsed = time.perf_counter() - start
     table = Table("prompt", "answer", "tokens", "finish")
     for text, out in zip(DEMO_PROMPTS, outs, strict=True):
-        table.add_row(text, tok.decode(out.token_ids, skip_special_tokens=True), str(len(out.token_ids)),
-                      out.finish_reason or "")
+        table.add_row(
+            text,
+            tok.decode(out.token_ids, skip_special_tokens=True),
+            str(len(out.token_ids)),
+            out.finish_reason or "",
+        )
     console.print(table)
     n = sum(len(o.token_ids) for o in outs)
-    console.print(f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
-                  f"set-up {engine.setup.phases['total']:.2f} s")
+    console.print(
+        f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
+        f"set-up {engine.setup.phases['total']:.2f} s"
+    )
+
+
+# -- compare run --------------------------------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="YAML run file (matrices of backends, variants, load points, workloads)"
+        ),
+    ] = None,
+    backends: str | None = typer.Option(
+        None, help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]"
+    ),
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=URL of a running server (repeat); backends "
+            "without one are launched (reference only, for now)"
+        ),
+    ] = None,
+    model: str | None = typer.Option(
+        None, help="checkpoint dir, hub id or built-in name [default: smollm2-135m]"
+    ),
+    tokenizer: str | None = typer.Option(
+        None, help="tokenizer for token-exact prompts [default: the model's]"
+    ),
+    served_model: str | None = typer.Option(None, help="model name sent in requests [default: --model]"),
+    dataset: str | None = typer.Option(None, help="random | fixed | sharegpt | jsonl [default: random]"),
+    dataset_path: str | None = typer.Option(None, help="file for sharegpt / jsonl"),
+    input_len: str | None = typer.Option(
+        None, help="random: N or uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA [default: 128]"
+    ),
+    output_len: str | None = typer.Option(None, help="random: output length, same forms [default: 32]"),
+    concurrency: str | None = typer.Option(None, help="closed-loop load points, e.g. 1,8,32 [default: 1,4]"),
+    rate: str | None = typer.Option(None, help="open-loop load points in requests/s, e.g. 2,8"),
+    arrival: str | None = typer.Option(None, help="open loop: poisson | gamma | constant [default: poisson]"),
+    burstiness: float | None = typer.Option(None, help="gamma arrival shape (<1 burstier) [default: 1]"),
+    max_concurrency: int | None = typer.Option(None, help="open loop: cap on requests in flight"),
+    num_requests: int | None = typer.Option(None, help="measured requests per load point [default: 16]"),
+    duration: str | None = typer.Option(None, help="bound per load point, e.g. 60s [default: 30s]"),
+    warmup: int | None = typer.Option(None, help="warm-up requests per load point [default: one per stream]"),
+    slo: str | None = typer.Option(None, help="e.g. ttft=200ms,tpot=50ms,e2e=2s (goodput)"),
+    seed: int | None = typer.Option(None, help="dataset and arrival seed [default: 0]"),
+    out: Annotated[Path | None, typer.Option(help="run directory [default: runs/<timestamp>]")] = None,
+    gpu_price: float | None = typer.Option(None, help="price per GPU-hour, for cost per 1M output tokens"),
+    mem_bandwidth: float | None = typer.Option(None, help="memory bandwidth in GB/s, for the roofline"),
+    model_bytes: float | None = typer.Option(None, help="bytes of weights a decode step reads (roofline)"),
+    server_args: str | None = typer.Option(None, help="extra arguments for launched servers, one string"),
+    startup_timeout: float | None = typer.Option(
+        None, help="seconds a launched server may take [default: 600]"
+    ),
+    request_timeout: float | None = typer.Option(None, help="seconds one request may take [default: 600]"),
+    pin: str | None = typer.Option(
+        None, help="auto (pin client and server to CPUs of their own when >= 4 CPUs) | off"
+    ),
+    repeats: int | None = typer.Option(
+        None,
+        help="launch every backend this many times, in alternating order, and check that a winner wins in "
+        "each [default: 1]",
+    ),
+    n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
+) -> None:
+    """Measure backends under load and write the run directory with its reports."""
+    from compare.plan import PlanError, build_plan
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    options = dict(
+        backends=backends,
+        endpoints=endpoint,
+        model=model,
+        tokenizer=tokenizer,
+        served_model=served_model,
+        dataset=dataset,
+        dataset_path=dataset_path,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        rate=rate,
+        arrival=arrival,
+        burstiness=burstiness,
+        max_concurrency=max_concurrency,
+        num_requests=num_requests,
+        duration=duration,
+        warmup=warmup,
+        slo=slo,
+        seed=seed,
+        gpu_price=gpu_price,
+        mem_bandwidth_gbs=mem_bandwidth,
+        model_bytes=model_bytes,
+        server_args=server_args,
+        startup_timeout=startup_timeout,
+        request_timeout=request_timeout,
+        pin=pin,
+        repeats=repeats,
+    )
+    try:
+        plan = build_plan(options, config)
+    except PlanError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    try:
+        code = execute(plan, out, n_boot)
+    except FileExistsError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = EXIT_USAGE
+    raise typer.Exit(code)
+
+
+def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
+    from compare.store import RunDir, default_run_dir
+
+    run_dir = RunDir.create(out or default_run_dir(), plan.describe(), ["compare", *sys.argv[1:]])
+    console.print(f"run directory: [bold]{run_dir.path}[/bold]")
+    code = EXIT_OK
+    with _sigterm_as_sigint():
+        try:
+            code = _measure(plan, run_dir)
+        except KeyboardInterrupt:
+            code = EXIT_INTERRUPTED
+        except Exception as exc:  # the run failed; report what was measured and say why
+            run_dir.manifest["notes"].append(f"failed: {type(exc).__name__}: {exc}")
+            console.print(f"[red]error:[/red] {exc}")
+            code = EXIT_FAILED
+    run_dir.manifest["status"] = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+    run_dir.save()
+    if code == EXIT_INTERRUPTED:
+        console.print("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
+    try:
+        with _sigint_ignored():
+            results = _report(run_dir, n_boot, plan.seed)
+    except Exception as exc:
+        console.print(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    if code == EXIT_OK and (results.summary.empty or results.summary["requests_ok"].sum() == 0):
+        code = EXIT_FAILED
+    return code
+
+
+@contextlib.contextmanager
+def _sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM takes the Ctrl-C path: in-flight requests recorded as cancelled, servers stopped, partial
+    report."""
+
+    def handler(_signum: int, _frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """While the (partial) report is written, a second Ctrl-C must not leave it half-written."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _resolve_model(model: str) -> str:
+    from reference_engine.builtin_models import BUILTIN_MODELS, builtin_checkpoint
+
+    if model in BUILTIN_MODELS:
+        console.print(f"built-in model {model}: preparing the checkpoint (converted once, then cached)")
+        return str(builtin_checkpoint(model))
+    return model
+
+
+def _load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if name.startswith("random:"):  # random weights of a named shape: the server's synthetic tokenizer
+        from reference_engine.loader import resolve_model
+        from reference_engine.tokenizer import synthetic_tokenizer
+
+        return synthetic_tokenizer(resolve_model(name).spec)
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        raise RuntimeError(
+            f"cannot load the tokenizer {name!r} (give --tokenizer a local directory): {exc}"
+        ) from exc
+
+
+def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if plan.pin == "off":
+        return None, None, f"off (asked); {len(cpus)} CPUs shared by client and servers"
+    if len(cpus) < 4:
+        return (
+            None,
+            None,
+            (
+                f"none: only {len(cpus)} CPUs, too few to give the client and the servers CPUs of "
+                "their own; they share them"
+            ),
+        )
+    return (
+        {cpus[-1]},
+        set(cpus[:-1]),
+        f"client on CPU {cpus[-1]}, launched servers on CPUs {cpus[0]}-{cpus[-2]}",
+    )
+
+
+def _measure(plan: Any, run_dir: Any) -> int:
+    from adapters import get_adapter
+    from compare.launch import (
+        LaunchError,
+        ProcessLauncher,
+        endpoint_report,
+        free_port,
+        package_env,
+        reference_command,
+    )
+    from workloads.datasets import make_dataset
+    from workloads.loadgen import Timeouts, run_load_sync
+
+    launched = [b for b in plan.backends if b.launched]
+    model_path = _resolve_model(plan.model) if (launched or plan.tokenizer is None) else plan.model
+    tok_name = plan.tokenizer or model_path
+    tokenizer = _load_tokenizer(_resolve_model(tok_name) if tok_name == plan.model else tok_name)
+    client_cpus, server_cpus, pin_note = _pinning(plan)
+    run_dir.manifest["pinning"] = pin_note
+    run_dir.manifest["model_path"] = model_path
+    run_dir.save()
+
+    # Each load point gets prompts of its own (one backend's server would otherwise answer a later point
+    # from its prefix cache), and every backend gets the same prompts at the same point.
+    n = plan.num_requests or 256
+    points = len(plan.load_points)
+    slices = points * plan.repeats  # a running endpoint keeps its prefix cache from one repeat to the next
+    workloads = []
+    for i, w in enumerate(plan.workloads):
+        specs = _dataset(make_dataset, w, tokenizer, n * slices, plan.seed + i)
+        workloads.append((w, [specs[k * n : (k + 1) * n] or specs for k in range(slices)]))
+    warm_n = max(plan.warmup_count(s) for s in plan.load_points)
+    warm_all = (
+        make_dataset(
+            "random",
+            tokenizer,
+            max(warm_n, 1) * slices,
+            input_len=16,
+            output_len=8,
+            seed=plan.seed + 999,
+            id_prefix="warmup",
+        )
+        if warm_n
+        else []
+    )
+    warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(slices)]
+
+    saved_affinity = os.sched_getaffinity(0) if client_cpus else None
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    code = EXIT_OK
+    try:
+        for repeat, backend in launch_order(plan.backends, plan.repeats):
+            served = plan.served_model or plan.model
+            options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
+            adapter = get_adapter(backend.name, **options)
+            launcher = None
+            try:
+                if backend.launched:
+                    port = free_port()
+                    launcher = ProcessLauncher(
+                        backend.name,
+                        backend.variant,
+                        reference_command(model_path, port, backend.variant, served, backend.server_args),
+                        f"http://127.0.0.1:{port}",
+                        adapter.health_path,
+                        run_dir.log_path(backend.key + (f"-{repeat + 1}" if plan.repeats > 1 else "")),
+                        plan.startup_timeout,
+                        env=package_env(),
+                        cpus=server_cpus,
+                    )
+                    console.print(
+                        f"[bold]{backend.key}[/bold]: starting the server (log: {launcher.log_path})"
+                    )
+                    setup = launcher.start()
+                    console.print(f"{backend.key}: ready in {setup.ready_s:.1f} s")
+                    launcher.report.repeat = repeat
+                else:
+                    setup = endpoint_report(
+                        backend.name, backend.variant, backend.endpoint, adapter.health_path
+                    )
+                    setup.repeat = repeat
+                run_dir.set_setup(setup)
+                for w, per_point in workloads:
+                    for k, schedule in enumerate(plan.load_points):
+                        interrupted = _one_point(
+                            run_load_sync,
+                            Timeouts,
+                            run_dir,
+                            plan,
+                            backend,
+                            adapter,
+                            setup.url,
+                            w,
+                            per_point[repeat * points + k],
+                            warm_specs[repeat * points + k],
+                            schedule,
+                            tokenizer,
+                            repeat,
+                        )
+                        if interrupted:
+                            raise KeyboardInterrupt
+            except LaunchError as exc:
+                console.print(
+                    f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:"
+                    f"[/red] {exc}"
+                )
+                run_dir.manifest["notes"].append(
+                    str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
+                )
+                code = EXIT_FAILED
+            finally:
+                if launcher is not None:
+                    launcher.stop()
+                    run_dir.set_setup(launcher.report)
+    finally:
+        if saved_affinity:
+            os.sched_setaffinity(0, saved_affinity)
+    return code
+
+
+def launch_order(backends: list, repeats: int) -> list[tuple[int, Any]]:
+    """Each backend `repeats` times, every other round in reverse (A B, B A, A B, ...), so that what drifts
+    with time on the machine (other load, caches, clocks) does not favour whoever always runs second."""
+    return [(r, b) for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
+
+
+def _dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int) -> list:
+    if w.dataset == "random":
+        return make_dataset("random", tokenizer, n, input_len=w.input_len, output_len=w.output_len, seed=seed)
+    if w.dataset == "fixed":
+        return make_dataset("fixed", tokenizer, n, seed=seed)
+    if w.dataset == "sharegpt":
+        return make_dataset("sharegpt", w.path, tokenizer, n=n, seed=seed)
+    return make_dataset("jsonl", w.path, tokenizer, output_tokens=int(w.output_len))
+
+
+def _one_point(
+    run_load_sync: Any,
+    timeouts_cls: Any,
+    run_dir: Any,
+    plan: Any,
+    backend: Any,
+    adapter: Any,
+    url: str,
+    workload: Any,
+    specs: list,
+    warm_specs: list,
+    schedule: Any,
+    tokenizer: Any,
+    repeat: int = 0,
+) -> bool:
+    """Run one load point with a progress display; True when it was interrupted."""
+    import uuid
+
+    from workloads.records import read_run_summaries
+
+    run_id = uuid.uuid4().hex[:12]
+    label = schedule.label
+    run_dir.add_point(
+        run_id, backend.name, backend.variant, workload.label, label, schedule.describe(), repeat
+    )
+    n_warm = plan.warmup_count(schedule)
+    total = plan.num_requests
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(
+            f"{backend.key} {workload.label} {label}"
+            + (f" (launch {repeat + 1})" if plan.repeats > 1 else ""),
+            total=total,
+            rate="–",
+            errors=0,
+        )
+        started = time.perf_counter()
+
+        def update(records: list) -> None:
+            measured = [r for r in records if not r.warmup]
+            now = time.perf_counter()
+            recent = sum(
+                r.output_tokens
+                for r in measured[-500:]
+                if r.end_s is not None and now - (r.t0_monotonic + r.end_s) <= 5.0
+            )
+            window = min(5.0, max(now - started, 1e-3))
+            errors = sum(1 for r in measured if r.error_kind is not None)
+            progress.update(task, completed=len(measured), rate=f"{recent / window:,.1f}", errors=errors)
+
+        run_load_sync(
+            url,
+            adapter,
+            specs,
+            schedule,
+            output_path=run_dir.requests_path,
+            summary_path=run_dir.runs_path,
+            warmup_specs=warm_specs[:n_warm],
+            backend=backend.name,
+            variant=backend.variant,
+            load_point=label,
+            timeouts=timeouts_cls(request_s=plan.request_timeout),
+            max_requests=plan.num_requests,
+            max_duration_s=plan.duration,
+            tokenizer=tokenizer,
+            progress=update,
+            progress_interval_s=0.5,
+            run_id=run_id,
+        )
+    summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
+    return bool(summaries and summaries[-1].interrupted)
+
+
+def _report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
+    from compare.report import analyze, write_reports
+
+    results = analyze(run_dir, n_boot=n_boot, seed=seed)
+    write_reports(results)
+    print_summary(results)
+    console.print(
+        f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
+        f"{run_dir.path / 'summary.csv'}"
+    )
+    return results
+
+
+def _ms(value: Any) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:,.1f}"
+
+
+def print_summary(results: Any) -> None:
+    s = results.summary
+    if s.empty:
+        console.print("no measured requests")
+        for w in results.warnings:
+            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        return
+    table = Table(
+        "backend",
+        "workload",
+        "load",
+        "ok/fail/canc",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p50",
+        "out tok/s",
+        "goodput/s",
+        title="summary (ms; n = ok requests)",
+    )
+    for _, r in s.iterrows():
+        key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
+        table.add_row(
+            key,
+            r["workload"],
+            r["load_point"],
+            f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
+            _ms(r["ttft_p50_ms"]),
+            _ms(r["ttft_p99_ms"]),
+            _ms(r["tpot_p50_ms"]),
+            _ms(r["tpot_p99_ms"]),
+            _ms(r["e2e_p50_ms"]),
+            _ms(r["output_tok_s"]),
+            _ms(r["goodput_rps"]),
+        )
+    console.print(table)
+    for pick in results.picks:
+        for sentence in pick.sentences:
+            console.print(sentence.replace("**", ""), highlight=False)
+    for w in results.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+
+# -- compare report / diff / import ------------------------------------------------------------------------
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory written by `compare run`")],
+    n_boot: int = typer.Option(1000, help="bootstrap resamples"),
+) -> None:
+    """Rebuild summary.csv, summary.parquet, report.md and report.html from a run directory."""
+    from compare.store import RunDir
+
+    try:
+        run = RunDir.open(run_dir)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    _report(run, n_boot, (run.manifest.get("config") or {}).get("seed", 0))
+
+
+@app.command()
+def diff(
+    run_a: Annotated[Path, typer.Argument(help="baseline run directory")],
+    run_b: Annotated[Path, typer.Argument(help="run directory to compare with it")],
+    alpha: float = typer.Option(0.05, help="significance level (Holm-corrected over all comparisons)"),
+    out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None,
+) -> None:
+    """Compare two runs point by point: change in each latency median, its interval, and whether it is
+    significant (Mann-Whitney U, Holm-corrected), plus the change in throughput."""
+    from compare.diff import diff_runs, to_markdown
+    from compare.store import RunDir
+
+    try:
+        a, b = RunDir.open(run_a), RunDir.open(run_b)
+        table = diff_runs(a, b, alpha)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    show = Table(
+        "point (A -> B)",
+        "metric",
+        "A p50",
+        "B p50",
+        "change",
+        "95% CI of B/A",
+        "p (Holm)",
+        "verdict",
+        title=f"{run_a} -> {run_b}",
+    )
+    for _, r in table.iterrows():
+        show.add_row(
+            r["point"],
+            r["metric"],
+            _ms(r["a"]),
+            _ms(r["b"]),
+            _pct(r["change"]),
+            f"{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}" if np.isfinite(r["ratio_lo"]) else "–",
+            f"{r['p_holm']:.3g}" if np.isfinite(r["p_holm"]) else "–",
+            r["verdict"],
+        )
+    console.print(show)
+    if out is not None:
+        out.write_text(to_markdown(table, str(run_a), str(run_b)), encoding="utf-8")
+        console.print(f"written: {out}")
+
+
+def _pct(value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:+.1%}"
+
+
+@app.command("import")
+def import_(
+    files: Annotated[
+        list[Path], typer.Argument(help="vllm bench serve result JSON or AIPerf profile_export.jsonl")
+    ],
+    fmt: str = typer.Option("auto", "--format", help="auto | vllm-bench | aiperf"),
+    into: Annotated[Path | None, typer.Option(help="an existing run directory to add the results to")] = None,
+    out: Annotated[Path | None, typer.Option(help="a new run directory for the results")] = None,
+    backend: str | None = typer.Option(None, help="backend label [default: vllm-bench / aiperf]"),
+    variant: str | None = typer.Option(None, help="variant label"),
+    workload: str = typer.Option("", help="workload label (match ours to sit in the same tables)"),
+    load_point: str | None = typer.Option(None, help="load point label, e.g. c=8"),
+) -> None:
+    """Read other tools' per-request results into a run directory's tables, beside ours."""
+    from compare.importers import ImportFormatError, import_file
+    from compare.store import IMPORTED, RunDir
+    from workloads.records import RecordWriter
+
+    if (into is None) == (out is None):
+        console.print("[red]error:[/red] give exactly one of --into RUN_DIR and --out NEW_DIR")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        run = RunDir.open(into) if into is not None else RunDir.create(out, {}, ["compare", *sys.argv[1:]])
+        if out is not None:
+            run.manifest["status"] = "imported"
+        for file in files:
+            imported = import_file(
+                file, fmt, backend=backend, variant=variant, workload=workload, load_point=load_point
+            )
+            target = run.path / IMPORTED / f"{file.stem}.jsonl"
+            if target.exists():
+                target.unlink()
+            with RecordWriter(target) as writer:
+                for record in imported.records:
+                    writer.append(record)
+            entries = [e for e in run.manifest.get("imported", []) if e["run_id"] != imported.run_id]
+            run.manifest["imported"] = [*entries, imported.manifest_entry()]
+            run.save()
+            console.print(
+                f"{file}: {len(imported.records)} requests from {imported.source} as "
+                f"{imported.backend}{':' + imported.variant if imported.variant else ''} "
+                f"{imported.load_point}"
+            )
+    except (FileNotFoundError, FileExistsError, ImportFormatError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    _report(run, 1000)
 
 
 def main() -> None:

@@ -1,0 +1,566 @@
+"""Every metric of a run, computed from the request records with the declared definitions
+(`workloads.timing`).
+
+`request_table` is one row per request (TTFT, TPOT, E2E and client lag straight from `workloads.timing`);
+`itl_table` holds every inter-token gap (an event with k tokens gives k gaps of gap/k, as `timing.itl`, but
+computed for all records at once). `summarize` aggregates per (backend, variant, workload, load point):
+
+- counts: measured requests ok / failed / cancelled (warm-up requests are never counted);
+- latency (ok requests only): n, mean, std (sample), p50/p90/p95/p99 (numpy's linear interpolation), each
+  mean and percentile with a 95 % bootstrap interval (ITL resamples whole requests, since gaps of one
+  request are not independent);
+- throughput over the measured window (first send to last end of the point's measured requests): input and
+  output tokens/s and requests/s of ok requests; goodput = ok requests meeting every SLO given, per second;
+- offered against achieved send rate and client lag (send minus scheduled time), token-count mismatches and
+  outputs shorter than a forced length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workloads import timing
+from workloads.records import ErrorKind, RequestRecord
+
+GROUP_KEYS = ["backend", "variant", "workload", "load_point"]
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+PERCENTILES = (50, 90, 95, 99)
+CI_LEVEL = 0.95
+N_BOOT = 1000
+
+
+@dataclass(frozen=True)
+class PointInfo:
+    """What the comparator knows about one load point run (a `run_id`) beyond its records."""
+
+    workload: str = ""
+    mode: str = ""  # closed | open | trace | imported
+    concurrency: int | None = None
+    rate: float | None = None  # offered requests/s (open loop, trace)
+    arrival: str | None = None
+    duration_s: float | None = None  # imported results: the other tool's own benchmark duration
+    lag_measured: bool = True  # imported results may have no scheduled times
+    interrupted: bool = False
+    source: str = "llm-compare"
+    repeat: int = 0  # which launch of the backend (--repeats)
+
+
+def point_info_from_label(label: str) -> PointInfo:
+    """Fallback when a run has no summary: read the load point label (`c=8`, `r=2`, `wl/c=8`)."""
+    workload, _, sched = label.rpartition("/")
+    if sched.startswith("c="):
+        return PointInfo(workload, "closed", concurrency=int(float(sched[2:])))
+    if sched.startswith("r="):
+        return PointInfo(workload, "open", rate=float(sched[2:]))
+    return PointInfo(workload)
+
+
+# -- per request ------------------------------------------------------------------------------------------
+
+
+def status_of(record: RequestRecord) -> str:
+    if record.error_kind is None:
+        return "ok"
+    return "cancelled" if record.error_kind == ErrorKind.CANCELLED else "failed"
+
+
+def request_table(
+    records: Iterable[RequestRecord], points: Mapping[str, PointInfo] | None = None
+) -> pd.DataFrame:
+    """One row per request with its metrics in seconds (NaN where the record has no such time)."""
+    points = points or {}
+    rows = []
+    for r in records:
+        info = points.get(r.run_id) or point_info_from_label(r.load_point)
+        first = timing.ttft(r)
+        last = timing.e2e(r)
+        per_token = timing.tpot(r)
+        lag = timing.client_lag(r) if info.lag_measured else None
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "request_id": r.request_id,
+                "backend": r.backend,
+                "variant": r.variant,
+                "workload": info.workload,
+                "load_point": r.load_point,
+                "repeat": info.repeat,
+                "warmup": r.warmup,
+                "status": status_of(r),
+                "error_kind": None if r.error_kind is None else str(r.error_kind),
+                "prompt_tokens": r.prompt_tokens,
+                "input_tokens": r.usage_prompt_tokens
+                if r.usage_prompt_tokens is not None
+                else r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "wanted_output_tokens": r.wanted_output_tokens,
+                "output_length_forced": r.output_length_forced,
+                "output_tokens_source": r.output_tokens_source,
+                "token_count_mismatch": r.token_count_mismatch,
+                "event_tokens": r.event_tokens,
+                "usage_tokens": r.usage_completion_tokens,
+                "retokenized_tokens": r.retokenized_tokens,
+                "scheduled_s": r.scheduled_s,
+                "send_s": _nan(r.send_s),
+                "end_s": _nan(r.end_s),
+                "ttft_s": _nan(first),
+                "tpot_s": _nan(per_token),
+                "e2e_s": _nan(last),
+                "lag_s": _nan(lag),
+                "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
+            }
+        )
+    columns = [
+        "run_id",
+        "request_id",
+        "backend",
+        "variant",
+        "workload",
+        "load_point",
+        "repeat",
+        "warmup",
+        "status",
+        "error_kind",
+        "prompt_tokens",
+        "input_tokens",
+        "output_tokens",
+        "wanted_output_tokens",
+        "output_length_forced",
+        "output_tokens_source",
+        "token_count_mismatch",
+        "event_tokens",
+        "usage_tokens",
+        "retokenized_tokens",
+        "scheduled_s",
+        "send_s",
+        "end_s",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "lag_s",
+        "n_token_events",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _nan(value: float | None) -> float:
+    return np.nan if value is None else float(value)
+
+
+def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.DataFrame:
+    """Every inter-token gap of every record: columns `row` (index into `records`) and `gap_s`.
+
+    Per token (default): an event with k tokens contributes k gaps of (its gap)/k, exactly `timing.itl`.
+    `per_event`: one gap per token event after the first (`timing.itl_per_event`)."""
+    rows, times, counts = [], [], []
+    for i, r in enumerate(records):
+        for t, n, _ in r.events:
+            if n > 0:
+                rows.append(i)
+                times.append(t)
+                counts.append(n)
+    if not rows:
+        return pd.DataFrame({"row": np.array([], dtype=np.int64), "gap_s": np.array([], dtype=float)})
+    row = np.asarray(rows, dtype=np.int64)
+    t = np.asarray(times, dtype=float)
+    n = np.asarray(counts, dtype=np.int64)
+    same = row[1:] == row[:-1]  # consecutive token events of one record
+    gaps = (t[1:] - t[:-1])[same]
+    owner = row[1:][same]
+    if per_event:
+        return pd.DataFrame({"row": owner, "gap_s": gaps})
+    k = n[1:][same]
+    return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
+
+
+# -- statistics -------------------------------------------------------------------------------------------
+
+
+def describe(values: np.ndarray) -> dict[str, float]:
+    """n, mean, std (ddof=1), p50/p90/p95/p99 of `values` (NaN-free), NaN where undefined."""
+    n = int(values.size)
+    out = {"n": n, "mean": np.nan, "std": np.nan, **{f"p{q}": np.nan for q in PERCENTILES}}
+    if n:
+        out["mean"] = float(values.mean())
+        out["std"] = float(values.std(ddof=1)) if n > 1 else np.nan
+        for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
+            out[f"p{q}"] = float(v)
+    return out
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    clusters: np.ndarray | None = None,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+    max_cells: int = 20_000_000,
+) -> dict[str, tuple[float, float]]:
+    """Percentile-bootstrap intervals for the mean and p50/p90/p95/p99.
+
+    With `clusters` (one label per value) whole clusters are resampled (a request's ITL gaps together).
+    Each resample is a vector of multiplicities over the sorted values, so a quantile is read off the
+    cumulative weights without re-sorting; the work is capped at `max_cells` weights (fewer resamples,
+    never fewer than 200, for very large inputs)."""
+    keys = ["mean", *(f"p{q}" for q in PERCENTILES)]
+    n = int(values.size)
+    if n < 2:
+        return {k: (np.nan, np.nan) for k in keys}
+    order = np.argsort(values, kind="stable")
+    xs = values[order]
+    if clusters is None:
+        owner = np.arange(n)
+        k = n
+    else:
+        _, owner = np.unique(np.asarray(clusters)[order], return_inverse=True)
+        k = int(owner.max()) + 1
+    if k < 2:
+        return {key: (np.nan, np.nan) for key in keys}
+    rng = np.random.default_rng(seed)
+    boots = max(200, min(n_boot, max_cells // n))
+    batch = max(1, min(boots, 4_000_000 // n))
+    stats = {key: [] for key in keys}
+    done = 0
+    while done < boots:
+        b = min(batch, boots - done)
+        # multiplicities of k draws with replacement, per resample (one bincount over all rows at once)
+        draws = rng.integers(0, k, size=(b, k)) + (np.arange(b) * k)[:, None]
+        counts = np.bincount(draws.ravel(), minlength=b * k).reshape(b, k)
+        w = counts[:, owner] if clusters is not None else counts
+        total = w.sum(axis=1)
+        stats["mean"].append((w @ xs) / total)
+        # each row's cumulative weights rise; lifting row r by r * (max total + 1) makes the whole array
+        # sorted, so one searchsorted finds, per row, the first value whose cumulative weight reaches q
+        lift = np.arange(b, dtype=np.int64) * (int(total.max()) + 1)
+        flat = (np.cumsum(w, axis=1) + lift[:, None]).ravel()
+        base = np.arange(b, dtype=np.int64) * n
+        for q in PERCENTILES:
+            idx = np.searchsorted(flat, (q / 100.0) * total + lift, side="left") - base
+            stats[f"p{q}"].append(xs[np.minimum(idx, n - 1)])
+        done += b
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    out = {}
+    for key in keys:
+        arr = np.concatenate(stats[key])
+        out[key] = (float(np.quantile(arr, lo_q)), float(np.quantile(arr, hi_q)))
+    return out
+
+
+def latency_columns(
+    prefix: str, values: np.ndarray, clusters: np.ndarray | None, seed: int, n_boot: int
+) -> dict[str, float]:
+    """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms."""
+    d = describe(values)
+    out: dict[str, float] = {f"{prefix}_n": d["n"]}
+    ci = bootstrap_ci(values, clusters, n_boot=n_boot, seed=seed) if n_boot else {}
+    for stat in ("mean", "std", *(f"p{q}" for q in PERCENTILES)):
+        out[f"{prefix}_{stat}_ms"] = d[stat] * 1e3
+        if stat != "std":
+            lo, hi = ci.get(stat, (np.nan, np.nan))
+            out[f"{prefix}_{stat}_ms_lo"] = lo * 1e3
+            out[f"{prefix}_{stat}_ms_hi"] = hi * 1e3
+    return out
+
+
+def meets_slo(frame: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
+    """Per request: ok and within every SLO given. A single-token output has no TPOT and cannot miss it;
+    an ok request without a token has no TTFT and misses a TTFT or E2E SLO."""
+    ok = frame["status"] == "ok"
+    for key, limit in slo.items():
+        col = frame[f"{key}_s"]
+        ok &= (col <= limit) | (col.isna() if key == "tpot" else False)
+    return ok
+
+
+# -- aggregation ------------------------------------------------------------------------------------------
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    points: Mapping[str, PointInfo] | None = None,
+    slo: Mapping[str, float] | None = None,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """One row per (backend, variant, workload, load point) of the measured (non-warm-up) records."""
+    points = dict(points or {})
+    slo = dict(slo or {})
+    measured = [r for r in records if not r.warmup]
+    table = request_table(measured, points)
+    gaps = itl_table(measured)
+    gaps_event = itl_table(measured, per_event=True)
+    rows = []
+    if table.empty:
+        return pd.DataFrame(columns=summary_columns())
+    for key, group in table.groupby(GROUP_KEYS, sort=False, dropna=False):
+        rows.append(
+            _summarize_group(
+                dict(zip(GROUP_KEYS, key, strict=True)),
+                group,
+                measured,
+                gaps,
+                gaps_event,
+                points,
+                slo,
+                n_boot,
+                seed,
+            )
+        )
+    out = pd.DataFrame(rows)
+    return out[
+        [c for c in summary_columns() if c in out.columns]
+        + [c for c in out.columns if c not in summary_columns()]
+    ]
+
+
+def _summarize_group(
+    key: dict[str, Any],
+    group: pd.DataFrame,
+    records: Sequence[RequestRecord],
+    gaps: pd.DataFrame,
+    gaps_event: pd.DataFrame,
+    points: Mapping[str, PointInfo],
+    slo: Mapping[str, float],
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    run_ids = list(dict.fromkeys(group["run_id"]))
+    infos = [points.get(rid) or point_info_from_label(key["load_point"]) for rid in run_ids]
+    info = infos[0]
+    ok = group[group["status"] == "ok"]
+    row: dict[str, Any] = dict(key)
+    row.update(
+        {
+            "mode": info.mode,
+            "concurrency": info.concurrency,
+            "rate": info.rate,
+            "arrival": info.arrival,
+            "source": info.source,
+            "runs": len(run_ids),
+            "interrupted": any(i.interrupted for i in infos),
+            "requests": len(group),
+            "requests_ok": len(ok),
+            "requests_failed": int((group["status"] == "failed").sum()),
+            "requests_cancelled": int((group["status"] == "cancelled").sum()),
+            "errors": "; ".join(f"{k}: {v}" for k, v in group["error_kind"].dropna().value_counts().items()),
+        }
+    )
+    for name in ("ttft", "tpot", "e2e"):
+        values = ok[f"{name}_s"].dropna().to_numpy(dtype=float)
+        row.update(latency_columns(name, values, None, seed, n_boot))
+    ok_rows = ok.index.to_numpy()
+    mine = gaps[gaps["row"].isin(ok_rows)]
+    row.update(
+        latency_columns("itl", mine["gap_s"].to_numpy(dtype=float), mine["row"].to_numpy(), seed, n_boot)
+    )
+    per_event = gaps_event[gaps_event["row"].isin(ok_rows)]["gap_s"].to_numpy(dtype=float)
+    d = describe(per_event)
+    row.update(
+        {"itl_event_n": d["n"], "itl_event_p50_ms": d["p50"] * 1e3, "itl_event_p99_ms": d["p99"] * 1e3}
+    )
+
+    # throughput over the measured window, summed over the point's runs (repeats of a point add up)
+    duration = 0.0
+    for rid, pinfo in zip(run_ids, infos, strict=True):
+        part = group[group["run_id"] == rid]
+        if pinfo.duration_s is not None:
+            duration += pinfo.duration_s
+        else:
+            start, end = part["send_s"].min(), part["end_s"].max()
+            if np.isfinite(start) and np.isfinite(end) and end > start:
+                duration += float(end - start)
+    row["duration_s"] = duration if duration > 0 else np.nan
+    row["input_tokens"] = int(ok["input_tokens"].sum())
+    row["output_tokens"] = int(ok["output_tokens"].sum())
+    row["input_tok_s"] = row["input_tokens"] / duration if duration > 0 else np.nan
+    row["output_tok_s"] = row["output_tokens"] / duration if duration > 0 else np.nan
+    row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
+    lo, hi = (np.nan, np.nan)
+    if n_boot and len(run_ids) == 1 and infos[0].duration_s is None and len(ok):
+        lo, hi = throughput_ci(
+            [records[i] for i in ok.index],
+            float(group["send_s"].min()),
+            float(group["end_s"].max()),
+            n_boot=n_boot,
+            seed=seed,
+        )
+    row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
+    if slo:
+        good = int(meets_slo(group, slo).sum())
+        row["goodput_n"] = good
+        row["goodput_rps"] = good / duration if duration > 0 else np.nan
+        row["goodput_frac"] = good / len(group) if len(group) else np.nan
+    else:
+        row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
+
+    # offered against achieved rate, client lag
+    row["offered_rps"] = info.rate if info.rate is not None else np.nan
+    achieved = []
+    for rid in run_ids:
+        sends = np.sort(group.loc[group["run_id"] == rid, "send_s"].dropna().to_numpy(dtype=float))
+        if sends.size > 1 and sends[-1] > sends[0]:
+            achieved.append((sends.size - 1) / (sends[-1] - sends[0]))
+    row["achieved_rps"] = float(np.mean(achieved)) if achieved else np.nan
+    lags = group["lag_s"].dropna().to_numpy(dtype=float)
+    row["lag_n"] = int(lags.size)
+    row["lag_p50_ms"] = float(np.percentile(lags, 50)) * 1e3 if lags.size else np.nan
+    row["lag_p99_ms"] = float(np.percentile(lags, 99)) * 1e3 if lags.size else np.nan
+    row["lag_max_ms"] = float(lags.max()) * 1e3 if lags.size else np.nan
+
+    # token counts: cross-check flags
+    row["token_mismatches"] = int(ok["token_count_mismatch"].sum())
+    both = ok["usage_tokens"].notna()
+    row["token_mismatches_server"] = int((both & (ok["usage_tokens"] != ok["event_tokens"])).sum())
+    bad = ok[ok["token_count_mismatch"]]
+    if len(bad):
+        first = bad.iloc[0]
+        counts = [
+            f"{name} {int(first[col])}"
+            for name, col in (
+                ("usage", "usage_tokens"),
+                ("stream", "event_tokens"),
+                ("re-tokenised", "retokenized_tokens"),
+            )
+            if pd.notna(first[col])
+        ]
+        row["mismatch_example"] = f" (e.g. {', '.join(counts)})"
+    forced = ok[ok["output_length_forced"]]
+    row["output_short"] = int((forced["output_tokens"] < forced["wanted_output_tokens"]).sum())
+    row["output_tokens_from_usage"] = int((ok["output_tokens_source"] == "usage").sum())
+    row["input_tokens_mean"] = float(ok["input_tokens"].mean()) if len(ok) else np.nan
+    row["output_tokens_mean"] = float(ok["output_tokens"].mean()) if len(ok) else np.nan
+    return row
+
+
+def summary_columns() -> list[str]:
+    """The leading columns of summary.csv, in order (interval and detail columns follow)."""
+    lat = []
+    for name in LATENCY_METRICS:
+        lat += [f"{name}_n", f"{name}_mean_ms", f"{name}_std_ms"] + [f"{name}_p{q}_ms" for q in PERCENTILES]
+    return [
+        *GROUP_KEYS,
+        "mode",
+        "concurrency",
+        "rate",
+        "arrival",
+        "requests",
+        "requests_ok",
+        "requests_failed",
+        "requests_cancelled",
+        "errors",
+        *lat,
+        "itl_event_n",
+        "itl_event_p50_ms",
+        "itl_event_p99_ms",
+        "duration_s",
+        "input_tokens",
+        "output_tokens",
+        "input_tok_s",
+        "output_tok_s",
+        "request_rps",
+        "goodput_n",
+        "goodput_rps",
+        "goodput_frac",
+        "offered_rps",
+        "achieved_rps",
+        "lag_n",
+        "lag_p50_ms",
+        "lag_p99_ms",
+        "lag_max_ms",
+        "token_mismatches",
+        "token_mismatches_server",
+        "output_short",
+        "output_tokens_from_usage",
+        "input_tokens_mean",
+        "output_tokens_mean",
+        "source",
+        "runs",
+        "interrupted",
+    ]
+
+
+# -- comparing two samples --------------------------------------------------------------------------------
+
+
+def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and continuity
+    corrections): could `a` and `b` come from one distribution? NaN when either is empty."""
+    n1, n2 = int(a.size), int(b.size)
+    if n1 == 0 or n2 == 0:
+        return np.nan
+    both = np.concatenate([a, b])
+    ranks = pd.Series(both).rank(method="average").to_numpy()
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    _, ties = np.unique(both, return_counts=True)
+    tie_term = float((ties**3 - ties).sum()) / (n * (n - 1)) if n > 1 else 0.0
+    sigma = np.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
+    if sigma == 0:
+        return 1.0
+    mu = n1 * n2 / 2.0
+    z = (u1 - mu - 0.5 * np.sign(u1 - mu)) / sigma
+    return float(math.erfc(abs(z) / math.sqrt(2)))
+
+
+def ratio_ci(
+    a: np.ndarray,
+    b: np.ndarray,
+    stat: str = "p50",
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """`stat(a) / stat(b)` and a percentile-bootstrap interval (each sample resampled on its own)."""
+    if a.size < 2 or b.size < 2:
+        return np.nan, np.nan, np.nan
+    q = 50.0 if stat == "p50" else float(stat[1:]) if stat.startswith("p") else None
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return x.mean(axis=-1) if q is None else np.percentile(x, q, axis=-1)
+
+    point = float(f(a) / f(b))
+    rng = np.random.default_rng(seed)
+    boots = max(200, min(n_boot, 4_000_000 // max(a.size, b.size)))
+    ra = f(a[rng.integers(0, a.size, (boots, a.size))])
+    rb = f(b[rng.integers(0, b.size, (boots, b.size))])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = ra / rb
+    ratios = ratios[np.isfinite(ratios)]
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2]) if ratios.size else (np.nan, np.nan)
+    return point, float(lo), float(hi)
+
+
+def throughput_ci(
+    records: Sequence[RequestRecord],
+    start: float,
+    end: float,
+    slices: int = 10,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Relative interval (lo, hi as fractions of the mean) of output tokens/s: the window is cut into
+    `slices` equal slices, each slice's token rate counted from the token events that arrived in it, and
+    the mean slice rate bootstrapped. It says how steady the rate was, not how another run would go."""
+    times, counts = [], []
+    for r in records:
+        for t, n, _ in r.events:
+            if n > 0 and start <= t <= end:
+                times.append(t)
+                counts.append(n)
+    if len(times) < 2 or not end > start:
+        return np.nan, np.nan
+    hist, _ = np.histogram(np.asarray(times), bins=slices, range=(start, end), weights=np.asarray(counts))
+    rates = hist / ((end - start) / slices)
+    if rates.mean() <= 0:
+        return np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    means = rates[rng.integers(0, slices, (n_boot, slices))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo / rates.mean()), float(hi / rates.mean())

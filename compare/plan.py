@@ -1,0 +1,426 @@
+"""What a run will do: backends x variants x workloads x load points, from the command line or a YAML file.
+
+    backends:  vllm,tgi:v3,reference:eager      (adapter name, optionally `:variant`)
+    endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
+    load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson
+    slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
+
+A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists where a matrix needs them:
+
+    model: smollm2-135m
+    backends: [reference:eager, {name: vllm, endpoint: "http://127.0.0.1:8000"}]
+    load: {concurrency: [1, 8], rate: [4], arrival: poisson}
+    workloads: [{dataset: random, input_len: 128, output_len: 32}, {dataset: fixed}]
+    slo: {ttft: 200ms, tpot: 50ms}
+
+Options given on the command line win over the file; the file wins over the built-in defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adapters import ADAPTERS
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule
+
+#: backends the tool can start itself (the launch issue adds vLLM, TGI and TensorRT-LLM)
+LAUNCHABLE = {"reference", "reference-chat", "reference-tgi"}
+REFERENCE_VARIANTS = {"graphs": [], "eager": ["--enforce-eager"]}
+SLO_KEYS = ("ttft", "tpot", "e2e")
+
+DEFAULTS: dict[str, Any] = {
+    "backends": ["reference"],
+    "model": "smollm2-135m",
+    "tokenizer": None,
+    "served_model": None,
+    "dataset": "random",
+    "dataset_path": None,
+    "input_len": "128",
+    "output_len": "32",
+    "concurrency": [1, 4],
+    "rate": [],
+    "arrival": "poisson",
+    "burstiness": 1.0,
+    "max_concurrency": None,
+    "num_requests": 16,
+    "duration": 30.0,
+    "warmup": None,
+    "slo": {},
+    "seed": 0,
+    "gpu_price": None,
+    "mem_bandwidth_gbs": None,
+    "model_bytes": None,
+    "request_timeout": 600.0,
+    "startup_timeout": 600.0,
+    "server_args": [],
+    "pin": "auto",
+    "repeats": 1,
+}
+
+
+class PlanError(ValueError):
+    """The run as asked for cannot be planned (bad option, unknown backend, missing endpoint)."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend in one variant, and where it comes from (an endpoint, or launched by us)."""
+
+    name: str  # adapter name
+    variant: str = ""
+    endpoint: str | None = None
+    server_args: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.variant}" if self.variant else self.name
+
+    @property
+    def launched(self) -> bool:
+        return self.endpoint is None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    dataset: str = "random"
+    input_len: str = "128"
+    output_len: str = "32"
+    path: str | None = None
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.dataset == "random":
+            return f"random-{self.input_len}x{self.output_len}"
+        if self.dataset in ("sharegpt", "jsonl") and self.path:
+            return f"{self.dataset}-{Path(self.path).stem}"
+        return self.dataset
+
+
+@dataclass
+class RunPlan:
+    backends: list[BackendSpec]
+    workloads: list[WorkloadSpec]
+    load_points: list[Schedule]
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None
+    served_model: str | None = None
+    num_requests: int | None = 16
+    duration: float | None = 30.0
+    warmup: int | None = None  # None: one per concurrent stream (closed loop), 2 before an open loop
+    slo: dict[str, float] = field(default_factory=dict)  # seconds
+    seed: int = 0
+    gpu_price: float | None = None  # per GPU-hour
+    mem_bandwidth_gbs: float | None = None
+    model_bytes: float | None = None
+    request_timeout: float = 600.0
+    startup_timeout: float = 600.0
+    pin: str = "auto"
+    repeats: int = 1  # launches of every backend, in alternating order (ABBA...), pooled per point
+
+    def warmup_count(self, schedule: Schedule) -> int:
+        if self.warmup is not None:
+            return self.warmup
+        return schedule.concurrency if isinstance(schedule, ClosedLoop) else 2
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready, for the manifest."""
+        return {
+            "backends": [asdict(b) | {"key": b.key, "launched": b.launched} for b in self.backends],
+            "workloads": [asdict(w) | {"label": w.label} for w in self.workloads],
+            "load_points": [s.describe() | {"label": s.label} for s in self.load_points],
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "served_model": self.served_model,
+            "num_requests": self.num_requests,
+            "duration_s": self.duration,
+            "warmup": self.warmup,
+            "slo_s": self.slo,
+            "seed": self.seed,
+            "gpu_price_per_hour": self.gpu_price,
+            "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+            "model_bytes": self.model_bytes,
+            "request_timeout_s": self.request_timeout,
+            "startup_timeout_s": self.startup_timeout,
+            "pin": self.pin,
+            "repeats": self.repeats,
+        }
+
+
+# -- small parsers ------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(us|µs|ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | float | int, default_unit: str = "s") -> float:
+    """Seconds from `200ms`, `2s`, `1.5`, `5min` (a bare number is in `default_unit`)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) * _UNITS[default_unit]
+    match = _DURATION.match(str(value))
+    if not match:
+        raise PlanError(f"cannot read duration {value!r}: use e.g. 200ms, 2s, 1.5s")
+    number, unit = float(match.group(1)), (match.group(2) or default_unit).lower()
+    return number * _UNITS[unit]
+
+
+def parse_slo(value: str | dict[str, Any] | None) -> dict[str, float]:
+    """`ttft=200ms,tpot=50ms,e2e=2s` (or a mapping) -> {metric: seconds}; a bare number is milliseconds."""
+    if not value:
+        return {}
+    items: list[tuple[str, Any]]
+    if isinstance(value, dict):
+        items = list(value.items())
+    else:
+        items = []
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            key, sep, amount = part.partition("=")
+            if not sep:
+                key, sep, amount = part.partition(":")
+            if not sep:
+                raise PlanError(f"cannot read SLO {part!r}: use metric=value, e.g. ttft=200ms")
+            items.append((key, amount))
+    out: dict[str, float] = {}
+    for key, amount in items:
+        key = str(key).strip().lower()
+        if key not in SLO_KEYS:
+            raise PlanError(f"unknown SLO metric {key!r}; known: {', '.join(SLO_KEYS)}")
+        seconds = parse_duration(amount, default_unit="ms")
+        if not seconds > 0:
+            raise PlanError(f"SLO {key} must be > 0, got {amount!r}")
+        out[key] = seconds
+    return out
+
+
+def split_list(value: str | list | tuple | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def parse_numbers(value: str | list | tuple | None, kind: type = float) -> list:
+    out = []
+    for item in split_list(value):
+        try:
+            number = kind(item)
+        except ValueError:
+            raise PlanError(f"expected a comma-separated list of numbers, got {item!r}") from None
+        out.append(number)
+    return out
+
+
+def parse_endpoints(values: list[str] | dict[str, str] | None) -> dict[str, str]:
+    """`NAME=URL` items (NAME: `backend` or `backend:variant`) -> {NAME: URL}."""
+    if not values:
+        return {}
+    if isinstance(values, dict):
+        return {str(k): str(v) for k, v in values.items()}
+    out = {}
+    for item in values:
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.strip():
+            raise PlanError(f"cannot read endpoint {item!r}: use NAME=URL, e.g. vllm=http://127.0.0.1:8000")
+        if not url.strip().startswith(("http://", "https://")):
+            raise PlanError(f"endpoint {item!r}: the URL must start with http:// or https://")
+        out[name.strip()] = url.strip().rstrip("/")
+    return out
+
+
+def parse_backend(
+    item: str | dict[str, Any], endpoints: dict[str, str], server_args: list[str]
+) -> BackendSpec:
+    if isinstance(item, dict):
+        extra = item.get("args") or item.get("server_args") or []
+        name, variant = str(item.get("name", "")), str(item.get("variant") or "")
+        endpoint = item.get("endpoint")
+        extra = extra.split() if isinstance(extra, str) else [str(a) for a in extra]
+    else:
+        name, _, variant = str(item).partition(":")
+        endpoint, extra = None, []
+    name, variant = name.strip(), variant.strip()
+    if name not in ADAPTERS:
+        raise PlanError(f"unknown backend {name!r}; known: {', '.join(sorted(ADAPTERS))}")
+    key = f"{name}:{variant}" if variant else name
+    endpoint = endpoint or endpoints.get(key) or endpoints.get(name)
+    if endpoint is None and name not in LAUNCHABLE:
+        raise PlanError(
+            f"backend {key}: no endpoint given (--endpoint {name}=http://HOST:PORT); this version "
+            f"launches only {', '.join(sorted(LAUNCHABLE))} itself"
+        )
+    if endpoint is None:
+        variant = variant or default_reference_variant()
+        if variant not in REFERENCE_VARIANTS:
+            raise PlanError(
+                f"backend {name}: unknown variant {variant!r}; known: {', '.join(REFERENCE_VARIANTS)}"
+            )
+    return BackendSpec(name, variant, endpoint, tuple(server_args + extra))
+
+
+def default_reference_variant() -> str:
+    """CUDA graphs where there is a GPU; on a CPU every variant runs eager, so the default says so."""
+    try:
+        import torch
+
+        return "graphs" if torch.cuda.is_available() else "eager"
+    except Exception:  # torch missing or broken: the server will say more
+        return "eager"
+
+
+def load_run_file(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"run file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: a run file is a YAML mapping of option names to values")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    load = data.pop("load", None)
+    if isinstance(load, dict):
+        for key in ("concurrency", "rate", "arrival", "burstiness", "max_concurrency"):
+            if key in load:
+                data[key] = load[key]
+    known = set(DEFAULTS) | {"endpoints", "workloads", "out"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PlanError(
+            f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known | {'load'}))}"
+        )
+    return data
+
+
+def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> RunPlan:
+    """Merge command-line `options` (None: not given) over the run file over the defaults."""
+    merged = dict(DEFAULTS)
+    file_data = load_run_file(run_file) if run_file else {}
+    merged.update(file_data)
+    merged.update({k: v for k, v in options.items() if v is not None and v != []})
+    endpoints = parse_endpoints(file_data.get("endpoints")) | parse_endpoints(options.get("endpoints"))
+    server_args = merged.get("server_args") or []
+    server_args = server_args.split() if isinstance(server_args, str) else [str(a) for a in server_args]
+    raw_backends = merged["backends"]
+    if isinstance(raw_backends, str):
+        raw_backends = split_list(raw_backends)
+    backends = [parse_backend(b, endpoints, server_args) for b in raw_backends]
+    if not backends:
+        raise PlanError("no backends given")
+    keys = [b.key for b in backends]
+    if len(set(keys)) != len(keys):
+        raise PlanError(f"a backend appears twice: {', '.join(keys)} (give variants different names)")
+    unused = set(endpoints) - set(keys) - {b.name for b in backends}
+    if unused:
+        raise PlanError(f"--endpoint for {', '.join(sorted(unused))}, which is not in --backends")
+
+    workloads = _workloads(merged, file_data, options)
+    arrival = str(merged["arrival"])
+    given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
+    rates = parse_numbers(merged["rate"], float)
+    # a rate alone asks for an open loop only; the default concurrencies apply when no load is given
+    concurrencies = parse_numbers(merged["concurrency"], int) if "concurrency" in given or not rates else []
+    schedules: list[Schedule] = []
+    try:
+        schedules += [ClosedLoop(c) for c in concurrencies]
+        max_conc = merged.get("max_concurrency")
+        schedules += [
+            OpenLoop(
+                r,
+                arrival,
+                float(merged["burstiness"]),
+                int(merged["seed"]),  # type: ignore[arg-type]
+                int(max_conc) if max_conc else None,
+            )
+            for r in rates
+        ]
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    if not schedules:
+        raise PlanError("no load points: give --concurrency and/or --rate")
+
+    num_requests = merged.get("num_requests")
+    duration = merged.get("duration")
+    duration = parse_duration(duration) if duration not in (None, 0, "0", "none") else None
+    num_requests = int(num_requests) if num_requests not in (None, 0) else None
+    if num_requests is None and duration is None:
+        raise PlanError("give --num-requests or --duration (or both) to bound each load point")
+    repeats = int(merged["repeats"])
+    if repeats < 1:
+        raise PlanError(f"repeats must be >= 1, got {repeats}")
+    return RunPlan(
+        backends=backends,
+        workloads=workloads,
+        load_points=schedules,
+        model=str(merged["model"]),
+        tokenizer=merged.get("tokenizer"),
+        served_model=merged.get("served_model"),
+        num_requests=num_requests,
+        duration=duration,
+        warmup=None if merged.get("warmup") is None else int(merged["warmup"]),
+        slo=parse_slo(merged.get("slo")),
+        seed=int(merged["seed"]),
+        gpu_price=_opt_float(merged.get("gpu_price")),
+        mem_bandwidth_gbs=_opt_float(merged.get("mem_bandwidth_gbs")),
+        model_bytes=_opt_float(merged.get("model_bytes")),
+        request_timeout=float(merged["request_timeout"]),
+        startup_timeout=float(merged["startup_timeout"]),
+        pin=str(merged.get("pin") or "auto"),
+        repeats=repeats,
+    )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _workloads(
+    merged: dict[str, Any], file_data: dict[str, Any], options: dict[str, Any]
+) -> list[WorkloadSpec]:
+    cli_workload = any(
+        options.get(k) is not None for k in ("dataset", "input_len", "output_len", "dataset_path")
+    )
+    listed = file_data.get("workloads")
+    if listed and not cli_workload:
+        out = []
+        for item in listed:
+            if not isinstance(item, dict):
+                raise PlanError(f"each workload in the run file is a mapping, got {item!r}")
+            out.append(
+                WorkloadSpec(
+                    str(item.get("dataset", "random")),
+                    str(item.get("input_len", "128")),
+                    str(item.get("output_len", "32")),
+                    item.get("path") or item.get("dataset_path"),
+                    str(item.get("name", "")),
+                )
+            )
+    else:
+        out = [
+            WorkloadSpec(
+                str(merged["dataset"]),
+                str(merged["input_len"]),
+                str(merged["output_len"]),
+                merged.get("dataset_path"),
+            )
+        ]
+    for w in out:
+        if w.dataset not in ("random", "fixed", "sharegpt", "jsonl"):
+            raise PlanError(f"unknown dataset {w.dataset!r}; known: random, fixed, sharegpt, jsonl")
+        if w.dataset in ("sharegpt", "jsonl") and not w.path:
+            raise PlanError(f"dataset {w.dataset} needs --dataset-path")
+    labels = [w.label for w in out]
+    if len(set(labels)) != len(labels):
+        raise PlanError(f"two workloads share a name: {labels}; give them `name:`")
+    return out

@@ -1,0 +1,607 @@
+"""Reports from a run directory: summary.csv / summary.parquet, report.md and a self-contained report.html.
+
+Everything is recomputed from requests.jsonl, runs.jsonl and manifest.json (`analyze`), so `compare report
+RUN_DIR` rebuilds the same files, and a run stopped half-way still gives a report of what it measured.
+Both reports are made from one list of blocks (headings, paragraphs, lists, tables, plots): Markdown leaves
+the plots out and points to the HTML, whose plots are inline SVG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from compare import plots
+from compare.launch import SetupReport
+from compare.metrics import summarize
+from compare.normalize import add_normalized
+from compare.select import Pick, break_even_rows, key_of, selection, warnings
+from compare.store import RunDir
+from workloads import timing
+from workloads.records import RequestRecord
+
+Block = tuple[str, Any]
+
+
+@dataclass
+class Results:
+    run: RunDir
+    records: list[RequestRecord]
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    setups: dict[str, SetupReport]
+    picks: list[Pick] = field(default_factory=list)
+    memory_notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cold_first_token: dict[str, float] = field(default_factory=dict)
+
+
+def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
+    from compare.metrics import request_table
+
+    records = run.records()
+    points = run.points()
+    slo = run.slo()
+    config = run.manifest.get("config") or {}
+    setups = combine_setups(run.setups())
+    summary = summarize(records, points, slo, n_boot=n_boot, seed=seed)
+    summary = add_normalized(
+        summary,
+        setups,
+        config.get("gpu_price_per_hour"),
+        config.get("mem_bandwidth_gbs"),
+        config.get("model_bytes"),
+    )
+    requests = request_table([r for r in records if not r.warmup], points)
+    results = Results(run, records, requests, summary, setups)
+    results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    results.warnings = list(run.manifest.get("notes") or []) + (
+        warnings(summary, setups) if not summary.empty else []
+    )
+    first: dict[str, RequestRecord] = {}
+    for r in records:
+        if r.send_s is None:
+            continue
+        key = key_of(r.backend, r.variant)
+        if key not in first or (r.t0_monotonic + r.send_s) < (first[key].t0_monotonic + first[key].send_s):
+            first[key] = r
+    for key, r in first.items():
+        value = timing.ttft(r)
+        if value is not None:
+            results.cold_first_token[key] = value
+    return results
+
+
+def combine_setups(reports: list[SetupReport]) -> dict[str, SetupReport]:
+    """One set-up per backend key: with several launches (--repeats) the first launch's phases, the median
+    time to ready (every launch's kept in `ready_runs`) and the highest peak memory."""
+    groups: dict[str, list[SetupReport]] = {}
+    for report in reports:
+        groups.setdefault(report.key, []).append(report)
+    out = {}
+    for key, group in groups.items():
+        group.sort(key=lambda s: s.repeat)
+        first = dataclasses.replace(group[0], memory=dict(group[0].memory), notes=list(group[0].notes))
+        readies = [s.ready_s for s in group if s.ready_s is not None]
+        if len(group) > 1:
+            first.ready_runs = readies
+            first.ready_s = float(np.median(readies)) if readies else None
+            peaks = [s.memory.get("peak_rss", 0.0) for s in group]
+            if max(peaks) > 0:
+                first.memory["peak_rss"] = max(peaks)
+            first.notes += [n for s in group[1:] for n in s.notes if n not in first.notes]
+        out[key] = first
+    return out
+
+
+def write_reports(results: Results) -> None:
+    results.run.write_summary(results.summary)
+    blocks = build_blocks(results)
+    (results.run.path / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
+    (results.run.path / "report.html").write_text(
+        to_html(blocks, results.run.manifest.get("run_id", "")), encoding="utf-8"
+    )
+
+
+# -- content ------------------------------------------------------------------------------------------
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _ci(row: pd.Series, col: str) -> str:
+    v, lo, hi = row.get(col), row.get(col + "_lo"), row.get(col + "_hi")
+    if v is None or not np.isfinite(v):
+        return "–"
+    if lo is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"{v:,.1f}"
+    return f"{v:,.1f} [{lo:,.1f}–{hi:,.1f}]"
+
+
+def build_blocks(res: Results) -> list[Block]:
+    m = res.run.manifest
+    config = m.get("config") or {}
+    s = res.summary
+    status = m.get("status", "unknown")
+    blocks: list[Block] = [("h1", f"llm-compare report: {m.get('run_id', res.run.path.name)}")]
+    head = [
+        f"Status: **{status}**"
+        + (
+            " — a partial report of what was measured before the run stopped."
+            if status == "interrupted"
+            else "."
+        ),
+        f"Model: `{config.get('model', '?')}`; created {m.get('created', '?')}.",
+    ]
+    mach = m.get("machine") or {}
+    if mach:
+        gpus = mach.get("gpus") or "none"
+        head.append(
+            f"Machine: {mach.get('cpus', '?')} CPUs ({mach.get('processor', '?')}), "
+            f"{mach.get('memory_gib', '?')} GiB, "
+            f"GPUs: {gpus if isinstance(gpus, str) else ', '.join(gpus) or 'none'}."
+            + (f" CPU pinning: {m['pinning']}." if m.get("pinning") else "")
+        )
+    if m.get("command"):
+        head.append("Command: `" + " ".join(m["command"]) + "`")
+    blocks.append(("p", " ".join(head[:2])))
+    blocks += [("p", h) for h in head[2:]]
+    slo = config.get("slo_s") or {}
+    if slo:
+        blocks.append(
+            (
+                "p",
+                "SLOs: "
+                + ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in slo.items())
+                + "; goodput counts the requests within all of them.",
+            )
+        )
+    else:
+        blocks.append(
+            (
+                "p",
+                "No SLO given (`--slo ttft=200ms,tpot=50ms`): goodput is not computed; the interactive "
+                "class ranks by median end-to-end latency, the batch class by output tokens/s.",
+            )
+        )
+
+    blocks.append(("h2", "Decision"))
+    if s.empty:
+        blocks.append(("p", "No request was measured: there is nothing to decide."))
+    for pick in res.picks:
+        if pick.sentences:
+            blocks.append(("p", " ".join(pick.sentences)))
+    for note in res.memory_notes:
+        blocks.append(("p", note))
+    cpu_note = _cpu_note(res)
+    if cpu_note:
+        blocks.append(("p", cpu_note))
+
+    blocks.append(("h2", "Warnings"))
+    blocks.append(
+        ("ul", res.warnings)
+        if res.warnings
+        else ("p", "None: no failed or cancelled requests, no token-count mismatch, no client lag.")
+    )
+
+    if not s.empty:
+        blocks.append(("h2", "Plots"))
+        blocks += [("svg", svg) for svg in make_plots(res)]
+
+    blocks.append(("h2", "Set-up cost"))
+    rows = []
+    for key, st in res.setups.items():
+        mem = st.memory
+        rows.append(
+            [
+                key,
+                st.launcher,
+                _f(st.ready_s, 2),
+                _f(st.server_ready_s, 2),
+                ", ".join(f"{p.name} {p.seconds:.2f}" for p in st.phases if p.name != "server_ready") or "–",
+                *(
+                    _f(mem.get(k, math.nan) / 2**30, 3)
+                    for k in ("weights", "kv_cache", "graph_pool", "peak_rss")
+                ),
+                st.device or "–",
+                _f(res.cold_first_token.get(key, math.nan) * 1e3, 1),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "launcher",
+                    "ready (s, measured)",
+                    "ready (s, logged)",
+                    "phases (s)",
+                    "weights GiB",
+                    "KV GiB",
+                    "graph pool GiB",
+                    "peak RSS GiB",
+                    "device",
+                    "cold first token (ms)",
+                ],
+                rows,
+            ),
+        )
+    )
+
+    pairs = break_even_rows(res.picks, s, res.setups) if not s.empty else []
+    if pairs:
+        blocks.append(("h2", "Set-up cost against latency"))
+        blocks.append(
+            (
+                "p",
+                "For each pair of launched candidates: the one faster per request, how long each took to be "
+                "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
+                "time per request equal), with how long serving those takes at its measured rate.",
+            )
+        )
+        blocks.append(
+            (
+                "table",
+                (
+                    [
+                        "workload",
+                        "class (time per request)",
+                        "faster",
+                        "other",
+                        "ready s",
+                        "per request",
+                        "pays back",
+                    ],
+                    pairs,
+                ),
+            )
+        )
+
+    blocks.append(("h2", "Results per load point"))
+    blocks.append(
+        (
+            "p",
+            "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
+            "values. Throughput over the measured window (first send to last end).",
+        )
+    )
+    rows = []
+    for _, r in s.iterrows():
+        rows.append(
+            [
+                key_of(r["backend"], r["variant"]),
+                r["workload"],
+                r["load_point"],
+                f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
+                _ci(r, "ttft_p50_ms"),
+                _f(r["ttft_p99_ms"]),
+                _ci(r, "tpot_p50_ms"),
+                _f(r["tpot_p99_ms"]),
+                _ci(r, "itl_p50_ms"),
+                _f(r["itl_p99_ms"]),
+                _ci(r, "e2e_p50_ms"),
+                _f(r["e2e_p99_ms"]),
+                _f(r["output_tok_s"]),
+                _f(r["input_tok_s"]),
+                _f(r["request_rps"], 2),
+                _f(r["goodput_rps"], 2),
+                f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}",
+                _f(r["lag_p99_ms"], 2),
+                str(int(r["token_mismatches"])),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "workload",
+                    "load",
+                    "ok/failed/cancelled",
+                    "TTFT p50",
+                    "TTFT p99",
+                    "TPOT p50",
+                    "TPOT p99",
+                    "ITL p50",
+                    "ITL p99",
+                    "E2E p50",
+                    "E2E p99",
+                    "out tok/s",
+                    "in tok/s",
+                    "req/s",
+                    "goodput req/s",
+                    "offered / sent req/s",
+                    "lag p99 ms",
+                    "token mismatches",
+                ],
+                rows,
+            ),
+        )
+    )
+    blocks.append(
+        (
+            "p",
+            "n per metric: "
+            + "; ".join(
+                f"{key_of(r['backend'], r['variant'])} {r['load_point']}: TTFT {int(r['ttft_n'])}, "
+                f"TPOT {int(r['tpot_n'])}, "
+                f"ITL {int(r['itl_n'])}, E2E {int(r['e2e_n'])}"
+                for _, r in s.iterrows()
+            )
+            if not s.empty
+            else "–",
+        )
+    )
+
+    blocks.append(("h2", "Normalised"))
+    rows = []
+    for _, r in s.iterrows():
+        eff = r["roofline_efficiency"]
+        rows.append(
+            [
+                key_of(r["backend"], r["variant"]),
+                r["workload"],
+                r["load_point"],
+                _f(r["prefill_ms_per_1k_in"]),
+                _f(r["tpot_p50_ms"]),
+                _f(r["roofline_tpot_ms"], 3),
+                f"{eff:.0%}" if np.isfinite(eff) else "–",
+                _f(r["usd_per_1m_out"], 3),
+            ]
+        )
+    blocks.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "workload",
+                    "load",
+                    "p50 TTFT per 1k input tokens (ms)",
+                    "TPOT p50 (ms)",
+                    "roofline TPOT (ms)",
+                    "of roofline",
+                    "$ per 1M output tokens",
+                ],
+                rows,
+            ),
+        )
+    )
+    missing = []
+    if not config.get("mem_bandwidth_gbs"):
+        missing.append(
+            "roofline: give the memory bandwidth (`--mem-bandwidth GB/s`) and, unless the backend logs its "
+            "weights, `--model-bytes`"
+        )
+    if config.get("gpu_price_per_hour") is None:
+        missing.append("cost per token: give `--gpu-price` (per hour)")
+    if missing:
+        blocks.append(("p", "Not computed — " + "; ".join(missing) + "."))
+
+    blocks.append(("h2", "Definitions"))
+    blocks.append(
+        (
+            "ul",
+            [
+                "TTFT: first event carrying a generated token minus the send time (role-only and empty "
+                "events do not count).",
+                "E2E: last token event minus the send time. TPOT: (E2E − TTFT) / (output tokens − 1).",
+                "ITL: gaps between token events; an event with k tokens counts as k gaps of gap/k "
+                "(per-event view in summary.csv: itl_event_*). Its interval resamples whole requests.",
+                "Output tokens: the server's usage when given, else the stream's per-event counts; "
+                "re-tokenisation is a cross-check only.",
+                "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
+                "minus scheduled time.",
+                "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
+                "(1000 resamples).",
+            ],
+        )
+    )
+    return blocks
+
+
+def _cpu_note(res: Results) -> str:
+    cpu = [
+        k
+        for k, st in res.setups.items()
+        if st.device and st.device.startswith("cpu") and st.backend.startswith("reference")
+    ]
+    if not cpu:
+        return ""
+    graphs = [k for k in cpu if k.endswith(":graphs")]
+    note = (
+        f"{', '.join(cpu)} ran on the CPU, where the reference engine never uses CUDA graphs: every "
+        "variant runs eager"
+    )
+    if graphs:
+        note += f" ({', '.join(graphs)} included), so a difference between its variants is noise, not graphs"
+    return note + "."
+
+
+# -- plots --------------------------------------------------------------------------------------------
+
+
+def make_plots(res: Results) -> list[str]:
+    s = res.summary.assign(
+        key=[key_of(b, v) for b, v in zip(res.summary["backend"], res.summary["variant"], strict=True)]
+    )
+    req = res.requests.assign(
+        key=[key_of(b, v) for b, v in zip(res.requests["backend"], res.requests["variant"], strict=True)]
+    )
+    out = []
+    keys = list(dict.fromkeys(s["key"]))
+    color = {k: plots.PALETTE[i % len(plots.PALETTE)] for i, k in enumerate(keys)}
+    for workload in dict.fromkeys(s["workload"]):
+        ws = s[s["workload"] == workload]
+        suffix = f" ({workload})" if workload else ""
+        for metric, label in (("tpot_p50_ms", "TPOT p50 (ms)"), ("ttft_p50_ms", "TTFT p50 (ms)")):
+            series = []
+            for k in keys:
+                rows = ws[ws["key"] == k].sort_values("output_tok_s")
+                if not rows.empty:
+                    series.append(
+                        plots.Series(
+                            k,
+                            rows["output_tok_s"].tolist(),
+                            rows[metric].tolist(),
+                            color[k],
+                            point_labels=rows["load_point"].tolist(),
+                        )
+                    )
+            out.append(
+                plots.line_chart(
+                    series, f"Latency against throughput: {label}{suffix}", "output tokens/s", label
+                )
+            )
+        wr = req[(req["workload"] == workload) & (req["status"] == "ok")]
+        points = list(dict.fromkeys(ws["load_point"]))
+        for metric, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
+            series = []
+            for k in keys:
+                for j, point in enumerate(points):
+                    sel = wr[(wr["load_point"] == point) & (wr["key"] == k)]
+                    if len(sel):
+                        series.append(
+                            plots.cdf_series(
+                                (sel[metric].dropna() * 1e3).tolist(),
+                                f"{k} {point}",
+                                color[k],
+                                plots.DASHES[j % len(plots.DASHES)],
+                            )
+                        )
+            out.append(
+                plots.line_chart(
+                    series, f"{label} CDF{suffix}", f"{label} (ms)", "fraction of requests", x_from_zero=False
+                )
+            )
+        for metric, label in (
+            ("ttft_p50_ms", "TTFT p50"),
+            ("tpot_p50_ms", "TPOT p50"),
+            ("e2e_p50_ms", "E2E p50"),
+        ):
+            bars = []
+            for k in keys:
+                vals, los, his = [], [], []
+                for point in points:
+                    row = ws[(ws["load_point"] == point) & (ws["key"] == k)]
+                    r = row.iloc[0] if len(row) else None
+                    vals.append(float(r[metric]) if r is not None else math.nan)
+                    los.append(float(r.get(metric + "_lo", math.nan)) if r is not None else math.nan)
+                    his.append(float(r.get(metric + "_hi", math.nan)) if r is not None else math.nan)
+                bars.append((k, color[k], vals, los, his))
+            out.append(plots.bar_chart(points, bars, f"{label} with 95% intervals{suffix}", f"{label} (ms)"))
+    rows = []
+    for key, st in res.setups.items():
+        phases = [
+            (p.name, max(0.0, (p.end_s or 0.0) - p.seconds), p.end_s or 0.0)
+            for p in st.phases
+            if p.end_s is not None and p.name != "server_ready"
+        ]
+        if phases or st.ready_s:
+            rows.append((key, phases, st.ready_s))
+    out.append(plots.timeline(rows, "Set-up phases (spawn to healthy)"))
+    return out
+
+
+# -- rendering -----------------------------------------------------------------------------------------------
+
+
+def to_markdown(blocks: list[Block]) -> str:
+    out: list[str] = []
+    svg_noted = False
+    for kind, content in blocks:
+        if kind == "h1":
+            out.append(f"# {content}\n")
+        elif kind == "h2":
+            out.append(f"## {content}\n")
+        elif kind == "p":
+            out.append(f"{content}\n")
+        elif kind == "ul":
+            out.append("\n".join(f"- {item}" for item in content) + "\n")
+        elif kind == "table":
+            header, rows = content
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+            out.append("\n".join(lines) + "\n")
+        elif kind == "svg" and not svg_noted:
+            out.append(
+                "The plots (latency against throughput, TTFT and TPOT CDFs, bars with intervals, set-up "
+                "timeline) are in report.html.\n"
+            )
+            svg_noted = True
+    return "\n".join(out)
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _inline(text: str) -> str:
+    text = html.escape(str(text))
+    text = _BOLD.sub(r"<strong>\1</strong>", text)
+    return _CODE.sub(r"<code>\1</code>", text)
+
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; line-height: 1.45; padding: 0 1em; }
+table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1em; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
+th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+code { background: #f4f4f4; padding: 0 3px; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; }
+.plots svg { border: 1px solid #ddd; }
+"""
+
+
+def to_html(blocks: list[Block], title: str) -> str:
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>llm-compare report {html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+    ]
+    in_plots = False
+    for kind, content in blocks:
+        if kind == "svg":
+            if not in_plots:
+                out.append('<div class="plots">')
+                in_plots = True
+            out.append(content)
+            continue
+        if in_plots:
+            out.append("</div>")
+            in_plots = False
+        if kind in ("h1", "h2"):
+            out.append(f"<{kind}>{_inline(content)}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{_inline(content)}</p>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in content) + "</ul>")
+        elif kind == "table":
+            header, rows = content
+            out.append(
+                "<table><thead><tr>"
+                + "".join(f"<th>{_inline(h)}</th>" for h in header)
+                + "</tr></thead><tbody>"
+            )
+            out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows]
+            out.append("</tbody></table>")
+    if in_plots:
+        out.append("</div>")
+    out.append("</body></html>")
+    return "\n".join(out)

@@ -1,0 +1,163 @@
+"""Launching: start-up log parsing per backend, and a process launcher that always tears down."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+
+import pytest
+
+from compare.launch import (
+    LaunchError,
+    ProcessLauncher,
+    SetupReport,
+    apply_log,
+    free_port,
+    parse_log,
+    parse_reference_log,
+)
+
+REFERENCE_LOG = "\n".join(
+    [
+        "2025-03-01 12:00:01,000 INFO reference_engine.server: starting llm-compare reference"
+        " server 0.1.0, model m",
+        "2025-03-01 12:00:02,000 INFO reference_engine: model m resolved, tokenizer loaded in 0.980 s",
+        "2025-03-01 12:00:03,800 INFO reference_engine: weights loaded: 0.501 GiB, torch.float32"
+        " on cpu in 1.783 s",
+        "2025-03-01 12:00:07,100 INFO reference_engine: KV cache allocated: 1456 blocks of 16"
+        " tokens, 1.000 GiB in 3.327 s",
+        "2025-03-01 12:00:09,000 INFO reference_engine: CUDA graphs captured: 4 buckets [1, 2, 4,"
+        " 8], pool 0.250 GiB in 1.900 s",
+        "2025-03-01 12:00:09,100 INFO reference_engine.server: server ready at"
+        " http://127.0.0.1:8000 in 6.097 s",
+        "",
+    ]
+)
+
+VLLM_LOG = """\
+INFO 05-12 10:00:01 [default_loader.py:262] Loading weights took 1.23 seconds
+INFO 05-12 10:00:02 [gpu_model_runner.py:1892] Model loading took 15.0 GiB and 2.50 seconds
+INFO 05-12 10:00:20 [backends.py:530] torch.compile takes 12.34 s in total
+INFO 05-12 10:00:21 [kv_cache_utils.py:716] GPU KV cache size: 1,234,560 tokens
+INFO 05-12 10:00:25 [gpu_model_runner.py:2410] Graph capturing finished in 5 secs, took 0.56 GiB
+INFO 05-12 10:00:26 [core.py:193] init engine (profile, create kv cache, warmup model) took 20.50 seconds
+"""
+
+
+def test_reference_log_phases_memory_and_offsets():
+    parsed = parse_reference_log(REFERENCE_LOG)
+    assert [p.name for p in parsed.phases] == [
+        "tokenizer",
+        "weights",
+        "kv_cache",
+        "cuda_graphs",
+        "server_ready",
+    ]
+    assert [p.seconds for p in parsed.phases[:4]] == [0.980, 1.783, 3.327, 1.900]
+    assert parsed.memory["weights"] == pytest.approx(0.501 * 2**30)
+    assert parsed.memory["kv_cache"] == 2**30 and parsed.memory["kv_tokens"] == 1456 * 16
+    assert parsed.memory["graph_pool"] == pytest.approx(0.25 * 2**30)
+    assert (parsed.device, parsed.dtype, parsed.server_ready_s) == ("cpu", "float32", 6.097)
+    spawned = datetime(2025, 3, 1, 12, 0, 0).timestamp()
+    report = SetupReport("reference", "graphs", "process", "http://x", spawned_at=spawned)
+    apply_log(report, parsed)
+    phases = {p.name: p for p in report.phases}
+    assert phases["process_start"].seconds == pytest.approx(1.0)  # spawn to the first log line
+    assert phases["weights"].end_s == pytest.approx(3.8)
+    assert phases["kv_cache"].end_s == pytest.approx(7.1)
+    assert phases["cuda_graphs"].end_s == pytest.approx(9.0)
+
+
+def test_vllm_log():
+    parsed = parse_log("vllm-chat", VLLM_LOG)
+    got = {p.name: p.seconds for p in parsed.phases}
+    assert got == {"weights": 1.23, "compile": 12.34, "cuda_graphs": 5.0, "init_engine": 20.5}
+    assert parsed.memory["weights"] == pytest.approx(15 * 2**30)
+    assert parsed.memory["graph_pool"] == pytest.approx(0.56 * 2**30)
+    assert parsed.memory["kv_tokens"] == 1_234_560
+
+
+def test_unknown_backend_log_parses_to_nothing():
+    parsed = parse_log("tgi", "anything")
+    assert parsed.phases == [] and parsed.memory == {}
+
+
+def test_launch_failure_quotes_the_log(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('cannot load the model: boom', flush=True); sys.exit(3)"]
+    launcher = ProcessLauncher(
+        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "a.log", startup_timeout=30
+    )
+    with pytest.raises(LaunchError, match="exited with code 3") as info:
+        launcher.start()
+    assert "boom" in str(info.value)
+    assert launcher.report.exit_code == 3
+
+
+def test_startup_timeout_stops_the_server(tmp_path):
+    cmd = [sys.executable, "-c", "import time; print('warming up forever', flush=True); time.sleep(120)"]
+    launcher = ProcessLauncher(
+        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "b.log", startup_timeout=1.5
+    )
+    with pytest.raises(LaunchError, match="not healthy") as info:
+        launcher.start()
+    assert "warming up forever" in str(info.value)
+    assert launcher.proc.poll() is not None
+
+
+def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
+    """A server that starts a helper of its own: Ctrl-C in the middle of the run stops both."""
+    port = free_port()
+    pid_file = tmp_path / "helper.pid"
+    script = (
+        f"import subprocess, sys, http.server; h = subprocess.Popen([sys.executable, '-c', "
+        f"'import time; time.sleep(300)']); open({str(pid_file)!r}, 'w').write(str(h.pid)); "
+        f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler)"
+        f".serve_forever()"
+    )
+    launcher = ProcessLauncher(
+        "reference",
+        "eager",
+        [sys.executable, "-c", script],
+        f"http://127.0.0.1:{port}",
+        "/",
+        tmp_path / "c.log",
+        startup_timeout=30,
+        stop_timeout=5,
+    )
+    with pytest.raises(KeyboardInterrupt), launcher:
+        report = launcher.start()
+        assert report.ready_s is not None and report.ready_s > 0
+        raise KeyboardInterrupt
+    assert launcher.proc.poll() is not None
+    helper = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(helper)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_vllm_cpu_serve_log_recorded_from_a_real_start():
+    """tests/data/vllm_cpu_serve.log: `vllm serve` of SmolLM2 on this CPU, as the project recorded it."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "vllm_cpu_serve.log").read_text()
+    parsed = parse_log("vllm", text)
+    got = {p.name: p.seconds for p in parsed.phases}
+    assert got == {"model_init": 0.096251, "weights": 0.29, "init_engine": 1.75, "server_ready": 0.0}
+    assert parsed.memory == {"weights": pytest.approx(0.5 * 2**30), "kv_cache": 2**30, "kv_tokens": 23296}
+    first = datetime.fromtimestamp(parsed.first_line_epoch)
+    report = SetupReport("vllm", "", "process", "http://x", spawned_at=first.timestamp())
+    apply_log(report, parsed)
+    ends = {p.name: p.end_s for p in report.phases}
+    # first line 16:23:28, weights logged 16:23:48, engine ready 16:23:50, server listening 16:23:52
+    assert ends["weights"] == pytest.approx(20) and ends["init_engine"] == pytest.approx(22)
+    assert ends["server_ready"] == pytest.approx(24)

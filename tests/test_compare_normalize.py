@@ -1,0 +1,82 @@
+"""Normalisation, break-even, significance tests: hand-computed answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from compare.diff import holm
+from compare.launch import SetupReport
+from compare.metrics import mann_whitney, ratio_ci
+from compare.normalize import (
+    break_even,
+    cost_per_million_tokens,
+    graph_pool_trade,
+    prefill_ms_per_1k,
+    roofline_tpot_ms,
+)
+
+
+def test_prefill_roofline_and_cost():
+    assert prefill_ms_per_1k(50.0, 500.0) == pytest.approx(100.0)  # 50 ms for 500 tokens = 100 ms per 1k
+    # 16 GB of weights at 4000 GB/s: 4 ms per decode step
+    assert roofline_tpot_ms(16e9, 4000.0) == pytest.approx(4.0)
+    # plus 8 sequences x 1000 tokens x 128 KiB of KV: 16e9 + 1.048576e9 bytes
+    assert roofline_tpot_ms(16e9, 4000.0, 8, 1000, 131072) == pytest.approx(
+        (16e9 + 8 * 1000 * 131072) / 4e12 * 1e3
+    )
+    assert math.isnan(roofline_tpot_ms(16e9, 0.0))
+    # $3.60 an hour at 1000 tokens/s: 3.6e6 tokens per hour -> $1 per million
+    assert cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)
+    assert math.isnan(cost_per_million_tokens(None, 1000.0))
+
+
+def test_break_even_by_hand():
+    # A starts 60 s later but serves a request 0.5 s sooner (1.5 s against 2.0 s): 120 requests,
+    # which at A's 1.5 s per request is 180 s = 0.05 h
+    be = break_even(90.0, 30.0, 1.5, 2.0)
+    assert be.requests == pytest.approx(120) and be.hours == pytest.approx(0.05)
+    assert be.verdict == "after 120 requests (3 min of serving)"
+    assert break_even(10.0, 30.0, 1.5, 2.0).requests == 0  # faster and quicker to start
+    assert break_even(90.0, 30.0, 2.5, 2.0).requests is None  # slower per request: never
+    assert break_even(90.0, 30.0, 2.0, 2.0).verdict == "never"
+
+
+def test_graph_pool_trade():
+    setup = SetupReport(
+        "reference",
+        "graphs",
+        "process",
+        "http://x",
+        memory={"graph_pool": 2**30, "kv_cache": 8 * 2**30, "kv_tokens": 65536},
+    )
+    trade = graph_pool_trade(setup, seq_tokens=512)
+    # 8 GiB for 65536 tokens = 128 KiB per token; 1 GiB of pool = 8192 tokens = 16 sequences of 512
+    assert trade.kv_tokens == pytest.approx(8192) and trade.sequences == pytest.approx(16)
+    assert graph_pool_trade(SetupReport("r", "eager", "process", "x", memory={"kv_cache": 1.0}), 10) is None
+
+
+def test_mann_whitney_by_hand():
+    # a = 1,2,3; b = 4,5,6: U = 0, mean 4.5, sigma sqrt(9/12 * 7) = 2.2913; z = (0 - 4.5 + 0.5) / 2.2913
+    z = -4.0 / math.sqrt(9 / 12 * 7)
+    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(
+        math.erfc(abs(z) / math.sqrt(2))
+    )
+    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(0.0809, abs=1e-4)
+    assert mann_whitney(np.array([1.0, 1, 1]), np.array([1.0, 1, 1])) == 1.0
+    assert math.isnan(mann_whitney(np.array([]), np.array([1.0])))
+
+
+def test_ratio_ci_brackets_a_known_ratio():
+    rng = np.random.default_rng(5)
+    a = rng.normal(200, 10, 300)
+    b = rng.normal(100, 5, 300)
+    ratio, lo, hi = ratio_ci(a, b, "p50")
+    assert lo <= ratio <= hi and lo < 2.0 < hi
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
+    assert holm([0.04, 0.01, 0.02, math.nan]) == pytest.approx([0.04, 0.03, 0.04, math.nan], nan_ok=True)

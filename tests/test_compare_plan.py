@@ -1,0 +1,110 @@
+"""Planning a run: options, the YAML run file, SLOs, endpoints and variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from compare.plan import PlanError, build_plan, parse_duration, parse_endpoints, parse_slo
+from workloads.schedule import ClosedLoop, OpenLoop
+
+
+def test_defaults_are_the_embedded_run():
+    plan = build_plan({})
+    assert [b.name for b in plan.backends] == ["reference"]
+    assert plan.backends[0].launched and plan.backends[0].variant in ("eager", "graphs")
+    assert plan.model == "smollm2-135m"
+    assert [s.label for s in plan.load_points] == ["c=1", "c=4"]
+    assert plan.workloads[0].label == "random-128x32"
+    assert plan.slo == {}
+
+
+def test_slo_and_durations():
+    assert parse_slo("ttft=200ms,tpot=50ms,e2e=2s") == pytest.approx({"ttft": 0.2, "tpot": 0.05, "e2e": 2.0})
+    assert parse_slo("ttft:150") == pytest.approx({"ttft": 0.15})  # a bare number is milliseconds
+    assert parse_slo({"tpot": "40ms"}) == pytest.approx({"tpot": 0.04})
+    assert parse_duration("1.5min") == pytest.approx(90)
+    assert parse_duration(30) == 30
+    for bad in ("ttft=fast", "latency=2s", "ttft=0ms", "ttft"):
+        with pytest.raises(PlanError):
+            parse_slo(bad)
+
+
+def test_backends_variants_and_endpoints():
+    plan = build_plan(
+        {
+            "backends": "vllm,tgi,reference:eager",
+            "endpoints": ["vllm=http://127.0.0.1:8000/", "tgi=http://127.0.0.1:8080"],
+        }
+    )
+    by_key = {b.key: b for b in plan.backends}
+    assert by_key["vllm"].endpoint == "http://127.0.0.1:8000" and not by_key["vllm"].launched
+    assert by_key["tgi"].endpoint == "http://127.0.0.1:8080"
+    assert by_key["reference:eager"].launched
+    plan = build_plan({"backends": "vllm:a,vllm:b", "endpoints": ["vllm:a=http://h:1", "vllm:b=http://h:2"]})
+    assert [b.endpoint for b in plan.backends] == ["http://h:1", "http://h:2"]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"backends": "vllm"}, "no endpoint"),
+        ({"backends": "nosuch"}, "unknown backend"),
+        ({"backends": "reference:turbo"}, "unknown variant"),
+        ({"backends": "reference,reference"}, "appears twice"),
+        ({"backends": "reference", "endpoints": ["tgi=http://x:1"]}, "not in --backends"),
+        ({"endpoints": ["vllm"]}, "NAME=URL"),
+        ({"concurrency": "0"}, "concurrency"),
+        ({"concurrency": "a,b"}, "numbers"),
+        ({"dataset": "sharegpt"}, "--dataset-path"),
+        ({"repeats": 0}, "repeats"),
+    ],
+)
+def test_plan_errors_are_clear(options, message):
+    with pytest.raises(PlanError, match=message):
+        build_plan(options)
+
+
+def test_rate_alone_is_open_loop_only():
+    plan = build_plan({"rate": "2,8", "arrival": "gamma", "burstiness": 0.5})
+    assert all(isinstance(s, OpenLoop) for s in plan.load_points)
+    assert [s.rate for s in plan.load_points] == [2, 8]
+    assert plan.load_points[0].arrival == "gamma" and plan.load_points[0].burstiness == 0.5
+    both = build_plan({"rate": "2", "concurrency": "3"})
+    assert [s.label for s in both.load_points] == ["c=3", "r=2"]
+
+
+def test_yaml_run_file_matrix_and_override(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("""
+model: /models/x
+backends:
+  - reference:eager
+  - {name: vllm, variant: graphs, endpoint: "http://127.0.0.1:9000"}
+load: {concurrency: [1, 8], rate: [4], arrival: constant}
+workloads:
+  - {dataset: random, input_len: 256, output_len: 64}
+  - {name: long, dataset: random, input_len: "uniform:1000:2000", output_len: 16}
+num_requests: 50
+slo: {ttft: 300ms, tpot: 40ms}
+gpu_price: 3.5
+""")
+    plan = build_plan({}, path)
+    assert [b.key for b in plan.backends] == ["reference:eager", "vllm:graphs"]
+    assert plan.backends[1].endpoint == "http://127.0.0.1:9000"
+    assert [s.label for s in plan.load_points] == ["c=1", "c=8", "r=4"]
+    assert isinstance(plan.load_points[0], ClosedLoop) and plan.load_points[2].arrival == "constant"
+    assert [w.label for w in plan.workloads] == ["random-256x64", "long"]
+    assert plan.num_requests == 50 and plan.gpu_price == 3.5
+    assert plan.slo == pytest.approx({"ttft": 0.3, "tpot": 0.04})
+    # the command line wins over the file
+    plan = build_plan({"num_requests": 5, "concurrency": "2"}, path)
+    assert plan.num_requests == 5 and [s.label for s in plan.load_points] == ["c=2", "r=4"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backendz: [reference]\n")
+    with pytest.raises(PlanError, match="unknown keys"):
+        build_plan({}, bad)
+
+
+def test_parse_endpoints_rejects_non_http():
+    with pytest.raises(PlanError, match="http"):
+        parse_endpoints(["vllm=127.0.0.1:8000"])
