@@ -39,7 +39,7 @@ def test_rms_norm_and_residual(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (9, 3, 64), (8, 8, 128)])
 def test_rope_and_cache_write(dtype, heads, kv_heads, head_dim):
-    tokens, block_size, num_blocks, max_len = random.randint(1, 20), 16, 8, 128
+    tokens, block_size, num_blocks, max_len = random.randint(2, 20), 16, 8, 128
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=dtype)
     positions = torch.randint(0, max_len, (tokens,), device=DEVICE)
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), torch.rand(head_dim // 2))
