@@ -3,6 +3,9 @@ counts equal vLLM's own usage, timings sane, its metrics mapped and its start-up
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import requests
 from transformers import AutoTokenizer
@@ -53,3 +56,32 @@ def test_vllm_startup_phases_from_its_log(vllm_tiny):
     assert int(phases["kv_cache_tokens"].fields["tokens"].replace(",", "")) > 0
     assert phases["engine_ready"].seconds > 0
     assert "server_ready" in phases
+
+
+def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
+    """`compare run --backends vllm` as users run it, against the live vLLM: every request recorded with
+    vLLM's own usage, the summary and reports written."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from workloads.records import read_records
+
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "compare.cli", "run", "--backends", "vllm", "--endpoint", f"vllm={vllm_tiny.url}",
+         "--model", str(llama_dir), "--dataset", "random", "--input-len", "32", "--output-len", "8",
+         "--concurrency", "2", "--num-requests", "6", "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [r for r in read_records(out / "requests.jsonl") if not r.warmup]
+    assert len(records) == 6 and all(r.error_kind is None for r in records)
+    assert all(r.output_tokens == r.usage_completion_tokens == 8 for r in records)
+    summary = pd.read_csv(out / "summary.csv")
+    row = summary[summary["backend"] == "vllm"].iloc[0]
+    assert row["requests_ok"] == 6 and row["requests_failed"] == 0
+    assert 0 < row["ttft_p50_ms"] < 30_000 and row["tpot_p50_ms"] > 0
+    for name in ("manifest.json", "report.md", "report.html"):
+        assert (out / name).is_file()
