@@ -82,6 +82,8 @@ def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     summary = pd.read_csv(out / "summary.csv")
     row = summary[summary["backend"] == "vllm"].iloc[0]
     assert row["requests_ok"] == 6 and row["requests_failed"] == 0
-    assert 0 < row["ttft_p50_ms"] < 30_000 and row["tpot_p50_ms"] > 0
+    # The tiny model decodes faster than vLLM's API process streams: its tokens often reach us in one socket
+    # read, so TPOT by the declared definition can be 0 here; it is never negative or missing.
+    assert 0 < row["ttft_p50_ms"] < 30_000 and row["tpot_p50_ms"] >= 0 and row["e2e_p50_ms"] >= row["ttft_p50_ms"]
     for name in ("manifest.json", "report.md", "report.html"):
         assert (out / name).is_file()
