@@ -131,6 +131,7 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, max_len: int, ops: Ops) -> None:
         super().__init__()
         self.spec = spec
+        self.ops = ops
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.rotary = RotaryEmbedding(spec, max_len)
         self.layers = nn.ModuleList(DecoderLayer(spec, self.rotary, ops) for _ in range(spec.num_layers))
@@ -140,6 +141,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        self.ops.begin_step()
         x = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:

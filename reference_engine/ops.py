@@ -19,7 +19,16 @@ class TorchOps:
 
     name = "torch"
 
+    def __init__(self) -> None:
+        self._rope_rows: tuple | None = None  # (positions, cos table, cos rows, sin rows) of the current step
+
+    def begin_step(self) -> None:
+        """Called at the start of every forward pass (and so inside a CUDA-graph capture): drops per-step state."""
+        self._rope_rows = None
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; in float32 it is Hugging Face's arithmetic exactly
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -36,16 +45,23 @@ class TorchOps:
                           num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Split fused q/k/v, rotate q and k, store k and v in the cache; return rotated q [T, heads, dim]."""
         head_dim = k_cache.shape[-1]
-        q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-        q = q.view(-1, num_heads, head_dim)
-        k = k.view(-1, num_kv_heads, head_dim)
+        qk, v = qkv.split([(num_heads + num_kv_heads) * head_dim, num_kv_heads * head_dim], dim=-1)
+        qk = qk.view(-1, num_heads + num_kv_heads, head_dim)  # q and k heads side by side: rotate them at once
         v = v.view(-1, num_kv_heads, head_dim)
-        c = cos[positions].to(q.dtype).unsqueeze(1)
-        s = sin[positions].to(q.dtype).unsqueeze(1)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
-        attention.write_kv(k_cache, v_cache, k, v, slot_mapping)
-        return q
+        c, s = self._rope_rows_for(positions, cos, sin, qkv.dtype)
+        qk = qk * c + _rotate_half(qk) * s
+        attention.write_kv(k_cache, v_cache, qk[:, num_heads:], v, slot_mapping)
+        return qk[:, :num_heads]
+
+    def _rope_rows_for(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows of this step's positions, looked up once per step rather than once per layer."""
+        cached = self._rope_rows
+        if cached is None or cached[0] is not positions or cached[1] is not cos:  # first layer of the step
+            c = cos[positions].to(dtype).unsqueeze(1)
+            s = sin[positions].to(dtype).unsqueeze(1)
+            cached = self._rope_rows = (positions, cos, c, s)
+        return cached[2], cached[3]
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                scale: float) -> torch.Tensor:
