@@ -76,6 +76,9 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         value = timing.ttft(r)
         if value is not None:
             results.cold_first_token[key] = value
+    for key, setup in setups.items():  # measured at launch, from ready: what the first user waits for
+        if setup.cold_first_token_s is not None:
+            results.cold_first_token[key] = setup.cold_first_token_s
     return results
 
 
