@@ -10,7 +10,7 @@ with `LaunchSpecError` rather than silently ignored.
 Variant syntax (the part after `backend:` in `--backends`): `+`-joined items, `eager` (graphs off), `graphs`
 (graphs on), `graphs=1/2/4/8` (graphs on, for these batch sizes), `block=32`, `batch=64`; for example
 `vllm:graphs=1/2/4+block=32`. A YAML run file may give the same as keys (`graphs`, `graph_sizes`,
-`block_size`, `max_batch_size`).
+`block_size`, `max_batch_size`), and the variant is then only a name.
 """
 
 from __future__ import annotations
@@ -69,9 +69,11 @@ class Variant:
 
     @classmethod
     def parse(cls, text: str, **given: Any) -> Variant:
-        """From the variant syntax (module docstring), plus keys a run file gave (`given`)."""
+        """From the variant syntax (module docstring), or, where a run file gave keys (`given`), from those,
+        the text being only the variant's name."""
         out = cls(text)
-        items = [t.strip() for t in text.split("+") if t.strip()]
+        keyed = any(given.get(k) is not None for k in ("graphs", "graph_sizes", "block_size", "max_batch_size"))
+        items = [] if keyed else [t.strip() for t in text.split("+") if t.strip()]
         if "eager" in items and any(t.startswith("graphs") for t in items):
             raise LaunchSpecError(f"variant {text!r} turns CUDA graphs off and on")
         for item in items:

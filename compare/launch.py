@@ -65,6 +65,24 @@ def peak_rss_bytes(pid: int) -> float | None:
     return None
 
 
+def group_peak_rss_bytes(pgid: int) -> float | None:
+    """The sum of the peak resident memory of every process in a process group: a server such as vLLM runs
+    its engine in child processes. An upper bound of the group's peak (each process's own peak, whenever it
+    was), Linux only."""
+    total, found = 0.0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the name: state, ppid, pgrp
+                continue
+        except (OSError, ValueError, IndexError):
+            continue
+        rss = peak_rss_bytes(int(stat.parent.name))
+        if rss is not None:
+            total, found = total + rss, True
+    return total if found else None
+
+
 # -- launchers ----------------------------------------------------------------------------------------------
 
 _LIVE: set[Launcher] = set()
@@ -249,7 +267,7 @@ class ProcessLauncher(Launcher):
         """Re-read the log and the process's peak memory into the report."""
         super().refresh()
         if self.proc is not None:
-            rss = peak_rss_bytes(self.proc.pid)
+            rss = group_peak_rss_bytes(self.proc.pid)
             if rss is not None:
                 self.report.memory["peak_rss"] = max(rss, self.report.memory.get("peak_rss", 0.0))
 

@@ -38,7 +38,8 @@ class ParsedLog:
 @dataclass
 class SetupReport:
     """What it cost to get a backend ready to serve; `memory` in bytes (weights, kv_cache, graph_pool,
-    peak_rss, device_used), `kv_tokens` where the backend says how many tokens its KV cache holds."""
+    peak_rss: the server's processes' peak resident memory, summed; device_used: GPU memory the launch
+    added), `kv_tokens` where the backend says how many tokens its KV cache holds."""
 
     backend: str
     variant: str
