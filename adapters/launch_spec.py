@@ -144,6 +144,8 @@ class LaunchSpec:
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     ulimits: dict[str, int] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # written into the launch's folder before the start
+    dirs: list[str] = field(default_factory=list)  # host directories the process needs, made before the start
+    scratch: list[str] = field(default_factory=list)  # host directories outside the run, removed after the stop
     container_error: str | None = None  # why the default image cannot run here (e.g. it needs a GPU)
     served_as: str | None = None  # the model name requests must carry, where the server picks it itself
     container_served_as: str | None = None

@@ -10,7 +10,9 @@ Shapes: `vllm/entrypoints/openai/protocol.py`, `serving_completion.py`, `serving
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +100,19 @@ def vllm_flags(model: ModelSource, variant: Variant, gpu: bool) -> tuple[list[st
     return flags, notes
 
 
-def vllm_env(workdir: Path) -> dict[str, str]:
-    """Every cache and temporary file of vLLM inside the launch's folder; no usage reporting."""
-    env = {}
+def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
+    """Every cache and temporary file of vLLM inside the launch's folder; no usage reporting. vLLM binds
+    ZeroMQ unix sockets under TMPDIR, whose paths may not pass 107 bytes: a deep run directory gets a short
+    TMPDIR of its own under the system's, which is removed after the stop (returned as scratch)."""
+    env, scratch = {}, []
     for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                      ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
         env[var] = str(workdir / sub)
-    return env
+    if len(env["TMPDIR"]) > 60:
+        digest = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:12]
+        env["TMPDIR"] = str(Path(tempfile.gettempdir()) / f"llm-compare-vllm-{digest}")
+        scratch.append(env["TMPDIR"])
+    return env, scratch
 
 
 class _VLLMLaunch:
@@ -119,6 +127,7 @@ class _VLLMLaunch:
         env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if model.local:
             env["HF_HUB_OFFLINE"] = "1"
+        process_env, scratch = vllm_env(workdir)
         return LaunchSpec(
             cls.name,
             [exe, "serve", model.model, "--host", "127.0.0.1", "--port", str(port), *served, *flags],
@@ -129,7 +138,9 @@ class _VLLMLaunch:
             port,
             health_path=cls.health_path,
             env=env,
-            process_env=vllm_env(workdir),
+            process_env=process_env,
+            dirs=list(process_env.values()),
+            scratch=scratch,
             gpus=gpu,
             shm_size="16g",
             volumes=model.volumes(),

@@ -47,7 +47,11 @@ def make_launcher(
     try:
         variant = Variant.parse(backend.variant, **dict(backend.options))
         spec = cls.launch_spec(
-            model, variant, port, workdir=workdir, gpu=gpu,
+            model,
+            variant,
+            port,
+            workdir=workdir,
+            gpu=gpu,
             executable=plan.vllm_bin if cls.server_family == "vllm" else None,
         ).with_extra_args(backend.server_args)
     except LaunchSpecError as exc:
@@ -58,22 +62,22 @@ def make_launcher(
         launcher: Launcher = _container(plan, backend, cls, spec, log_path, gpu, server_cpus, log)
         served_as = spec.container_served_as
     else:
-        launcher = _process(plan, backend, cls, spec, log_path, workdir, server_cpus)
+        launcher = _process(plan, backend, cls, spec, log_path, server_cpus)
         served_as = spec.served_as
     launcher.report.notes += spec.notes
     launcher.served_as = served_as  # type: ignore[attr-defined]
     return launcher
 
 
-def _process(plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, workdir: Path,
-             server_cpus: set[int] | None) -> Launcher:
+def _process(
+    plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, server_cpus: set[int] | None
+) -> Launcher:
     exe = spec.command[0]
     if shutil.which(exe) is None and not Path(exe).is_file():
         hint = " (--vllm-bin PATH or LLM_COMPARE_VLLM)" if cls.server_family == "vllm" else ""
         raise LaunchError(f"{backend.key}: {exe} not found{hint}; install it, or use --launch docker")
-    for value in spec.process_env.values():
-        if Path(value).is_relative_to(workdir):
-            Path(value).mkdir(parents=True, exist_ok=True)
+    for path in spec.dirs:
+        Path(path).mkdir(parents=True, exist_ok=True)
     env = {**spec.env, **spec.process_env}
     if cls.server_family == "reference":
         env.update(package_env())
@@ -87,11 +91,20 @@ def _process(plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, workd
         plan.startup_timeout,
         env=env,
         cpus=server_cpus,
+        scratch=spec.scratch,
     )
 
 
-def _container(plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, gpu: bool,
-               server_cpus: set[int] | None, log: Callable[[str], None] | None) -> Launcher:
+def _container(
+    plan: Any,
+    backend: Any,
+    cls: Any,
+    spec: Any,
+    log_path: Path,
+    gpu: bool,
+    server_cpus: set[int] | None,
+    log: Callable[[str], None] | None,
+) -> Launcher:
     from compare.containers import ContainerLauncher, docker_client
     from compare.images import ImageError, ensure_image, ensure_reference_cpu_image
 

@@ -63,8 +63,16 @@ class ContainerLauncher(Launcher):
         cpus: set[int] | None = None,
     ) -> None:
         self.spec, self.image = spec, image or spec.image
-        super().__init__(backend, variant, [self.image, *spec.container_args], "http://127.0.0.1:0",
-                         spec.health_path, log_path, startup_timeout, stop_timeout)
+        super().__init__(
+            backend,
+            variant,
+            [self.image, *spec.container_args],
+            "http://127.0.0.1:0",
+            spec.health_path,
+            log_path,
+            startup_timeout,
+            stop_timeout,
+        )
         self.session = uuid.uuid4().hex[:12]
         self.labels = {LABEL: "1", SESSION_LABEL: self.session, BACKEND_LABEL: self.report.key}
         self.name = f"llm-compare-{backend}-{self.session}"
@@ -97,7 +105,9 @@ class ContainerLauncher(Launcher):
         if self.spec.shm_size:
             kwargs["shm_size"] = self.spec.shm_size
         if self.spec.ulimits:
-            kwargs["ulimits"] = [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in self.spec.ulimits.items()]
+            kwargs["ulimits"] = [
+                docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in self.spec.ulimits.items()
+            ]
         if self.spec.gpus:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         if self.cpus:
@@ -112,9 +122,13 @@ class ContainerLauncher(Launcher):
             self.container.reload()
         except docker.errors.APIError as exc:
             raise LaunchError(f"{self.report.key}: the container could not be started: {exc}") from exc
-        bindings = (self.container.attrs["NetworkSettings"]["Ports"] or {}).get(f"{self.spec.container_port}/tcp")
+        bindings = (self.container.attrs["NetworkSettings"]["Ports"] or {}).get(
+            f"{self.spec.container_port}/tcp"
+        )
         if not bindings:
-            raise LaunchError(f"{self.report.key}: the container published no port {self.spec.container_port}")
+            raise LaunchError(
+                f"{self.report.key}: the container published no port {self.spec.container_port}"
+            )
         self.url = self.report.url = f"http://127.0.0.1:{bindings[0]['HostPort']}"
         self._log_file = self.log_path.open("wb")
         self._follower = threading.Thread(target=self._follow, name=f"logs-{self.name}", daemon=True)
@@ -148,7 +162,9 @@ class ContainerLauncher(Launcher):
             with contextlib.suppress(docker.errors.APIError):
                 self.container.stop(timeout=max(1, int(timeout)))
             with contextlib.suppress(docker.errors.APIError):
-                self.report.exit_code = self._exit_code() if self.report.exit_code is None else self.report.exit_code
+                self.report.exit_code = (
+                    self._exit_code() if self.report.exit_code is None else self.report.exit_code
+                )
             if self._follower is not None:
                 self._follower.join(timeout=5)
             with contextlib.suppress(docker.errors.APIError, OSError):
@@ -158,7 +174,9 @@ class ContainerLauncher(Launcher):
                 self._log_file.close()
             self._log_file = None
         with contextlib.suppress(docker.errors.APIError):
-            for leftover in self.client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={self.session}"}):
+            for leftover in self.client.containers.list(
+                all=True, filters={"label": f"{SESSION_LABEL}={self.session}"}
+            ):
                 with contextlib.suppress(docker.errors.APIError):
                     leftover.remove(force=True, v=True)
 
@@ -174,7 +192,12 @@ class ContainerLauncher(Launcher):
         start = min(self._start_s, first.seconds)
         phases[0:1] = [
             Phase("container_start", round(start, 3), round(start, 3), "container created and started"),
-            Phase("process_start", first.seconds - start, first.end_s, "interpreter and imports, to the first log line"),
+            Phase(
+                "process_start",
+                first.seconds - start,
+                first.end_s,
+                "interpreter and imports, to the first log line",
+            ),
         ]
 
     def _sample_memory(self) -> None:

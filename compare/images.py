@@ -34,8 +34,12 @@ class ImageError(RuntimeError):
 def source_digest(base_id: str) -> str:
     """What the reference CPU image is made of, as one hash."""
     h = hashlib.sha256()
-    files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "docker" / CPU_DOCKERFILE,
-             ROOT / "docker" / "prepare_reference_context.sh"]
+    files = [
+        ROOT / "pyproject.toml",
+        ROOT / "README.md",
+        ROOT / "docker" / CPU_DOCKERFILE,
+        ROOT / "docker" / "prepare_reference_context.sh",
+    ]
     for pkg in PACKAGES:
         files += sorted(p for p in (ROOT / pkg).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     for path in files:
@@ -46,7 +50,9 @@ def source_digest(base_id: str) -> str:
 
 def can_build_reference() -> bool:
     """A source checkout has the recipe; an installed package does not."""
-    return (ROOT / "docker" / CPU_DOCKERFILE).is_file() and (ROOT / "docker" / "prepare_reference_context.sh").is_file()
+    return (ROOT / "docker" / CPU_DOCKERFILE).is_file() and (
+        ROOT / "docker" / "prepare_reference_context.sh"
+    ).is_file()
 
 
 def ensure_reference_cpu_image(
@@ -64,7 +70,9 @@ def ensure_reference_cpu_image(
     old = _get(client, tag)
     if not can_build_reference():
         if old is None:
-            raise ImageError(f"image {tag} is missing and this installation has no docker/ recipe to build it")
+            raise ImageError(
+                f"image {tag} is missing and this installation has no docker/ recipe to build it"
+            )
         return old
     base = _get(client, base_image)
     if base is None:
@@ -78,20 +86,30 @@ def ensure_reference_cpu_image(
     if log:
         log(f"building {tag} from docker/{CPU_DOCKERFILE} (offline; about a minute the first time)")
     with tempfile.TemporaryDirectory(prefix="reference-context-") as ctx:
-        subprocess.run(["bash", str(ROOT / "docker" / "prepare_reference_context.sh"), ctx], check=True,
-                       env={**os.environ, "PYTHON": sys.executable}, timeout=1800)
+        subprocess.run(
+            ["bash", str(ROOT / "docker" / "prepare_reference_context.sh"), ctx],
+            check=True,
+            env={**os.environ, "PYTHON": sys.executable},
+            timeout=1800,
+        )
         try:
             # podman's API wants the Dockerfile named even when it lies at the context's root
             built, _ = client.images.build(
-                path=ctx, dockerfile=CPU_DOCKERFILE, tag=tag, rm=True, forcerm=True,
+                path=ctx,
+                dockerfile=CPU_DOCKERFILE,
+                tag=tag,
+                rm=True,
+                forcerm=True,
                 buildargs={"BASE_IMAGE": base_image},
                 labels={**(labels or {}), SOURCE_LABEL: digest, BUILT_LABEL: "1"},
             )
         except docker.errors.BuildError as exc:
             output = "".join(chunk.get("stream", "") for chunk in exc.build_log)
             raise ImageError(f"building {tag} failed: {exc}\n{output[-4000:]}") from exc
-    ours = old is not None and (old.labels.get(BUILT_LABEL) == "1" or (
-        bool(labels) and all(old.labels.get(k) == v for k, v in (labels or {}).items())))
+    ours = old is not None and (
+        old.labels.get(BUILT_LABEL) == "1"
+        or (bool(labels) and all(old.labels.get(k) == v for k, v in (labels or {}).items()))
+    )
     if ours and old.id != built.id:
         with contextlib.suppress(docker.errors.APIError):  # the image this one replaces, now untagged
             client.images.remove(old.id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,8 +28,20 @@ from typing import Any
 from compare import devices
 from compare.setup_report import GIB, ParsedLog, Phase, SetupReport, apply_log, parse_log
 
-__all__ = ["GIB", "LaunchError", "Launcher", "ParsedLog", "Phase", "ProcessLauncher", "SetupReport",
-           "apply_log", "endpoint_report", "free_port", "healthy", "parse_log"]
+__all__ = [
+    "GIB",
+    "LaunchError",
+    "Launcher",
+    "ParsedLog",
+    "Phase",
+    "ProcessLauncher",
+    "SetupReport",
+    "apply_log",
+    "endpoint_report",
+    "free_port",
+    "healthy",
+    "parse_log",
+]
 
 LOG_TAIL_CHARS = 3000
 
@@ -201,7 +214,9 @@ class Launcher:
             return self.report.exit_code
         code = self._exit_code()
         if self.report.ready_s is not None and self.report.exit_code is None and code not in (None, 0):
-            self.report.notes.append(f"the server exited with code {code} during the run (log: {self.log_path})")
+            self.report.notes.append(
+                f"the server exited with code {code} during the run (log: {self.log_path})"
+            )
         if code is None:
             with contextlib.suppress(Exception):
                 self.refresh()
@@ -238,9 +253,11 @@ class ProcessLauncher(Launcher):
         env: dict[str, str] | None = None,
         cpus: set[int] | None = None,
         stop_timeout: float = 30.0,
+        scratch: list[str] | None = None,
     ) -> None:
         super().__init__(backend, variant, command, url, health_path, log_path, startup_timeout, stop_timeout)
         self.command, self.env, self.cpus = command, env, cpus
+        self.scratch = list(scratch or [])  # directories outside the run directory, removed after the stop
         self.proc: subprocess.Popen | None = None
         self._log_file: Any = None
 
@@ -290,6 +307,8 @@ class ProcessLauncher(Launcher):
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        for path in self.scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def package_env() -> dict[str, str]:

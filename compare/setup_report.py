@@ -32,7 +32,9 @@ class ParsedLog:
     device: str | None = None
     dtype: str | None = None
     server_ready_s: float | None = None  # the server's own spawn-to-ready figure, if it logs one
-    first_line_epoch: float | None = None  # when the process logged its first stamped line (after its imports)
+    first_line_epoch: float | None = (
+        None  # when the process logged its first stamped line (after its imports)
+    )
 
 
 @dataclass
@@ -130,8 +132,9 @@ def _detail(text: str, gib: float | None, fields: dict[str, str]) -> str:
     return ", ".join(filter(None, [text, *facts]))
 
 
-def _memory(out: ParsedLog, pattern: StartupPattern, gib: float | None, fields: dict[str, str],
-            weak: set[str]) -> None:
+def _memory(
+    out: ParsedLog, pattern: StartupPattern, gib: float | None, fields: dict[str, str], weak: set[str]
+) -> None:
     found: dict[str, float] = {}
     if gib is not None and pattern.memory and pattern.memory != "kv_tokens":
         found[pattern.memory] = gib * GIB

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import datetime
@@ -174,3 +175,45 @@ def test_vllm_cpu_serve_log_recorded_from_a_real_start():
     # first line 16:23:28, weights logged 16:23:48, engine ready 16:23:50, server listening 16:23:52
     assert ends["weights"] == pytest.approx(20) and ends["init_engine"] == pytest.approx(22)
     assert ends["server_ready"] == pytest.approx(24)
+
+
+def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
+    """There is no GPU here: a stand-in `nvidia-smi` on PATH answers as the real one does to the query the
+    launcher makes (1000 MiB in use on GPU 0 before the spawn, 3048 MiB at ready; GPU 1 is hidden by
+    CUDA_VISIBLE_DEVICES)."""
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = "--query-gpu=index,memory.used" ] || exit 9\n'
+        f"echo x >> {calls}\n"
+        f'if [ "$(wc -l < {calls})" -le 1 ]; then echo "0, 1000"; else echo "0, 3048"; fi\n'
+        'echo "1, 5"\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    port = free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    launcher = ProcessLauncher("reference", "eager", server, f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30)
+    with launcher:
+        report = launcher.start()
+    assert report.memory["device_used"] == (3048 - 1000) * 2**20
+    assert "nvidia-smi on GPU 0: 2.98 GiB in use at ready, 0.98 GiB before the launch" in report.notes[0]
+
+
+def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
+    """vLLM's CPU build answers /health for a model its kernels refuse; the first request is what tells."""
+    from adapters import get_adapter
+    from compare.backend_launch import measure_cold_first_token
+    from workloads.spec import RequestSpec
+
+    port = free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    launcher = ProcessLauncher("vllm", "", server, f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30)
+    with launcher:
+        launcher.start()
+        with pytest.raises(LaunchError, match="answered its health check, but its first request failed: HTTP 501"):
+            measure_cold_first_token(launcher, get_adapter("vllm", model="m"), RequestSpec("c", (1,), "hi", 2), 10)
+    assert launcher.report.cold_first_token_s is None

@@ -44,7 +44,8 @@ def test_variant_syntax():
             Variant.parse(bad)
 
 
-def test_vllm_flags_on_a_gpu():
+def test_vllm_flags_on_a_gpu(monkeypatch):
+    monkeypatch.delenv("LLM_COMPARE_VLLM", raising=False)
     s = spec("vllm", "graphs=1/2/4+block=32+batch=64")
     assert s.command[:3] == ["vllm", "serve", "hub/model"]
     assert flags_after(s.command, "--cudagraph-capture-sizes") == ["1", "2", "4"]
@@ -57,12 +58,15 @@ def test_vllm_flags_on_a_gpu():
 
 def test_vllm_on_a_cpu_gets_the_cpu_build_flags_and_caches_in_its_folder(tmp_path):
     model = ModelSource(str(tmp_path), "m")  # a local checkpoint directory
-    s = spec("vllm", "graphs", gpu=False, model=model, tmp=tmp_path / "launch")
+    s = spec("vllm", "graphs", gpu=False, model=model, tmp=Path("/runs/r/launch/vllm"))
     for flag in ("--enforce-eager", "--kv-cache-memory-bytes"):
         assert flag in s.command
     assert flags_after(s.command, "--dtype") == ["float32"] and flags_after(s.command, "--max-model-len") == ["1024"]
     assert "--cudagraph-capture-sizes" not in s.command
-    assert all(Path(v).is_relative_to(tmp_path / "launch") for v in s.process_env.values())
+    assert all(Path(v).is_relative_to("/runs/r/launch/vllm") for v in s.process_env.values())
+    assert s.dirs == list(s.process_env.values()) and s.scratch == []
+    deep = spec("vllm", gpu=False, tmp=Path("/runs") / ("d" * 80))  # ZeroMQ's socket paths must stay short
+    assert len(deep.process_env["TMPDIR"]) < 60 and deep.scratch == [deep.process_env["TMPDIR"]]
     assert s.env["VLLM_NO_USAGE_STATS"] == "1" and s.env["HF_HUB_OFFLINE"] == "1"
     assert "runs eager" in s.notes[0]
     assert s.container_error and "needs an NVIDIA GPU" in s.container_error
