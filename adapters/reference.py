@@ -63,14 +63,14 @@ def reference_flags(model: ModelSource, variant: Variant) -> list[str]:
 
 
 class _ReferenceLaunch:
-    server_family = "reference"
+    server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
                     executable: str | None = None) -> LaunchSpec:
         flags = ["--served-model-name", model.served_name, "--shutdown-timeout", "5",
                  *reference_flags(model, variant)]
-        spec = LaunchSpec(
+        return LaunchSpec(
             cls.name,
             [executable or sys.executable, "-m", "reference_engine.server", "--model", model.model,
              "--host", "127.0.0.1", "--port", str(port), *flags],
@@ -83,9 +83,6 @@ class _ReferenceLaunch:
             shm_size="16g" if gpu else "1g",
             volumes=model.volumes(),
         )
-        if not gpu and variant.graphs is not False:
-            spec.notes.append("no GPU: the reference engine runs eager whatever the variant")
-        return spec
 
 
 class ReferenceAdapter(_ReferenceLaunch, VLLMCompletionsAdapter):
