@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from workloads.spec import RequestSpec
@@ -90,6 +91,7 @@ class Adapter:
       usage where the adapter asked for it)
     - `is_complete(events)`: whether the stream reached the protocol's final event
     - `health_path`, `info_path`, `metrics_path`, `metric_names` (backend metric -> common name)
+    - `startup_patterns`, `log_clock`: its server's start-up log lines; `launch_spec(...)`: how to start it
     """
 
     name: ClassVar[str] = "base"
@@ -97,13 +99,23 @@ class Adapter:
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[Mapping[str, str]] = {}
-    startup_patterns: ClassVar[list] = []  # (phase, regex) pairs for adapters.startup_log.parse_startup_log
+    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: what its start-up lines yield
+    log_clock: ClassVar[Any] = None  # adapters.startup_log.LogClock: how those lines carry the time
+    server_family: ClassVar[str | None] = None  # which server `launch_spec` starts (vllm, tgi, trtllm, ...)
     final_event: ClassVar[FinalEvent] = "done"
 
     #: the request asks the server to produce exactly `wanted_output_tokens` (ignore_eos / min_tokens)
     forces_output_length: bool = False
     #: usage on output events is cumulative ("continuous usage"), so per-event counts are exact
     cumulative_usage: bool = False
+
+    @classmethod
+    def launch_spec(cls, model: Any, variant: Any, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> Any:
+        """How to start this backend's server (an `adapters.launch_spec.LaunchSpec`)."""
+        from adapters.launch_spec import LaunchSpecError
+
+        raise LaunchSpecError(f"{cls.name}: llm-compare does not start this server; give its --endpoint")
 
     def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
         raise NotImplementedError

@@ -6,7 +6,11 @@ few only it exports (KV blocks, CUDA-graph buckets, aborted requests).
 
 from __future__ import annotations
 
-from adapters.startup_log import patterns
+import sys
+from pathlib import Path
+
+from adapters.launch_spec import LaunchSpec, ModelSource, Variant
+from adapters.startup_log import clock, pattern
 from adapters.tgi import TGIAdapter
 from adapters.vllm import VLLM_METRICS, VLLMChatAdapter, VLLMCompletionsAdapter
 
@@ -20,31 +24,83 @@ REFERENCE_METRICS.update({
 })
 
 
-#: the server's start-up lines (reference_engine/engine.py and server.py write them)
-REFERENCE_STARTUP = patterns(
-    ("tokenizer_loaded", r"resolved, tokenizer loaded in (?P<seconds>[\d.]+) s"),
-    ("weights_loaded", r"weights loaded: (?P<gib>[\d.]+) GiB, (?P<dtype>\S+) on (?P<device>\S+) in (?P<seconds>[\d.]+) s"),
-    ("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) tokens, "
-                           r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s"),
-    ("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
-                        r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s"),
-    ("server_ready", r"server ready at (?P<url>\S+) in (?P<seconds>[\d.]+) s"),
-)
+#: the server's start-up lines (reference_engine/engine.py and server.py write them), Python logging's clock
+REFERENCE_STARTUP = [
+    pattern("tokenizer_loaded", r"resolved, tokenizer loaded in (?P<seconds>[\d.]+) s", phase="tokenizer",
+            detail="model resolved, tokenizer loaded"),
+    pattern("weights_loaded", r"weights loaded: (?P<gib>[\d.]+) GiB, (?:torch\.)?(?P<dtype>\w+) on "
+            r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s", phase="weights", memory="weights"),
+    pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) tokens, "
+            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
+    pattern("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
+            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool"),
+    pattern("server_ready", r"server ready at (?P<url>\S+) in (?P<seconds>[\d.]+) s", ready=True),
+]
+REFERENCE_CLOCK = clock(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", "%Y-%m-%d %H:%M:%S,%f")
 
 
-class ReferenceAdapter(VLLMCompletionsAdapter):
+#: our images (docker/reference-cpu.Dockerfile, docker/reference-cuda.Dockerfile); their entrypoint is the server
+#: listening on 0.0.0.0:8000, so the arguments start at --model
+REFERENCE_IMAGES = {"cpu": "llm-compare/reference-cpu:latest", "cuda": "llm-compare/reference-cuda:latest"}
+
+
+def reference_flags(model: ModelSource, variant: Variant) -> list[str]:
+    """Our server's flags for a variant; they are named as vLLM's where they mean the same."""
+    flags = []
+    if variant.graphs is False:
+        flags.append("--enforce-eager")
+    if variant.graph_sizes:
+        flags += ["--cudagraph-capture-sizes", *map(str, variant.graph_sizes)]
+    if variant.block_size:
+        flags += ["--block-size", str(variant.block_size)]
+    if variant.max_num_seqs:
+        flags += ["--max-num-seqs", str(variant.max_num_seqs)]
+    if model.max_model_len:
+        flags += ["--max-model-len", str(model.max_model_len)]
+    if model.dtype != "auto":
+        flags += ["--dtype", model.dtype]
+    return flags
+
+
+class _ReferenceLaunch:
+    server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
+
+    @classmethod
+    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> LaunchSpec:
+        flags = ["--served-model-name", model.served_name, "--shutdown-timeout", "5",
+                 *reference_flags(model, variant)]
+        return LaunchSpec(
+            cls.name,
+            [executable or sys.executable, "-m", "reference_engine.server", "--model", model.model,
+             "--host", "127.0.0.1", "--port", str(port), *flags],
+            REFERENCE_IMAGES["cuda" if gpu else "cpu"],
+            ["--model", model.in_container(), *flags],
+            port,
+            health_path=cls.health_path,
+            env={"HF_HUB_OFFLINE": "1"} if model.local else {},
+            gpus=gpu,
+            shm_size="16g" if gpu else "1g",
+            volumes=model.volumes(),
+        )
+
+
+class ReferenceAdapter(_ReferenceLaunch, VLLMCompletionsAdapter):
     name = "reference"
     metric_names = REFERENCE_METRICS
     startup_patterns = REFERENCE_STARTUP
+    log_clock = REFERENCE_CLOCK
 
 
-class ReferenceChatAdapter(VLLMChatAdapter):
+class ReferenceChatAdapter(_ReferenceLaunch, VLLMChatAdapter):
     name = "reference-chat"
     metric_names = REFERENCE_METRICS
     startup_patterns = REFERENCE_STARTUP
+    log_clock = REFERENCE_CLOCK
 
 
-class ReferenceTGIAdapter(TGIAdapter):
+class ReferenceTGIAdapter(_ReferenceLaunch, TGIAdapter):
     name = "reference-tgi"
     metric_names = REFERENCE_METRICS
     startup_patterns = REFERENCE_STARTUP
+    log_clock = REFERENCE_CLOCK

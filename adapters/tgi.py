@@ -17,10 +17,14 @@ chunk when `stream_options.include_usage` is set (chat). TGI has no continuous u
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, Usage, as_int, loads_event
+from adapters.launch_spec import LaunchSpec, LaunchSpecError, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
+from adapters.startup_log import clock, pattern
 from workloads.spec import RequestSpec
 
 TGI_METRICS = {
@@ -36,13 +40,91 @@ TGI_METRICS = {
 }
 
 
-class TGIAdapter(Adapter):
+#: text-generation-launcher's start-up lines (launcher, shards and router share one stream). Weights are
+#: downloaded (or found), each shard loads the model (`Shard ready in`, Rust's Debug duration, one line per
+#: rank), then the router warms the model up, which captures the CUDA graphs, and sizes the KV cache.
+TGI_STARTUP = [
+    pattern("download_started", r"Starting (?:check and )?download process", begins="download",
+            detail="weights downloaded or found"),
+    pattern("download_done", r"Successfully downloaded weights", ends="download"),
+    pattern("shard_ready", r"Shard ready in (?P<seconds>[\d.]+(?:ns|µs|us|ms|s))", phase="shard_load",
+            detail="shard loaded the model"),
+    pattern("warmup_started", r"Warming up model", begins="warmup",
+            detail="router warm-up: CUDA graphs, KV-cache sizing"),
+    pattern("kv_cache_blocks", r"KV-cache blocks: (?P<blocks>\d+), size: (?P<block_size>\d+)"),
+    pattern("graphs_enabled", r"Cuda Graphs are enabled for sizes (?P<sizes>\[[\d, ]*\])"),
+    pattern("max_batch_total_tokens", r"Setting max batch total tokens to (?P<tokens>\d+)",
+            memory="kv_tokens", ends="warmup"),
+    pattern("connected", r"text_generation_router[\w:]*: \S+: Connected$|\bConnected$", ready=True),
+]
+#: `2024-05-31T05:54:04.410417Z  INFO text_generation_launcher: ...` (tracing's UTC time stamp)
+TGI_CLOCK = clock(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", "%Y-%m-%dT%H:%M:%S.%f", utc=True)
+
+
+TGI_IMAGE = "ghcr.io/huggingface/text-generation-inference:latest"  # pin a tag for results you keep
+
+
+def tgi_flags(model: ModelSource, variant: Variant) -> list[str]:
+    """text-generation-launcher's flags for a variant (launcher/src/main.rs: `--cuda-graphs` takes a comma
+    list, "0" turns graphs off; `--max-batch-size`; `--max-total-tokens` and `--max-input-tokens` bound a
+    request; `--dtype` is float16 or bfloat16)."""
+    flags = []
+    if variant.graphs is False:
+        flags += ["--cuda-graphs", "0"]
+    elif variant.graph_sizes:
+        flags += ["--cuda-graphs", ",".join(map(str, variant.graph_sizes))]
+    if variant.block_size:
+        raise LaunchSpecError(
+            "TGI has no flag for the KV-cache block size: its attention backend fixes it (flashinfer 1, "
+            "flashdecoding 256, paged 16, chosen with the ATTENTION environment variable)"
+        )
+    if variant.max_num_seqs:
+        flags += ["--max-batch-size", str(variant.max_num_seqs)]
+    if model.max_model_len:
+        flags += ["--max-total-tokens", str(model.max_model_len),
+                  "--max-input-tokens", str(model.max_model_len - 1)]
+    if model.dtype not in ("auto", "float16", "bfloat16"):
+        raise LaunchSpecError(f"TGI serves float16 or bfloat16, not {model.dtype}")
+    if model.dtype != "auto":
+        flags += ["--dtype", model.dtype]
+    return flags
+
+
+class _TGILaunch:
+    server_family = "tgi"
+
+    @classmethod
+    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> LaunchSpec:
+        flags = tgi_flags(model, variant)
+        exe = executable or os.environ.get("LLM_COMPARE_TGI") or "text-generation-launcher"
+        spec = LaunchSpec(
+            cls.name,
+            [exe, "--model-id", model.model, "--hostname", "127.0.0.1", "--port", str(port), *flags],
+            TGI_IMAGE,
+            # the image's entrypoint is text-generation-launcher (listening on 80 by default)
+            ["--model-id", model.in_container(), "--hostname", "0.0.0.0", "--port", "8000", *flags],
+            port,
+            health_path="/health",
+            env={"HF_HUB_OFFLINE": "1"} if model.local else {},
+            gpus=gpu,
+            shm_size="16g",
+            volumes=model.volumes(),
+            container_error=None if gpu else needs_gpu("tgi"),
+        )
+        spec.notes.append("TGI serves one model and ignores the model name in requests")
+        return spec
+
+
+class TGIAdapter(_TGILaunch, Adapter):
     """TGI's native protocol. Options: `sampling` (extra `parameters`; default greedy `do_sample: false`)."""
 
     name: ClassVar[str] = "tgi"
     health_path: ClassVar[str] = "/health"
     info_path: ClassVar[str | None] = "/info"
     metric_names = TGI_METRICS
+    startup_patterns = TGI_STARTUP
+    log_clock = TGI_CLOCK
     final_event = "done"
 
     def __init__(self, model: str | None = None, *, sampling: dict[str, Any] | None = None) -> None:
@@ -87,10 +169,12 @@ class TGIAdapter(Adapter):
                            is_done=True, is_output=True, exact=generated is not None)
 
 
-class _TGIOpenAIMixin:
+class _TGIOpenAIMixin(_TGILaunch):
     health_path = "/health"
     info_path = "/info"
     metric_names = TGI_METRICS
+    startup_patterns = TGI_STARTUP
+    log_clock = TGI_CLOCK
     final_event = "finish"  # the last token's chunk has finish_reason; older TGI sends no [DONE]
 
     def estimate_tokens(self, text: str | None, role_only: bool, finish: str | None) -> int:

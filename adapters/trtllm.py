@@ -15,10 +15,16 @@ event `data: {"model_name":..,"model_version":..,"text_output":".."...}` carryin
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
+import yaml
+
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, loads_event
+from adapters.launch_spec import CONFIG_MOUNT, LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
+from adapters.startup_log import clock, pattern
 from workloads.spec import RequestSpec
 
 TRTLLM_METRICS = {  # trtllm-serve, served at /prometheus/metrics
@@ -57,11 +63,99 @@ TRTLLM_CHAT_FIELDS = _COMMON_FIELDS | {
 }
 
 
-class _TrtllmServeMixin:
+#: trtllm-serve's start-up lines (PyTorch backend; the TensorRT backend adds the engine build). The KV cache is
+#: sized twice (an estimate, then the real pool after a profiling run), so the last figure wins; the graphs
+#: are captured once per sizing round, so their time adds up.
+TRTLLM_STARTUP = [
+    pattern("weights_size", r"Use (?P<gib>[\d.]+) GB for model weights", memory="weights"),  # GB as 2**30 B
+    pattern("model_init", r"Model init total -- (?P<seconds>[\d.]+)s", phase="weights",
+            detail="model built and weights loaded"),
+    pattern("engine_generation", r"Engine generation completed in (?P<seconds>[\d.]+) seconds",
+            phase="engine_build", repeat="sum", detail="TensorRT engine generation"),
+    pattern("engines_built", r"Total time of building all engines: (?P<seconds>\d+:\d\d:\d\d)",
+            phase="engine_build_total", detail="engine build and serialisation"),
+    pattern("kv_cache_allocated", r"Allocated (?P<gib>[\d.]+) GiB for max tokens in paged KV cache "
+            r"\((?P<tokens>\d+)\)", memory="kv_cache"),
+    pattern("tokens_per_block", r"Number of tokens per block: (?P<block_size>\d+)"),
+    pattern("autotune_started", r"\[Autotuner\] Autotuning process starts", begins="autotune", repeat="sum",
+            detail="kernel autotuning"),
+    pattern("autotune_done", r"\[Autotuner\] Autotuning process ends", ends="autotune"),
+    pattern("graphs_started", r"Creating CUDA graph instances for (?P<count>\d+) batch sizes",
+            begins="cuda_graphs", repeat="sum", detail="CUDA-graph capture"),
+    pattern("graphs_done", r"Memory used after loading model weights \(inside torch\)|Setting PyTorch memory "
+            r"fraction", ends="cuda_graphs"),
+    pattern("server_ready", r"Application startup complete|Uvicorn running on", ready=True),
+]
+#: `[12/20/2025-04:21:37] [TRT-LLM] [I] ...` (local time)
+TRTLLM_CLOCK = clock(r"^\[(\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d)\]", "%m/%d/%Y-%H:%M:%S")
+
+
+TRTLLM_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:latest"  # pin a tag for results you keep
+TRTLLM_OPTIONS = "extra-llm-api-options.yml"
+
+
+def trtllm_options(model: ModelSource, variant: Variant) -> dict[str, Any]:
+    """The LLM API options YAML (`--extra_llm_api_options`) for a variant: `cuda_graph_config: null` turns
+    graphs off (left out, the PyTorch backend captures them by default), `cuda_graph_config.batch_sizes`
+    picks the sizes, `kv_cache_config.tokens_per_block` sets the KV block size."""
+    options: dict[str, Any] = {}
+    if variant.graphs is False:
+        options["cuda_graph_config"] = None
+    elif variant.graph_sizes:
+        options["cuda_graph_config"] = {"batch_sizes": list(variant.graph_sizes)}
+    if variant.block_size:
+        options["kv_cache_config"] = {"tokens_per_block": variant.block_size}
+    if model.dtype != "auto":
+        options["dtype"] = model.dtype
+    return options
+
+
+class _TrtllmLaunch:
+    server_family = "trtllm"
+
+    @classmethod
+    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> LaunchSpec:
+        flags = ["--backend", "pytorch"]
+        if variant.max_num_seqs:
+            flags += ["--max_batch_size", str(variant.max_num_seqs)]
+        if model.max_model_len:
+            flags += ["--max_seq_len", str(model.max_model_len)]
+        options = trtllm_options(model, variant)
+        files = {TRTLLM_OPTIONS: yaml.safe_dump(options, sort_keys=False)} if options else {}
+        host_opts = ["--extra_llm_api_options", str(workdir / TRTLLM_OPTIONS)] if options else []
+        box_opts = ["--extra_llm_api_options", f"{CONFIG_MOUNT}/{TRTLLM_OPTIONS}"] if options else []
+        exe = executable or os.environ.get("LLM_COMPARE_TRTLLM") or "trtllm-serve"
+        volumes = model.volumes()
+        if options:
+            volumes[str(workdir.resolve())] = {"bind": CONFIG_MOUNT, "mode": "ro"}
+        return LaunchSpec(
+            cls.name,
+            [exe, model.model, "--host", "127.0.0.1", "--port", str(port), *flags, *host_opts],
+            TRTLLM_IMAGE,
+            # the release image starts no server itself: the command is trtllm-serve
+            ["trtllm-serve", model.in_container(), "--host", "0.0.0.0", "--port", "8000", *flags, *box_opts],
+            port,
+            health_path="/health",
+            env={"HF_HUB_OFFLINE": "1"} if model.local else {},
+            gpus=gpu,
+            shm_size="16g",
+            volumes=volumes,
+            ulimits={"memlock": -1, "stack": 67108864},  # as NVIDIA's quick start runs the image
+            files=files,
+            container_error=None if gpu else needs_gpu("trtllm"),
+            served_as=model.model,  # trtllm-serve names the model by the argument it was given
+            container_served_as=model.in_container(),
+        )
+
+
+class _TrtllmServeMixin(_TrtllmLaunch):
     health_path = "/health"
     info_path = "/v1/models"
     metrics_path = "/prometheus/metrics"
     metric_names = TRTLLM_METRICS
+    startup_patterns = TRTLLM_STARTUP
+    log_clock = TRTLLM_CLOCK
     known_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, model: str | None = None, *, continuous_usage: bool = True,

@@ -10,10 +10,15 @@ Shapes: `vllm/entrypoints/openai/protocol.py`, `serving_completion.py`, `serving
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from adapters.launch_spec import LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
-from adapters.startup_log import patterns
+from adapters.startup_log import clock, pattern
 
 #: vLLM's Prometheus metric names (older and newer spellings) -> common names
 VLLM_METRICS = {
@@ -35,18 +40,113 @@ VLLM_METRICS = {
 }
 
 
-#: vLLM's start-up log lines (V1 engine; the GPU worker and the CPU worker word some of them differently)
-VLLM_STARTUP = patterns(
-    ("weights_loaded", r"Loading weights took (?P<seconds>[\d.]+) seconds"),
-    ("model_loaded", r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<seconds>[\d.]+) seconds"),
-    ("torch_compile", r"torch\.compile took (?P<seconds>[\d.]+) s in total"),
-    ("profile_run", r"Initial profiling/warmup run took (?P<seconds>[\d.]+) s"),
-    ("kv_cache_memory", r"Available KV cache memory: (?P<gib>[\d.]+) GiB"),
-    ("kv_cache_tokens", r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens"),
-    ("graphs_captured", r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) GiB"),
-    ("engine_ready", r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s"),
-    ("server_ready", r"Application startup complete"),
-)
+#: vLLM's start-up log lines (V1 engine; the GPU worker and the CPU worker word some of them differently).
+#: `init engine` spans profiling, KV-cache allocation, torch.compile and graph capture, so it overlaps them.
+VLLM_STARTUP = [
+    pattern("engine_config", r"Initializing a V1 LLM engine .*?\bdtype=(?:torch\.)?(?P<dtype>\w+)"
+            r"(?:.*?\bdevice_config=(?P<device>\w+))?"),
+    pattern("model_init", r"Initializing model took (?P<seconds>[\d.]+) seconds", phase="model_init",
+            detail="building the model"),
+    pattern("checkpoint_size", r"Checkpoint size: (?P<gib>[\d.]+) GiB", memory="weights", weak=True),
+    pattern("weights_loaded", r"Loading weights took (?P<seconds>[\d.]+) seconds", phase="weights",
+            detail="loading weights"),
+    pattern("model_loaded", r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<seconds>[\d.]+) "
+            r"seconds", phase="model_load", memory="weights", detail="model built and weights loaded"),
+    pattern("torch_compile", r"torch\.compile took (?P<seconds>[\d.]+) s in total", phase="compile",
+            detail="torch.compile"),
+    pattern("profile_run", r"Initial profiling/warmup run took (?P<seconds>[\d.]+) s", phase="profile",
+            detail="profiling run"),
+    pattern("kv_cache_memory", r"Available KV cache memory: (?P<gib>[\d.]+) GiB", memory="kv_cache"),
+    pattern("kv_cache_set", r"set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache", memory="kv_cache"),
+    pattern("kv_cache_tokens", r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens", memory="kv_tokens"),
+    pattern("graphs_captured", r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) "
+            r"GiB", phase="cuda_graphs", memory="graph_pool", detail="CUDA-graph capture"),
+    pattern("engine_ready", r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
+            phase="init_engine", detail="profile, KV cache, warm-up"),
+    pattern("server_ready", r"Starting vLLM (?:API )?server on|Application startup complete", ready=True),
+]
+#: `(APIServer pid=1) INFO 05-12 10:00:01 [file.py:12] ...`: no year, local time
+VLLM_CLOCK = clock(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d-\d\d \d\d:\d\d:\d\d)",
+                   "%m-%d %H:%M:%S", year=False)
+
+
+VLLM_IMAGE = "vllm/vllm-openai:latest"  # pin a tag for results you keep
+#: what vLLM's CPU build needs on a machine without a GPU (docs/vllm_cpu.md): float32 (bf16 falls back to
+#: slow kernels on AVX2), eager, and a fixed KV cache (its default asks for 92% of a NUMA node's memory)
+VLLM_CPU_FLAGS = ["--kv-cache-memory-bytes", "1G"]
+
+
+def vllm_flags(model: ModelSource, variant: Variant, gpu: bool) -> tuple[list[str], list[str]]:
+    """vLLM's serve flags for a variant (and notes on what the machine changed)."""
+    flags, notes = [], []
+    if variant.graphs is False or not gpu:
+        flags.append("--enforce-eager")
+        if gpu is False and variant.graphs:
+            notes.append("no GPU: vLLM's CPU build runs eager whatever the variant")
+    if variant.graph_sizes and gpu:
+        flags += ["--cudagraph-capture-sizes", *map(str, variant.graph_sizes)]
+    if variant.block_size:
+        flags += ["--block-size", str(variant.block_size)]
+    if variant.max_num_seqs:
+        flags += ["--max-num-seqs", str(variant.max_num_seqs)]
+    max_len = model.max_model_len or (None if gpu else 1024)
+    if max_len:
+        flags += ["--max-model-len", str(max_len)]
+    dtype = model.dtype if model.dtype != "auto" else (None if gpu else "float32")
+    if dtype:
+        flags += ["--dtype", dtype]
+    if not gpu:
+        flags += VLLM_CPU_FLAGS
+    return flags, notes
+
+
+def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
+    """Every cache and temporary file of vLLM inside the launch's folder; no usage reporting. vLLM binds
+    ZeroMQ unix sockets under TMPDIR, whose paths may not pass 107 bytes: a deep run directory gets a short
+    TMPDIR of its own under the system's, which is removed after the stop (returned as scratch)."""
+    env, scratch = {}, []
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
+        env[var] = str(workdir / sub)
+    if len(env["TMPDIR"]) > 60:
+        digest = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:12]
+        env["TMPDIR"] = str(Path(tempfile.gettempdir()) / f"llm-compare-vllm-{digest}")
+        scratch.append(env["TMPDIR"])
+    return env, scratch
+
+
+class _VLLMLaunch:
+    server_family = "vllm"
+
+    @classmethod
+    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> LaunchSpec:
+        flags, notes = vllm_flags(model, variant, gpu)
+        served = ["--served-model-name", model.served_name]
+        exe = executable or os.environ.get("LLM_COMPARE_VLLM") or "vllm"
+        env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        if model.local:
+            env["HF_HUB_OFFLINE"] = "1"
+        process_env, scratch = vllm_env(workdir)
+        return LaunchSpec(
+            cls.name,
+            [exe, "serve", model.model, "--host", "127.0.0.1", "--port", str(port), *served, *flags],
+            VLLM_IMAGE,
+            # the image's entrypoint is vLLM's OpenAI server; --model works for `vllm serve` and the older
+            # `python -m vllm.entrypoints.openai.api_server` alike
+            ["--model", model.in_container(), *served, "--host", "0.0.0.0", "--port", "8000", *flags],
+            port,
+            health_path=cls.health_path,
+            env=env,
+            process_env=process_env,
+            dirs=list(process_env.values()),
+            scratch=scratch,
+            gpus=gpu,
+            shm_size="16g",
+            volumes=model.volumes(),
+            container_error=None if gpu else needs_gpu("vllm"),
+            notes=notes,
+        )
 
 
 class _VLLMMixin:
@@ -54,12 +154,13 @@ class _VLLMMixin:
     info_path = "/v1/models"
     metric_names = VLLM_METRICS
     startup_patterns = VLLM_STARTUP
+    log_clock = VLLM_CLOCK
 
     def estimate_tokens(self, text: str | None, role_only: bool, finish: str | None) -> int:
         return 0 if role_only or text is None else 1
 
 
-class VLLMCompletionsAdapter(_VLLMMixin, OpenAICompletionsAdapter):
+class VLLMCompletionsAdapter(_VLLMLaunch, _VLLMMixin, OpenAICompletionsAdapter):
     name = "vllm"
 
     def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
@@ -68,7 +169,7 @@ class VLLMCompletionsAdapter(_VLLMMixin, OpenAICompletionsAdapter):
                          **options)
 
 
-class VLLMChatAdapter(_VLLMMixin, OpenAIChatAdapter):
+class VLLMChatAdapter(_VLLMLaunch, _VLLMMixin, OpenAIChatAdapter):
     name = "vllm-chat"
 
     def __init__(self, model: str | None = None, *, continuous_usage: bool = True,

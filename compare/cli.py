@@ -3,6 +3,7 @@ results.
 
     compare run                                   # the embedded default: reference engine, built-in model
     compare run --backends vllm,tgi --endpoint vllm=http://127.0.0.1:8000 --endpoint tgi=http://127.0.0.1:8080
+    compare run --launch docker --backends vllm,tgi,trtllm --model /srv/models/llama  # start, time, measure
     compare report runs/20250101-120000
     compare diff runs/A runs/B
     compare import result.json --into runs/A
@@ -106,10 +107,21 @@ def run(
     endpoint: Annotated[
         list[str] | None,
         typer.Option(
-            help="NAME=URL of a running server (repeat); backends "
-            "without one are launched (reference only, for now)"
+            help="NAME=URL of a running server (repeat); backends without one are launched (--launch)"
         ),
     ] = None,
+    launch: str | None = typer.Option(
+        None, help="how backends without an endpoint are started: process | docker [default: process]"
+    ),
+    vllm_bin: str | None = typer.Option(
+        None, help="the vllm executable for --launch process [default: $LLM_COMPARE_VLLM, else vllm]"
+    ),
+    image: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=IMAGE: the container image of a backend or server family (repeat)"),
+    ] = None,
+    dtype: str | None = typer.Option(None, help="weights dtype for launched servers [default: auto]"),
+    max_model_len: int | None = typer.Option(None, help="context length for launched servers"),
     model: str | None = typer.Option(
         None, help="checkpoint dir, hub id or built-in name [default: smollm2-135m]"
     ),
@@ -184,6 +196,11 @@ def run(
         request_timeout=request_timeout,
         pin=pin,
         repeats=repeats,
+        launch=launch,
+        vllm_bin=vllm_bin,
+        images=image,
+        dtype=dtype,
+        max_model_len=max_model_len,
     )
     try:
         plan = build_plan(options, config)
@@ -308,14 +325,8 @@ def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
 
 def _measure(plan: Any, run_dir: Any) -> int:
     from adapters import get_adapter
-    from compare.launch import (
-        LaunchError,
-        ProcessLauncher,
-        endpoint_report,
-        free_port,
-        package_env,
-        reference_command,
-    )
+    from compare.backend_launch import make_launcher, measure_cold_first_token
+    from compare.launch import LaunchError, endpoint_report
     from workloads.datasets import make_dataset
     from workloads.loadgen import Timeouts, run_load_sync
 
@@ -352,6 +363,10 @@ def _measure(plan: Any, run_dir: Any) -> int:
         else []
     )
     warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(slices)]
+    # one short request right after each launch is ready: the cold first token (its own prompts)
+    cold_specs = make_dataset(
+        "random", tokenizer, plan.repeats, input_len=16, output_len=4, seed=plan.seed + 555, id_prefix="cold"
+    )
 
     saved_affinity = os.sched_getaffinity(0) if client_cpus else None
     if client_cpus:
@@ -365,24 +380,22 @@ def _measure(plan: Any, run_dir: Any) -> int:
             launcher = None
             try:
                 if backend.launched:
-                    port = free_port()
-                    launcher = ProcessLauncher(
-                        backend.name,
-                        backend.variant,
-                        reference_command(model_path, port, backend.variant, served, backend.server_args),
-                        f"http://127.0.0.1:{port}",
-                        adapter.health_path,
-                        run_dir.log_path(backend.key + (f"-{repeat + 1}" if plan.repeats > 1 else "")),
-                        plan.startup_timeout,
-                        env=package_env(),
-                        cpus=server_cpus,
+                    launcher = make_launcher(
+                        plan, backend, run_dir, repeat, model_path, server_cpus, lambda m: console.print(m)
                     )
+                    if launcher.served_as:
+                        adapter = get_adapter(backend.name, model=launcher.served_as)
                     console.print(
-                        f"[bold]{backend.key}[/bold]: starting the server (log: {launcher.log_path})"
+                        f"[bold]{backend.key}[/bold]: starting the server ({plan.launch}; log: "
+                        f"{launcher.log_path})"
                     )
                     setup = launcher.start()
-                    console.print(f"{backend.key}: ready in {setup.ready_s:.1f} s")
                     launcher.report.repeat = repeat
+                    measure_cold_first_token(launcher, adapter, cold_specs[repeat], plan.request_timeout)
+                    console.print(
+                        f"{backend.key}: ready in {setup.ready_s:.1f} s, first token "
+                        f"{setup.cold_first_token_s * 1e3:.0f} ms later"
+                    )
                 else:
                     setup = endpoint_report(
                         backend.name, backend.variant, backend.endpoint, adapter.health_path

@@ -1,13 +1,13 @@
-"""Where a backend comes from: a running endpoint, or a server process we start, time and always stop.
+"""Where a backend comes from: a running endpoint, or a server we start, time and always stop.
 
-A launch yields a `SetupReport`: spawn to healthy as we measured it, the start-up phases the backend logs
-about itself (weights, compile, KV allocation, graph capture), and memory. Reading a backend's log is
-pluggable: `LOG_PARSERS` maps a backend family to a function from log text to `ParsedLog`.
-
-The process launcher starts the server in a process group of its own (so a Ctrl-C in the terminal reaches
-only us, and we stop it in order), writes its log into the run directory, polls its health route until it
-answers 200 or the start-up timeout passes (the error quotes the log's end), and stops it on every way out:
-normal end, error, Ctrl-C, SIGTERM (which the CLI turns into Ctrl-C), and interpreter exit.
+A launch yields a `SetupReport` (`compare/setup_report.py`): spawn to healthy as we measured it, the start-up
+phases the backend logs about itself (read with its adapter's patterns), memory, and device memory at ready
+when a GPU is visible. `Launcher` holds what every way of starting a server shares: poll the health route until
+it answers 200 or the start-up timeout passes (the error quotes the end of the server's log), notice a server
+that exits first, and stop it on every way out: normal end, error, Ctrl-C, SIGTERM (which the CLI turns into
+Ctrl-C), and interpreter exit. `ProcessLauncher` starts a command in a process group of its own (so a Ctrl-C
+in the terminal reaches only us, and we stop it in order) with its log in the run directory;
+`compare/containers.py` starts a container.
 """
 
 from __future__ import annotations
@@ -15,237 +15,39 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import re
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-GIB = 2**30
+from compare import devices
+from compare.setup_report import GIB, ParsedLog, Phase, SetupReport, apply_log, parse_log
+
+__all__ = [
+    "GIB",
+    "LaunchError",
+    "Launcher",
+    "ParsedLog",
+    "Phase",
+    "ProcessLauncher",
+    "SetupReport",
+    "apply_log",
+    "endpoint_report",
+    "free_port",
+    "healthy",
+    "parse_log",
+]
+
 LOG_TAIL_CHARS = 3000
-
-
-@dataclass
-class Phase:
-    """One start-up phase: `seconds` long, ending `end_s` after the spawn (None: unknown, laid end to end)."""
-
-    name: str
-    seconds: float
-    end_s: float | None = None
-    detail: str = ""
-
-
-@dataclass
-class ParsedLog:
-    phases: list[Phase] = field(default_factory=list)  # end_s holds an absolute epoch time here, if logged
-    memory: dict[str, float] = field(default_factory=dict)
-    device: str | None = None
-    dtype: str | None = None
-    server_ready_s: float | None = None  # the server's own spawn-to-ready figure, if it logs one
-    first_line_epoch: float | None = None  # when the process logged its first line (after its imports)
-
-
-@dataclass
-class SetupReport:
-    """What it cost to get a backend ready to serve; `memory` in bytes (weights, kv_cache, graph_pool,
-    peak_rss), `kv_tokens` where the backend says how many tokens its KV cache holds."""
-
-    backend: str
-    variant: str
-    launcher: str  # process | endpoint
-    url: str
-    command: list[str] = field(default_factory=list)
-    log_path: str | None = None
-    spawned_at: float | None = None  # epoch seconds
-    ready_s: float | None = None  # spawn to the first healthy answer, measured by us
-    server_ready_s: float | None = None
-    phases: list[Phase] = field(default_factory=list)
-    memory: dict[str, float] = field(default_factory=dict)
-    device: str | None = None
-    dtype: str | None = None
-    notes: list[str] = field(default_factory=list)
-    exit_code: int | None = None
-    pinned_cpus: list[int] | None = None
-    pid: int | None = None
-    repeat: int = 0  # which launch of this backend (--repeats)
-    ready_runs: list[float] = field(default_factory=list)  # every launch's ready_s, when combined
-
-    @property
-    def key(self) -> str:
-        return f"{self.backend}:{self.variant}" if self.variant else self.backend
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SetupReport:
-        data = dict(data)
-        data["phases"] = [Phase(**p) for p in data.get("phases", [])]
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 class LaunchError(RuntimeError):
     """A backend could not be started or reached; the message says why and quotes its log."""
-
-
-# -- log parsers --------------------------------------------------------------------------------------------
-
-_REF_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
-_REF_PHASES = [
-    ("tokenizer", re.compile(r"model .* resolved, tokenizer loaded in ([0-9.]+) s")),
-    ("weights", re.compile(r"weights loaded: ([0-9.]+) GiB, (?:torch\.)?(\w+) on (\S+) in ([0-9.]+) s")),
-    (
-        "kv_cache",
-        re.compile(r"KV cache allocated: (\d+) blocks of (\d+) tokens, ([0-9.]+) GiB in ([0-9.]+) s"),
-    ),
-    ("cuda_graphs", re.compile(r"CUDA graphs captured: (\d+) buckets .*pool ([0-9.]+) GiB in ([0-9.]+) s")),
-]
-_REF_READY = re.compile(r"server ready at \S+ in ([0-9.]+) s")
-
-
-def _epoch(stamp: str, fmt: str) -> float | None:
-    try:
-        return datetime.strptime(stamp, fmt).timestamp()
-    except ValueError:
-        return None
-
-
-def parse_reference_log(text: str) -> ParsedLog:
-    """Our reference server's start-up lines (`reference_engine/engine.py`, `server.py`)."""
-    out = ParsedLog()
-    for line in text.splitlines():
-        m = _REF_TIME.match(line)
-        when = _epoch(m.group(1), "%Y-%m-%d %H:%M:%S,%f") if m else None
-        if when is not None and out.first_line_epoch is None:
-            out.first_line_epoch = when
-        for name, pattern in _REF_PHASES:
-            found = pattern.search(line)
-            if not found:
-                continue
-            g = found.groups()
-            if name == "tokenizer":
-                out.phases.append(Phase("tokenizer", float(g[0]), when, "model resolved, tokenizer loaded"))
-            elif name == "weights":
-                out.memory["weights"] = float(g[0]) * GIB
-                out.dtype, out.device = g[1], g[2].rstrip(",")
-                out.phases.append(Phase("weights", float(g[3]), when, f"{g[0]} GiB {g[1]} on {out.device}"))
-            elif name == "kv_cache":
-                blocks, size, gib = int(g[0]), int(g[1]), float(g[2])
-                out.memory["kv_cache"] = gib * GIB
-                out.memory["kv_tokens"] = blocks * size
-                out.phases.append(
-                    Phase("kv_cache", float(g[3]), when, f"{blocks} blocks x {size} tokens, {gib} GiB")
-                )
-            else:
-                out.memory["graph_pool"] = float(g[1]) * GIB
-                out.phases.append(Phase("cuda_graphs", float(g[2]), when, f"{g[0]} buckets, pool {g[1]} GiB"))
-        ready = _REF_READY.search(line)
-        if ready:
-            out.server_ready_s = float(ready.group(1))
-            out.phases.append(Phase("server_ready", 0.0, when, "HTTP server listening"))
-    return out
-
-
-_VLLM_TIME = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
-_VLLM_PATTERNS = [
-    ("model_init", re.compile(r"Initializing model took ([0-9.]+) s")),
-    ("checkpoint", re.compile(r"Checkpoint size: ([0-9.]+) GiB")),
-    ("weights", re.compile(r"Loading weights took ([0-9.]+) s")),
-    ("model_load", re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) s")),
-    ("compile", re.compile(r"torch\.compile takes ([0-9.]+) s in total")),
-    ("cuda_graphs", re.compile(r"Graph capturing finished in ([0-9.]+) secs?, took ([0-9.]+) GiB")),
-    ("kv_tokens", re.compile(r"(?:GPU|CPU) KV cache size: ([0-9,]+) tokens")),
-    (
-        "kv_cache",
-        re.compile(r"set \(([0-9.]+)/[0-9.]+\) GiB for KV cache|Available KV cache memory: ([0-9.]+) GiB"),
-    ),
-    ("init_engine", re.compile(r"init engine \(.*\) took ([0-9.]+) s")),
-    ("server_ready", re.compile(r"Starting vLLM (?:API )?server on (\S+)")),
-]
-
-
-def parse_vllm_log(text: str) -> ParsedLog:
-    """vLLM's start-up lines (`Loading weights took`, `Graph capturing finished in`, `init engine ...
-    took`, `KV cache size`, `Starting vLLM server on`)."""
-    out = ParsedLog()
-    year = datetime.now().year
-    for line in text.splitlines():
-        m = _VLLM_TIME.match(line.strip())
-        when = _epoch(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S") if m else None
-        if when is not None and out.first_line_epoch is None:
-            out.first_line_epoch = when
-        for name, pattern in _VLLM_PATTERNS:
-            found = pattern.search(line)
-            if not found:
-                continue
-            g = found.groups()
-            if name == "model_init":
-                out.phases.append(Phase("model_init", float(g[0]), when, "building the model"))
-            elif name == "checkpoint":
-                out.memory.setdefault("weights", float(g[0]) * GIB)
-            elif name == "weights":
-                out.phases.append(Phase("weights", float(g[0]), when, "loading weights"))
-            elif name == "model_load":
-                out.memory["weights"] = float(g[0]) * GIB
-            elif name == "compile":
-                out.phases.append(Phase("compile", float(g[0]), when, "torch.compile"))
-            elif name == "cuda_graphs":
-                out.memory["graph_pool"] = float(g[1]) * GIB
-                out.phases.append(Phase("cuda_graphs", float(g[0]), when, f"pool {g[1]} GiB"))
-            elif name == "kv_tokens":
-                out.memory["kv_tokens"] = float(g[0].replace(",", ""))
-            elif name == "kv_cache":
-                out.memory["kv_cache"] = float(g[0] or g[1]) * GIB
-            elif name == "init_engine":
-                out.phases.append(Phase("init_engine", float(g[0]), when, "profile, KV cache, warm-up"))
-            else:
-                out.phases.append(Phase("server_ready", 0.0, when, "HTTP server listening"))
-    return out
-
-
-#: backend family -> log parser; the launch issue adds TGI and TensorRT-LLM here
-LOG_PARSERS: dict[str, Callable[[str], ParsedLog]] = {
-    "reference": parse_reference_log,
-    "vllm": parse_vllm_log,
-}
-
-
-def family(backend: str) -> str:
-    return backend.split("-", 1)[0]
-
-
-def parse_log(backend: str, text: str) -> ParsedLog:
-    parser = LOG_PARSERS.get(family(backend))
-    return parser(text) if parser else ParsedLog()
-
-
-def apply_log(report: SetupReport, parsed: ParsedLog) -> None:
-    """Fill `report` from a parsed log: phases as offsets from the spawn, laid end to end where the log gives
-    no clock, with the interpreter start-up (spawn to the first log line) as a phase of its own."""
-    spawned = report.spawned_at
-    phases: list[Phase] = []
-    if spawned is not None and parsed.first_line_epoch is not None:
-        start = max(0.0, parsed.first_line_epoch - spawned)
-        phases.append(Phase("process_start", start, start, "interpreter and imports, to the first log line"))
-    cursor = phases[-1].end_s if phases else 0.0
-    for p in parsed.phases:
-        end = p.end_s - spawned if (p.end_s is not None and spawned is not None) else None
-        if end is None or end < (cursor or 0.0) - 1.0:  # no clock, or a clock that disagrees: lay end to end
-            end = (cursor or 0.0) + p.seconds
-        phases.append(Phase(p.name, p.seconds, round(end, 3), p.detail))
-        cursor = end
-    report.phases = phases
-    report.memory.update(parsed.memory)
-    report.device, report.dtype = parsed.device or report.device, parsed.dtype or report.dtype
-    report.server_ready_s = parsed.server_ready_s
 
 
 # -- health -------------------------------------------------------------------------------------------------
@@ -276,19 +78,41 @@ def peak_rss_bytes(pid: int) -> float | None:
     return None
 
 
+def group_peak_rss_bytes(pgid: int) -> float | None:
+    """The sum of the peak resident memory of every process in a process group: a server such as vLLM runs
+    its engine in child processes. An upper bound of the group's peak (each process's own peak, whenever it
+    was), Linux only."""
+    total, found = 0.0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the name: state, ppid, pgrp
+                continue
+        except (OSError, ValueError, IndexError):
+            continue
+        rss = peak_rss_bytes(int(stat.parent.name))
+        if rss is not None:
+            total, found = total + rss, True
+    return total if found else None
+
+
 # -- launchers ----------------------------------------------------------------------------------------------
 
-_LIVE: set[ProcessLauncher] = set()
+_LIVE: set[Launcher] = set()
 
 
 @atexit.register
 def _stop_all() -> None:
     for launcher in list(_LIVE):
-        launcher.stop(timeout=5.0)
+        with contextlib.suppress(Exception):
+            launcher.stop(timeout=5.0)
 
 
-class ProcessLauncher:
-    """Starts one server command, waits for health, always stops it (use as a context manager)."""
+class Launcher:
+    """Starts one server, waits for health, always stops it (use as a context manager). Subclasses spawn
+    (`_spawn`), say whether and how it ended (`_exit_code`), stop it (`_terminate`) and give its log."""
+
+    kind = "process"
 
     def __init__(
         self,
@@ -299,40 +123,53 @@ class ProcessLauncher:
         health_path: str,
         log_path: Path,
         startup_timeout: float = 600.0,
-        env: dict[str, str] | None = None,
-        cpus: set[int] | None = None,
         stop_timeout: float = 30.0,
     ) -> None:
-        self.command, self.url, self.log_path = command, url.rstrip("/"), log_path
-        self.health_url = self.url + health_path
+        self.url, self.health_path, self.log_path = url.rstrip("/"), health_path, log_path
         self.startup_timeout, self.stop_timeout = startup_timeout, stop_timeout
-        self.env, self.cpus = env, cpus
-        self.proc: subprocess.Popen | None = None
-        self.report = SetupReport(backend, variant, "process", self.url, list(command), str(log_path))
-        self._log_file: Any = None
+        self.report = SetupReport(backend, variant, self.kind, self.url, list(command), str(log_path))
+        self.ready_at: float | None = None  # perf_counter() at the first healthy answer
+        self._gpu_before: dict[int, float] | None = None
+        self._stopped = False
+
+    @property
+    def health_url(self) -> str:
+        return self.url + self.health_path
+
+    # -- what a subclass provides -------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        raise NotImplementedError
+
+    def _exit_code(self) -> int | None:
+        """None while the server runs, else how it ended."""
+        raise NotImplementedError
+
+    def _terminate(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    # -- shared -------------------------------------------------------------------------------------------
 
     def start(self) -> SetupReport:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = self.log_path.open("wb")
+        self._gpu_before = devices.gpu_memory_used()
         self.report.spawned_at = time.time()
         started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            self.command,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **(self.env or {})},
-        )
         _LIVE.add(self)
-        self.report.pid = self.proc.pid
-        if self.cpus:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(self.proc.pid, self.cpus)
-                self.report.pinned_cpus = sorted(self.cpus)
+        try:
+            self._spawn()
+        except BaseException:
+            self.stop()
+            raise
         deadline = started + self.startup_timeout
         while True:
-            code = self.proc.poll()
+            code = self._exit_code()
             if code is not None:
                 self.report.exit_code = code
                 self.stop()
@@ -349,94 +186,129 @@ class ProcessLauncher:
                     f"{self.startup_timeout:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
                 )
             time.sleep(0.1)
-        self.report.ready_s = round(time.perf_counter() - started, 3)
+        self.ready_at = time.perf_counter()
+        self.report.ready_s = round(self.ready_at - started, 3)
+        self._device_memory()
         self.refresh()
         return self.report
 
-    def refresh(self) -> None:
-        """Re-read the log and the process's peak memory into the report."""
-        apply_log(self.report, parse_log(self.report.backend, self.log_text()))
-        if self.proc is not None:
-            rss = peak_rss_bytes(self.proc.pid)
-            if rss is not None:
-                self.report.memory["peak_rss"] = max(rss, self.report.memory.get("peak_rss", 0.0))
+    def _device_memory(self) -> None:
+        at_ready = devices.gpu_memory_used()
+        if at_ready is None:
+            return
+        added, note = devices.memory_note(self._gpu_before, at_ready)
+        self.report.memory["device_used"] = added
+        self.report.notes.append(note)
 
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
+    def refresh(self) -> None:
+        """Re-read the log into the report."""
+        apply_log(self.report, parse_log(self.report.backend, self.log_text(), near=self.report.spawned_at))
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         text = self.log_text()
         return text[-chars:] if text else "(the log is empty)"
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM to the server's process group, SIGKILL after `timeout`; idempotent."""
-        proc = self.proc
-        if (
-            proc is not None
-            and self.report.ready_s is not None
-            and self.report.exit_code is None
-            and proc.poll() not in (None, 0)
-        ):
+        """Stop the server (gracefully, then by force after `timeout`); idempotent."""
+        if self._stopped:
+            return self.report.exit_code
+        code = self._exit_code()
+        if self.report.ready_s is not None and self.report.exit_code is None and code not in (None, 0):
             self.report.notes.append(
-                f"the server exited with code {proc.returncode} during the run (log: {self.log_path})"
+                f"the server exited with code {code} during the run (log: {self.log_path})"
             )
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(OSError):
+        if code is None:
+            with contextlib.suppress(Exception):
                 self.refresh()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(self.stop_timeout if timeout is None else timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                self.report.notes.append("did not stop on SIGTERM in time: killed")
-        if proc is not None and self.report.exit_code is None:
-            self.report.exit_code = proc.returncode
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        self._terminate(self.stop_timeout if timeout is None else timeout)
+        if self.report.exit_code is None:
+            self.report.exit_code = self._exit_code()
+        with contextlib.suppress(Exception):
+            self.refresh()
+        self._stopped = True
         _LIVE.discard(self)
-        return None if proc is None else proc.returncode
+        return self.report.exit_code
 
-    def __enter__(self) -> ProcessLauncher:
+    def __enter__(self) -> Launcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def reference_command(
-    model: str,
-    port: int,
-    variant: str,
-    served_model: str,
-    extra: list[str] | tuple[str, ...],
-    host: str = "127.0.0.1",
-) -> list[str]:
-    from compare.plan import REFERENCE_VARIANTS
+class ProcessLauncher(Launcher):
+    """A server command as a subprocess in its own process group, its output in `log_path`."""
 
-    return [
-        sys.executable,
-        "-m",
-        "reference_engine.server",
-        "--model",
-        model,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--served-model-name",
-        served_model,
-        "--shutdown-timeout",
-        "5",
-        *REFERENCE_VARIANTS.get(variant, []),
-        *extra,
-    ]
+    kind = "process"
+
+    def __init__(
+        self,
+        backend: str,
+        variant: str,
+        command: list[str],
+        url: str,
+        health_path: str,
+        log_path: Path,
+        startup_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
+        stop_timeout: float = 30.0,
+        scratch: list[str] | None = None,
+    ) -> None:
+        super().__init__(backend, variant, command, url, health_path, log_path, startup_timeout, stop_timeout)
+        self.command, self.env, self.cpus = command, env, cpus
+        self.scratch = list(scratch or [])  # directories outside the run directory, removed after the stop
+        self.proc: subprocess.Popen | None = None
+        self._log_file: Any = None
+
+    def _spawn(self) -> None:
+        self._log_file = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(self.env or {})},
+        )
+        self.report.pid = self.proc.pid
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.proc.pid, self.cpus)
+                self.report.pinned_cpus = sorted(self.cpus)
+
+    def _exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def refresh(self) -> None:
+        """Re-read the log and the process's peak memory into the report."""
+        super().refresh()
+        if self.proc is not None:
+            rss = group_peak_rss_bytes(self.proc.pid)
+            if rss is not None:
+                self.report.memory["peak_rss"] = max(rss, self.report.memory.get("peak_rss", 0.0))
+
+    def _terminate(self, timeout: float) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `timeout`."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                self.report.notes.append("did not stop on SIGTERM in time: killed")
+        if proc is not None:  # whatever the group leader left behind goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        for path in self.scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def package_env() -> dict[str, str]:

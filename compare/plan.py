@@ -1,7 +1,8 @@
 """What a run will do: backends x variants x workloads x load points, from the command line or a YAML file.
 
-    backends:  vllm,tgi:v3,reference:eager      (adapter name, optionally `:variant`)
+    backends:  vllm,tgi:eager,reference:eager   (adapter name, optionally `:variant`)
     endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
+    launch:    process | docker                (how backends without an endpoint are started)
     load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson
     slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
 
@@ -26,11 +27,12 @@ from typing import Any
 import yaml
 
 from adapters import ADAPTERS
+from adapters.launch_spec import LaunchSpecError, Variant
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule
 
-#: backends the tool can start itself (the launch issue adds vLLM, TGI and TensorRT-LLM)
-LAUNCHABLE = {"reference", "reference-chat", "reference-tgi"}
-REFERENCE_VARIANTS = {"graphs": [], "eager": ["--enforce-eager"]}
+#: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
+LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
+LAUNCHERS = ("process", "docker")
 SLO_KEYS = ("ttft", "tpot", "e2e")
 
 DEFAULTS: dict[str, Any] = {
@@ -60,6 +62,11 @@ DEFAULTS: dict[str, Any] = {
     "server_args": [],
     "pin": "auto",
     "repeats": 1,
+    "launch": "process",
+    "vllm_bin": None,
+    "images": {},
+    "dtype": "auto",
+    "max_model_len": None,
 }
 
 
@@ -75,6 +82,7 @@ class BackendSpec:
     variant: str = ""
     endpoint: str | None = None
     server_args: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()  # variant keys a run file gave (graph_sizes, block_size, ...)
 
     @property
     def key(self) -> str:
@@ -124,6 +132,11 @@ class RunPlan:
     startup_timeout: float = 600.0
     pin: str = "auto"
     repeats: int = 1  # launches of every backend, in alternating order (ABBA...), pooled per point
+    launch: str = "process"  # how backends without an endpoint are started: process | docker
+    vllm_bin: str | None = None
+    images: dict[str, str] = field(default_factory=dict)  # server family or backend -> container image
+    dtype: str = "auto"
+    max_model_len: int | None = None
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:
@@ -151,6 +164,11 @@ class RunPlan:
             "startup_timeout_s": self.startup_timeout,
             "pin": self.pin,
             "repeats": self.repeats,
+            "launch": self.launch,
+            "vllm_bin": self.vllm_bin,
+            "images": self.images,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
         }
 
 
@@ -237,14 +255,31 @@ def parse_endpoints(values: list[str] | dict[str, str] | None) -> dict[str, str]
     return out
 
 
+def parse_images(values: list[str] | dict[str, str] | None) -> dict[str, str]:
+    """`NAME=IMAGE` items (NAME: a server family such as vllm, or a backend name) -> {NAME: IMAGE}."""
+    if not values:
+        return {}
+    if isinstance(values, dict):
+        return {str(k): str(v) for k, v in values.items()}
+    out = {}
+    for item in values:
+        name, sep, image = item.partition("=")
+        if not sep or not name.strip() or not image.strip():
+            raise PlanError(f"cannot read image {item!r}: use NAME=IMAGE, e.g. vllm=vllm/vllm-openai:v0.11.0")
+        out[name.strip()] = image.strip()
+    return out
+
+
 def parse_backend(
     item: str | dict[str, Any], endpoints: dict[str, str], server_args: list[str]
 ) -> BackendSpec:
+    options: dict[str, Any] = {}
     if isinstance(item, dict):
         extra = item.get("args") or item.get("server_args") or []
         name, variant = str(item.get("name", "")), str(item.get("variant") or "")
         endpoint = item.get("endpoint")
         extra = extra.split() if isinstance(extra, str) else [str(a) for a in extra]
+        options = {k: item[k] for k in VARIANT_KEYS if item.get(k) is not None}
     else:
         name, _, variant = str(item).partition(":")
         endpoint, extra = None, []
@@ -255,16 +290,20 @@ def parse_backend(
     endpoint = endpoint or endpoints.get(key) or endpoints.get(name)
     if endpoint is None and name not in LAUNCHABLE:
         raise PlanError(
-            f"backend {key}: no endpoint given (--endpoint {name}=http://HOST:PORT); this version "
-            f"launches only {', '.join(sorted(LAUNCHABLE))} itself"
+            f"backend {key}: llm-compare cannot start it; give its endpoint (--endpoint {name}=http://HOST:PORT). "
+            f"It launches {', '.join(sorted(LAUNCHABLE))}"
         )
     if endpoint is None:
-        variant = variant or default_reference_variant()
-        if variant not in REFERENCE_VARIANTS:
-            raise PlanError(
-                f"backend {name}: unknown variant {variant!r}; known: {', '.join(REFERENCE_VARIANTS)}"
-            )
-    return BackendSpec(name, variant, endpoint, tuple(server_args + extra))
+        if not variant and ADAPTERS[name].server_family == "reference":
+            variant = default_reference_variant()
+        try:
+            Variant.parse(variant, **options)
+        except LaunchSpecError as exc:
+            raise PlanError(f"backend {name}: {exc}") from None
+    return BackendSpec(name, variant, endpoint, tuple(server_args + extra), tuple(sorted(options.items())))
+
+
+VARIANT_KEYS = ("graphs", "graph_sizes", "block_size", "max_batch_size")
 
 
 def default_reference_variant() -> str:
@@ -359,6 +398,11 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     repeats = int(merged["repeats"])
     if repeats < 1:
         raise PlanError(f"repeats must be >= 1, got {repeats}")
+    launch = str(merged.get("launch") or "process")
+    if launch not in LAUNCHERS:
+        raise PlanError(f"unknown --launch {launch!r}; known: {', '.join(LAUNCHERS)}")
+    images = parse_images(file_data.get("images")) | parse_images(options.get("images"))
+    max_model_len = merged.get("max_model_len")
     return RunPlan(
         backends=backends,
         workloads=workloads,
@@ -378,6 +422,11 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         startup_timeout=float(merged["startup_timeout"]),
         pin=str(merged.get("pin") or "auto"),
         repeats=repeats,
+        launch=launch,
+        vllm_bin=merged.get("vllm_bin"),
+        images=images,
+        dtype=str(merged.get("dtype") or "auto"),
+        max_model_len=int(max_model_len) if max_model_len else None,
     )
 
 

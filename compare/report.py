@@ -76,6 +76,9 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         value = timing.ttft(r)
         if value is not None:
             results.cold_first_token[key] = value
+    for key, setup in setups.items():  # measured at launch, from ready: what the first user waits for
+        if setup.cold_first_token_s is not None:
+            results.cold_first_token[key] = setup.cold_first_token_s
     return results
 
 
@@ -201,6 +204,17 @@ def build_blocks(res: Results) -> list[Block]:
         blocks += [("svg", svg) for svg in make_plots(res)]
 
     blocks.append(("h2", "Set-up cost"))
+    blocks.append(
+        (
+            "p",
+            "Ready: spawn (process or container) to the first healthy answer, as measured here, and as the "
+            "server logs it about itself. Phases: from the server's own start-up lines, in its words. Cold "
+            "first token: for a launched server, from ready to the first token of the first request sent "
+            "right after it; for a running endpoint, the first measured request's TTFT. Peak RSS: the "
+            "server's processes' peak resident memory summed (a container: its highest memory reading). GPU "
+            "memory: what the launch added on the visible GPUs by ready (nvidia-smi, before and after).",
+        )
+    )
     rows = []
     for key, st in res.setups.items():
         mem = st.memory
@@ -213,7 +227,7 @@ def build_blocks(res: Results) -> list[Block]:
                 ", ".join(f"{p.name} {p.seconds:.2f}" for p in st.phases if p.name != "server_ready") or "–",
                 *(
                     _f(mem.get(k, math.nan) / 2**30, 3)
-                    for k in ("weights", "kv_cache", "graph_pool", "peak_rss")
+                    for k in ("weights", "kv_cache", "graph_pool", "peak_rss", "device_used")
                 ),
                 st.device or "–",
                 _f(res.cold_first_token.get(key, math.nan) * 1e3, 1),
@@ -233,6 +247,7 @@ def build_blocks(res: Results) -> list[Block]:
                     "KV GiB",
                     "graph pool GiB",
                     "peak RSS GiB",
+                    "GPU memory GiB",
                     "device",
                     "cold first token (ms)",
                 ],

@@ -445,6 +445,7 @@ def describe_setup(setup: SetupReport | None) -> str:
             ("kv_cache", "KV cache"),
             ("graph_pool", "CUDA-graph pool"),
             ("peak_rss", "peak RSS"),
+            ("device_used", "GPU memory"),
         )
         if mem.get(k)
     ]

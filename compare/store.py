@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -163,7 +164,8 @@ class RunDir:
         return self.path / RUNS
 
     def log_path(self, key: str) -> Path:
-        return self.path / "logs" / (key.replace(":", "-") + ".log")
+        """logs/<backend-variant>.log (a variant's `/` and other odd characters as `_`)."""
+        return self.path / "logs" / (re.sub(r"[^\w.=+-]", "_", key.replace(":", "-")) + ".log")
 
     def add_point(
         self,

@@ -203,6 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
+                   help="decode batch sizes to capture CUDA graphs for (default: buckets up to --max-num-seqs)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
@@ -223,7 +225,8 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager, seed=args.seed)
+        enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
+        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, seed=args.seed)
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         torch.set_num_threads(threads)

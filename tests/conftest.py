@@ -84,3 +84,35 @@ def vllm_tiny(vllm_bin, llama_dir, tmp_path_factory):
 
     with vllm_server(vllm_bin, str(llama_dir), tmp_path_factory.mktemp("vllm-tiny")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The Docker-compatible API at DOCKER_HOST: in CI, podman's (`.ci/setup_podman.sh RUN_DIR`)."""
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        pytest.skip("DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it prints")
+    docker = pytest.importorskip("docker", reason="the docker SDK is not installed (`pip install -e '.[docker]'`)")
+    try:
+        client = docker.DockerClient(base_url=host, timeout=900)
+        client.ping()
+    except Exception as e:
+        pytest.skip(f"no Docker API answers at DOCKER_HOST={host}: {e}")
+    yield client
+    client.close()
+
+
+TEST_IMAGE = os.environ.get("LLM_COMPARE_TEST_IMAGE", "llm-compare/reference-cpu:test")
+TEST_LABEL = "llm-compare.test"
+
+
+@pytest.fixture(scope="session")
+def reference_image(docker_client):
+    """The reference CPU image, built the way `compare run --launch docker` builds it (compare/images.py):
+    reused while the sources are unchanged, else built offline (about 80 s cold)."""
+    from compare.images import ImageError, ensure_reference_cpu_image
+
+    try:
+        return ensure_reference_cpu_image(docker_client, TEST_IMAGE, labels={TEST_LABEL: "1"})
+    except ImageError as exc:
+        pytest.fail(str(exc))

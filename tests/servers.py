@@ -73,22 +73,26 @@ def reference_server(model: str, log_dir: Path, *extra: str):
         server.stop()
 
 
+def vllm_spec(vllm: str, checkpoint: str, port: int, run_dir: Path):
+    """vLLM's CPU build as `compare run` launches it on a machine without a GPU (the adapter's launch spec:
+    float32, eager, a fixed 1 GB KV cache, caches in the run's folder; docs/vllm_cpu.md says why)."""
+    from adapters.launch_spec import ModelSource, Variant
+    from adapters.vllm import VLLMCompletionsAdapter
+
+    return VLLMCompletionsAdapter.launch_spec(ModelSource(checkpoint, checkpoint), Variant(), port, workdir=run_dir,
+                                              gpu=False, executable=vllm)
+
+
 def vllm_server_cmd(vllm: str, checkpoint: str, port: int, *extra: str) -> list[str]:
-    """vLLM's CPU build as CI serves it: float32 (bf16 falls back to slow kernels on AVX2), eager (compiled
-    start-ups take minutes and do not reload), a fixed 1 GB KV cache (its default takes 92% of one NUMA
-    node's memory, which varies between runs on these machines)."""
-    return [vllm, "serve", checkpoint, "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--port",
-            str(port), "--max-model-len", "1024", "--kv-cache-memory-bytes", "1G", *extra]
+    return [*vllm_spec(vllm, checkpoint, port, Path("/unused")).command, *extra]
 
 
 def vllm_env(run_dir: Path) -> dict[str, str]:
     """Keep every cache and temp file of vLLM inside the run's folder; no usage reporting."""
-    env = {}
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                     ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        env[var] = str(run_dir / sub)
-    return {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    spec = vllm_spec("vllm", "model", 0, run_dir)
+    for path in spec.dirs:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return {**spec.env, **spec.process_env}
 
 
 @contextmanager

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +17,9 @@ from compare.launch import (
     apply_log,
     free_port,
     parse_log,
-    parse_reference_log,
 )
+
+DATA = Path(__file__).parent / "data"
 
 REFERENCE_LOG = "\n".join(
     [
@@ -35,18 +38,9 @@ REFERENCE_LOG = "\n".join(
     ]
 )
 
-VLLM_LOG = """\
-INFO 05-12 10:00:01 [default_loader.py:262] Loading weights took 1.23 seconds
-INFO 05-12 10:00:02 [gpu_model_runner.py:1892] Model loading took 15.0 GiB and 2.50 seconds
-INFO 05-12 10:00:20 [backends.py:530] torch.compile takes 12.34 s in total
-INFO 05-12 10:00:21 [kv_cache_utils.py:716] GPU KV cache size: 1,234,560 tokens
-INFO 05-12 10:00:25 [gpu_model_runner.py:2410] Graph capturing finished in 5 secs, took 0.56 GiB
-INFO 05-12 10:00:26 [core.py:193] init engine (profile, create kv cache, warmup model) took 20.50 seconds
-"""
-
 
 def test_reference_log_phases_memory_and_offsets():
-    parsed = parse_reference_log(REFERENCE_LOG)
+    parsed = parse_log("reference", REFERENCE_LOG)
     assert [p.name for p in parsed.phases] == [
         "tokenizer",
         "weights",
@@ -69,18 +63,39 @@ def test_reference_log_phases_memory_and_offsets():
     assert phases["cuda_graphs"].end_s == pytest.approx(9.0)
 
 
-def test_vllm_log():
-    parsed = parse_log("vllm-chat", VLLM_LOG)
+def test_every_chat_and_protocol_variant_reads_its_servers_log():
+    """One place holds each server's log knowledge: the chat and TGI-protocol adapters of a server read the
+    same lines as its main adapter."""
+    assert parse_log("reference-tgi", REFERENCE_LOG).memory == parse_log("reference", REFERENCE_LOG).memory
+    text = (DATA / "vllm_h200_startup.log").read_text()
+    assert parse_log("vllm-chat", text) == parse_log("vllm", text)
+    text = (DATA / "tgi_2x_startup.log").read_text()
+    assert parse_log("tgi-openai", text) == parse_log("tgi", text)
+
+
+def test_vllm_h200_log_with_compile_and_graphs():
+    """vLLM 0.26 on an H200, recorded: the real line is `torch.compile took 21.78 s in total`."""
+    near = datetime(2025, 11, 29, 17, 0).timestamp()
+    parsed = parse_log("vllm", (DATA / "vllm_h200_startup.log").read_text(), near=near)
     got = {p.name: p.seconds for p in parsed.phases}
-    assert got == {"weights": 1.23, "compile": 12.34, "cuda_graphs": 5.0, "init_engine": 20.5}
-    assert parsed.memory["weights"] == pytest.approx(15 * 2**30)
-    assert parsed.memory["graph_pool"] == pytest.approx(0.56 * 2**30)
-    assert parsed.memory["kv_tokens"] == 1_234_560
+    assert got == {"model_load": pytest.approx(1.96157), "compile": 21.78, "profile": 0.75, "cuda_graphs": 2.0,
+                   "init_engine": 41.59}
+    assert parsed.memory == {"weights": pytest.approx(12.55 * 2**30), "kv_cache": pytest.approx(104.58 * 2**30),
+                             "kv_tokens": 214176, "graph_pool": pytest.approx(0.24 * 2**30)}
+    assert datetime.fromtimestamp(parsed.first_line_epoch) == datetime(2025, 11, 29, 17, 24, 45)
 
 
-def test_unknown_backend_log_parses_to_nothing():
-    parsed = parse_log("tgi", "anything")
-    assert parsed.phases == [] and parsed.memory == {}
+def test_a_yearless_clock_takes_the_year_of_the_launch():
+    """vLLM stamps `MM-DD hh:mm:ss`: a log of 31 December read on 1 January belongs to the year before."""
+    line = "INFO 12-31 23:59:58 [core.py:1] init engine (profile, create kv cache, warmup model) took 1.0 s"
+    parsed = parse_log("vllm", line, near=datetime(2026, 1, 1, 0, 0, 5).timestamp())
+    assert datetime.fromtimestamp(parsed.first_line_epoch) == datetime(2025, 12, 31, 23, 59, 58)
+
+
+def test_unknown_or_generic_backend_log_parses_to_nothing():
+    for backend in ("openai", "no-such-backend"):
+        parsed = parse_log(backend, "anything")
+        assert parsed.phases == [] and parsed.memory == {}
 
 
 def test_launch_failure_quotes_the_log(tmp_path):
@@ -147,13 +162,12 @@ def alive(pid: int) -> bool:
 
 def test_vllm_cpu_serve_log_recorded_from_a_real_start():
     """tests/data/vllm_cpu_serve.log: `vllm serve` of SmolLM2 on this CPU, as the project recorded it."""
-    from pathlib import Path
-
-    text = (Path(__file__).parent / "data" / "vllm_cpu_serve.log").read_text()
-    parsed = parse_log("vllm", text)
+    text = (DATA / "vllm_cpu_serve.log").read_text()
+    parsed = parse_log("vllm", text, near=datetime(2025, 11, 29, 16, 0).timestamp())
     got = {p.name: p.seconds for p in parsed.phases}
     assert got == {"model_init": 0.096251, "weights": 0.29, "init_engine": 1.75, "server_ready": 0.0}
     assert parsed.memory == {"weights": pytest.approx(0.5 * 2**30), "kv_cache": 2**30, "kv_tokens": 23296}
+    assert (parsed.device, parsed.dtype) == ("cpu", "float32")
     first = datetime.fromtimestamp(parsed.first_line_epoch)
     report = SetupReport("vllm", "", "process", "http://x", spawned_at=first.timestamp())
     apply_log(report, parsed)
@@ -161,3 +175,45 @@ def test_vllm_cpu_serve_log_recorded_from_a_real_start():
     # first line 16:23:28, weights logged 16:23:48, engine ready 16:23:50, server listening 16:23:52
     assert ends["weights"] == pytest.approx(20) and ends["init_engine"] == pytest.approx(22)
     assert ends["server_ready"] == pytest.approx(24)
+
+
+def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
+    """There is no GPU here: a stand-in `nvidia-smi` on PATH answers as the real one does to the query the
+    launcher makes (1000 MiB in use on GPU 0 before the spawn, 3048 MiB at ready; GPU 1 is hidden by
+    CUDA_VISIBLE_DEVICES)."""
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = "--query-gpu=index,memory.used" ] || exit 9\n'
+        f"echo x >> {calls}\n"
+        f'if [ "$(wc -l < {calls})" -le 1 ]; then echo "0, 1000"; else echo "0, 3048"; fi\n'
+        'echo "1, 5"\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    port = free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    launcher = ProcessLauncher("reference", "eager", server, f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30)
+    with launcher:
+        report = launcher.start()
+    assert report.memory["device_used"] == (3048 - 1000) * 2**20
+    assert "nvidia-smi on GPU 0: 2.98 GiB in use at ready, 0.98 GiB before the launch" in report.notes[0]
+
+
+def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
+    """vLLM's CPU build answers /health for a model its kernels refuse; the first request is what tells."""
+    from adapters import get_adapter
+    from compare.backend_launch import measure_cold_first_token
+    from workloads.spec import RequestSpec
+
+    port = free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    launcher = ProcessLauncher("vllm", "", server, f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30)
+    with launcher:
+        launcher.start()
+        with pytest.raises(LaunchError, match="answered its health check, but its first request failed: HTTP 501"):
+            measure_cold_first_token(launcher, get_adapter("vllm", model="m"), RequestSpec("c", (1,), "hi", 2), 10)
+    assert launcher.report.cold_first_token_s is None

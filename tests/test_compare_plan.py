@@ -47,7 +47,12 @@ def test_backends_variants_and_endpoints():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"backends": "vllm"}, "no endpoint"),
+        ({"backends": "openai"}, "cannot start it"),
+        ({"backends": "trtllm-triton"}, "cannot start it"),
+        ({"backends": "vllm:graphs=0"}, "positive"),
+        ({"backends": "tgi:eager+graphs=1/2"}, "off and on"),
+        ({"launch": "kubernetes"}, "unknown --launch"),
+        ({"images": ["vllm"]}, "NAME=IMAGE"),
         ({"backends": "nosuch"}, "unknown backend"),
         ({"backends": "reference:turbo"}, "unknown variant"),
         ({"backends": "reference,reference"}, "appears twice"),

@@ -3,18 +3,15 @@
 Needs a Docker-compatible API at DOCKER_HOST: in CI, podman's (`.ci/setup_podman.sh RUN_DIR` starts it and
 prints the export), which also provides the base image `llm-compare/base:bookworm`. The image under test is
 built from docker/reference-cpu.Dockerfile with a context made by docker/prepare_reference_context.sh, and
-reused while the project's sources and the recipe are unchanged. Everything created here carries the label
+reused while the project's sources and the recipe are unchanged (compare/images.py, shared with
+`compare run --launch docker`; the fixtures are in conftest.py). Everything created here carries the label
 `llm-compare.test=1`, and the containers also a label unique to this run, so clean-up is exact.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,79 +22,21 @@ from checkpoints import make_checkpoint
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = "reference-cpu.Dockerfile"
-IMAGE = os.environ.get("LLM_COMPARE_TEST_IMAGE", "llm-compare/reference-cpu:test")
-BASE_IMAGE = os.environ.get("LLM_COMPARE_BASE_IMAGE", "llm-compare/base:bookworm")
 LABEL = "llm-compare.test"
 RUN_LABEL = "llm-compare.test.run"
-SOURCE_LABEL = "llm-compare.source-sha256"
 RUN_ID = uuid.uuid4().hex[:12]
 SERVER_ARGS = ["--model", "/models", "--served-model-name", "tiny", "--max-model-len", "256",
                "--shutdown-timeout", "10"]
 
 
-def source_digest(base_id: str) -> str:
-    """What the image is made of: the base image, the packages, pyproject, README, the recipe, the context script."""
-    h = hashlib.sha256()
-    files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "docker" / DOCKERFILE,
-             ROOT / "docker" / "prepare_reference_context.sh"]
-    for pkg in ("reference_engine", "adapters", "workloads", "compare"):
-        files += sorted(p for p in (ROOT / pkg).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    for path in files:
-        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(os.environ.get("REFERENCE_TORCH", "").encode() + b"\0" + base_id.encode())
-    return h.hexdigest()
+@pytest.fixture(scope="module")
+def client(docker_client):
+    return docker_client
 
 
 @pytest.fixture(scope="module")
-def client():
-    host = os.environ.get("DOCKER_HOST")
-    if not host:
-        pytest.skip("DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it prints")
-    docker = pytest.importorskip("docker", reason="the docker SDK is not installed (`pip install -e '.[docker]'`)")
-    try:
-        c = docker.DockerClient(base_url=host, timeout=900)
-        c.ping()
-    except Exception as e:
-        pytest.skip(f"no Docker API answers at DOCKER_HOST={host}: {e}")
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def image(client, tmp_path_factory):
-    """The reference CPU image: reused if one with the same sources exists, else built (about 80 s cold)."""
-    import docker
-
-    try:
-        base = client.images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.fail(f"base image {BASE_IMAGE} is missing: `.ci/setup_podman.sh RUN_DIR` imports it (on a Docker "
-                    "host, set LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11, e.g. python:3.11-slim-bookworm)")
-    digest = source_digest(base.id)
-    old = None
-    try:
-        old = client.images.get(IMAGE)
-        if old.labels.get(SOURCE_LABEL) == digest:
-            return old
-    except docker.errors.ImageNotFound:
-        pass
-    ctx = tmp_path_factory.mktemp("reference-context")
-    subprocess.run(["bash", str(ROOT / "docker" / "prepare_reference_context.sh"), str(ctx)], check=True,
-                   env={**os.environ, "PYTHON": sys.executable}, timeout=900)
-    try:
-        # podman's API wants the Dockerfile named even when it lies at the context's root.
-        built, _ = client.images.build(path=str(ctx), dockerfile=DOCKERFILE, tag=IMAGE, rm=True, forcerm=True,
-                                       buildargs={"BASE_IMAGE": BASE_IMAGE},
-                                       labels={LABEL: "1", SOURCE_LABEL: digest})
-    except docker.errors.BuildError as e:
-        log = "".join(chunk.get("stream", "") for chunk in e.build_log)
-        pytest.fail(f"building {IMAGE} failed: {e}\n{log[-4000:]}")
-    if old is not None and old.id != built.id and old.labels.get(LABEL) == "1":
-        with contextlib.suppress(docker.errors.APIError):  # the previous test image, now untagged
-            client.images.remove(old.id)
-    return built
+def image(reference_image):
+    return reference_image
 
 
 @pytest.fixture(scope="module")
