@@ -31,8 +31,12 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[dict[str,
 
     kwargs: dict[str, Any] = {"namespace": "llm-compare", "logging_level": logging.WARNING}
     if address == LOCAL:
-        kwargs |= {"num_cpus": num_cpus, "object_store_memory": OBJECT_STORE_BYTES,
-                   "include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+        kwargs |= {
+            "num_cpus": num_cpus,
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": False,
+            "_node_ip_address": "127.0.0.1",
+        }
     else:
         kwargs["address"] = address
         host = address.removeprefix("ray://").rsplit(":", 1)[0]
@@ -45,8 +49,12 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[dict[str,
             "address": address,
             "ray_version": ray.__version__,
             "nodes": [
-                {"node_id": n["NodeID"], "node_ip": n.get("NodeManagerAddress"),
-                 "hostname": n.get("NodeManagerHostname"), "resources": n.get("Resources", {})}
+                {
+                    "node_id": n["NodeID"],
+                    "node_ip": n.get("NodeManagerAddress"),
+                    "hostname": n.get("NodeManagerHostname"),
+                    "resources": n.get("Resources", {}),
+                }
                 for n in nodes
             ],
             "points": {},
@@ -71,8 +79,9 @@ def measure_on_ray(plan: Any, run_dir: Any, measure: Callable[..., int], say: Ca
         return _split(plan, run_dir, measure, say, info)
 
 
-def _split(plan: Any, run_dir: Any, measure: Callable[..., int], say: Callable[[str], None],
-           info: dict[str, Any]) -> int:
+def _split(
+    plan: Any, run_dir: Any, measure: Callable[..., int], say: Callable[[str], None], info: dict[str, Any]
+) -> int:
     from workloads.distributed import LoadGenerators, RayLoad, default_generators
 
     info["mode"] = "split"
@@ -88,10 +97,12 @@ def _split(plan: Any, run_dir: Any, measure: Callable[..., int], say: Callable[[
             info["points"][run_id] = placement
             for g in placement["generators"]:
                 if g["died"]:
-                    note = (f"load generator {g['slot']} ({g['node_ip']}, pid {g['pid']}) died during point "
-                            f"{run_id}: {g['lost']} requests in flight recorded as failed (client_lost)"
-                            + (f", {g['never_sent']} of its share never sent" if g["never_sent"] else "")
-                            + f"; {g['died']}")
+                    note = (
+                        f"load generator {g['slot']} ({g['node_ip']}, pid {g['pid']}) died during point "
+                        f"{run_id}: {g['lost']} requests in flight recorded as failed (client_lost)"
+                        + (f", {g['never_sent']} of its share never sent" if g["never_sent"] else "")
+                        + f"; {g['died']}"
+                    )
                     run_dir.manifest["notes"].append(note)
                     say(f"[yellow]warning:[/yellow] {note}")
             run_dir.save()

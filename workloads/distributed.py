@@ -82,8 +82,13 @@ class LoadGenerator:
 
     def where(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"slot": self.slot, "hostname": socket.gethostname(), "pid": os.getpid(),
-                "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        return {
+            "slot": self.slot,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+        }
 
     def clock(self) -> tuple[float, int]:
         return perf_counter(), time.time_ns()
@@ -141,30 +146,56 @@ class LoadGenerator:
         try:
             tokenizer = ray.get(job.tokenizer) if job.tokenizer is not None else None
             share = job.share
-            common = dict(backend=job.backend, variant=job.variant, load_point=job.load_point,
-                          timeouts=job.timeouts, run_id=job.run_id, tokenizer=tokenizer)
+            common = dict(
+                backend=job.backend,
+                variant=job.variant,
+                load_point=job.load_point,
+                timeouts=job.timeouts,
+                run_id=job.run_id,
+                tokenizer=tokenizer,
+            )
 
             def started(request_id: str, scheduled: float, start: float, warmup: bool) -> None:
                 out.put(("s", (request_id, scheduled, start, warmup)))
 
             if share.warmup_specs and not self._stop.is_set():
+
                 def warm_record(record: RequestRecord) -> None:
                     out.put(("r", record.model_copy(update={"warmup": True}).model_dump_json()))
 
                 def warm_started(request_id: str, scheduled: float, start: float, _warmup: bool) -> None:
                     started(request_id, scheduled, start, True)
 
-                self._phase(run_load(job.url, job.adapter, share.warmup_specs,
-                                     ClosedLoop(share.warmup_concurrency), max_requests=len(share.warmup_specs),
-                                     on_record=warm_record, on_start=warm_started, **common))
+                self._phase(
+                    run_load(
+                        job.url,
+                        job.adapter,
+                        share.warmup_specs,
+                        ClosedLoop(share.warmup_concurrency),
+                        max_requests=len(share.warmup_specs),
+                        on_record=warm_record,
+                        on_start=warm_started,
+                        **common,
+                    )
+                )
             out.put(("warm", None))
             self._go.wait()
             if not self._stop.is_set():
                 stats["start_at"] = self._start_at
-                self._phase(run_load(job.url, job.adapter, share.specs, share.schedule,
-                                     max_requests=share.max_requests, max_duration_s=share.max_duration_s,
-                                     start_at=self._start_at, on_start=started,
-                                     on_record=lambda r: out.put(("r", r.model_dump_json())), **common))
+                self._phase(
+                    run_load(
+                        job.url,
+                        job.adapter,
+                        share.specs,
+                        share.schedule,
+                        max_requests=share.max_requests,
+                        max_duration_s=share.max_duration_s,
+                        start_at=self._start_at,
+                        on_start=started,
+                        on_record=lambda r: out.put(("r", r.model_dump_json())),
+                        **common,
+                    )
+                )
             stats["interrupted"] = self._stop.is_set()
         except BaseException as exc:  # reported to the driver, which decides
             stats["error"] = f"{type(exc).__name__}: {exc}"
@@ -216,8 +247,10 @@ class LoadGenerators:
         except Exception:
             remove_placement_group(self.group)
             total = ray.cluster_resources().get("CPU", 0)
-            raise RuntimeError(f"{count} load generators of {cpus:g} CPU each could not be placed within "
-                               f"{ready_timeout_s:.0f} s (the cluster has {total:g} CPUs)") from None
+            raise RuntimeError(
+                f"{count} load generators of {cpus:g} CPU each could not be placed within "
+                f"{ready_timeout_s:.0f} s (the cluster has {total:g} CPUs)"
+            ) from None
         self.slots = [Slot(i, self._start(i)) for i in range(count)]
         try:
             wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=ready_timeout_s)
@@ -229,8 +262,9 @@ class LoadGenerators:
 
     def _start(self, index: int) -> Any:
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
-        return self._cls.options(num_cpus=self.cpus, max_concurrency=4, max_restarts=0,
-                                 scheduling_strategy=strategy).remote(index)
+        return self._cls.options(
+            num_cpus=self.cpus, max_concurrency=4, max_restarts=0, scheduling_strategy=strategy
+        ).remote(index)
 
     def placement(self) -> list[dict[str, Any]]:
         return [s.where | {"replaced": s.replaced} for s in self.slots]
@@ -251,12 +285,16 @@ class LoadGenerators:
                 slot.handle = self._start(slot.index)
                 slot.where = ray.get(slot.handle.where.remote(), timeout=self.ready_timeout_s)
                 slot.replaced += 1
-                self.notes.append(f"load generator {slot.index} did not answer ({reason}): replaced by a new "
-                                  f"actor on {slot.where.get('node_ip')}")
+                self.notes.append(
+                    f"load generator {slot.index} did not answer ({reason}): replaced by a new "
+                    f"actor on {slot.where.get('node_ip')}"
+                )
                 out.append(slot)
             except Exception as exc:
-                self.notes.append(f"load generator {slot.index} did not answer ({reason}) and could not be "
-                                  f"replaced ({type(exc).__name__}): the next points run without it")
+                self.notes.append(
+                    f"load generator {slot.index} did not answer ({reason}) and could not be "
+                    f"replaced ({type(exc).__name__}): the next points run without it"
+                )
         return out
 
     def shutdown(self) -> None:
@@ -308,32 +346,68 @@ class RayLoad:
     `on_point(run_id, placement)` receives where it ran: the actors, their shares, the clock offsets before
     and after, and what each began, finished and lost."""
 
-    def __init__(self, generators: LoadGenerators,
-                 on_point: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self, generators: LoadGenerators, on_point: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> None:
         self.generators = generators
         self.on_point = on_point
         self._tokenizers: dict[int, Any] = {}
 
-    def __call__(self, url: str, adapter: Adapter, specs: Sequence[RequestSpec], schedule: Schedule, *,
-                 output_path: str | Path | None = None, summary_path: str | Path | None = None,
-                 warmup_specs: Sequence[RequestSpec] = (), warmup_concurrency: int | None = None,
-                 backend: str | None = None, variant: str = "", load_point: str | None = None,
-                 timeouts: Timeouts | None = None, max_requests: int | None = None,
-                 max_duration_s: float | None = None, tokenizer: Any = None,
-                 progress: Callable[[list[RequestRecord]], None] | None = None,
-                 progress_interval_s: float = 1.0, run_id: str | None = None,
-                 **unsupported: Any) -> list[RequestRecord]:
+    def __call__(
+        self,
+        url: str,
+        adapter: Adapter,
+        specs: Sequence[RequestSpec],
+        schedule: Schedule,
+        *,
+        output_path: str | Path | None = None,
+        summary_path: str | Path | None = None,
+        warmup_specs: Sequence[RequestSpec] = (),
+        warmup_concurrency: int | None = None,
+        backend: str | None = None,
+        variant: str = "",
+        load_point: str | None = None,
+        timeouts: Timeouts | None = None,
+        max_requests: int | None = None,
+        max_duration_s: float | None = None,
+        tokenizer: Any = None,
+        progress: Callable[[list[RequestRecord]], None] | None = None,
+        progress_interval_s: float = 1.0,
+        run_id: str | None = None,
+        **unsupported: Any,
+    ) -> list[RequestRecord]:
         if unsupported:
             raise TypeError(f"not supported over Ray: {', '.join(sorted(unsupported))}")
         slots = self.generators.live()
         if not slots:
             raise RuntimeError("no load generator is alive")
-        shares = split_point(specs, warmup_specs, schedule, len(slots), max_requests=max_requests,
-                             max_duration_s=max_duration_s, warmup_concurrency=warmup_concurrency)
-        point = _Point(self, url, adapter, schedule, shares, slots[: len(shares)], output_path, summary_path,
-                       backend or adapter.name, variant, load_point or schedule.label,
-                       run_id or os.urandom(6).hex(), timeouts or Timeouts(), self._tokenizer_ref(tokenizer), progress,
-                       progress_interval_s)
+        shares = split_point(
+            specs,
+            warmup_specs,
+            schedule,
+            len(slots),
+            max_requests=max_requests,
+            max_duration_s=max_duration_s,
+            warmup_concurrency=warmup_concurrency,
+        )
+        point = _Point(
+            self,
+            url,
+            adapter,
+            schedule,
+            shares,
+            slots[: len(shares)],
+            output_path,
+            summary_path,
+            backend or adapter.name,
+            variant,
+            load_point or schedule.label,
+            run_id or os.urandom(6).hex(),
+            timeouts or Timeouts(),
+            self._tokenizer_ref(tokenizer),
+            progress,
+            progress_interval_s,
+        )
         with asyncio.Runner() as runner:
             return runner.run(point.run())
 
@@ -351,10 +425,25 @@ class RayLoad:
 
 
 class _Point:
-    def __init__(self, owner: RayLoad, url: str, adapter: Adapter, schedule: Schedule, shares: list[Share],
-                 slots: list[Slot], output_path: Any, summary_path: Any, backend: str, variant: str,
-                 load_point: str, run_id: str, timeouts: Timeouts, tokenizer: Any,
-                 progress: Callable[[list[RequestRecord]], None] | None, progress_interval_s: float) -> None:
+    def __init__(
+        self,
+        owner: RayLoad,
+        url: str,
+        adapter: Adapter,
+        schedule: Schedule,
+        shares: list[Share],
+        slots: list[Slot],
+        output_path: Any,
+        summary_path: Any,
+        backend: str,
+        variant: str,
+        load_point: str,
+        run_id: str,
+        timeouts: Timeouts,
+        tokenizer: Any,
+        progress: Callable[[list[RequestRecord]], None] | None,
+        progress_interval_s: float,
+    ) -> None:
         self.owner, self.url, self.adapter, self.schedule = owner, url, adapter, schedule
         self.shares, self.slots = shares, slots
         self.backend, self.variant, self.load_point, self.run_id = backend, variant, load_point, run_id
@@ -407,9 +496,19 @@ class _Point:
         return self.records
 
     async def _consume(self, stream: _Stream) -> None:
-        gen = stream.slot.handle.run.remote(Job(stream.share, self.url, self.adapter, self.timeouts,
-                                                self.run_id, self.backend, self.variant, self.load_point,
-                                                self.tokenizer))
+        gen = stream.slot.handle.run.remote(
+            Job(
+                stream.share,
+                self.url,
+                self.adapter,
+                self.timeouts,
+                self.run_id,
+                self.backend,
+                self.variant,
+                self.load_point,
+                self.tokenizer,
+            )
+        )
         try:
             async for ref in gen:
                 message = await ref
@@ -419,20 +518,30 @@ class _Point:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the actor or its node died
-            stream.died = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            stream.died = (
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            )
         finally:
             stream.warm.set()
             if stream.died is not None:
-                self._lose(stream, ErrorKind.CLIENT_LOST,
-                           f"the load generator {stream.slot.host} died while this request was in flight "
-                           f"({stream.died}); its outcome is unknown")
+                self._lose(
+                    stream,
+                    ErrorKind.CLIENT_LOST,
+                    f"the load generator {stream.slot.host} died while this request was in flight "
+                    f"({stream.died}); its outcome is unknown",
+                )
 
     def _take(self, stream: _Stream, message: dict[str, Any]) -> None:
         for request_id, scheduled, start, warmup in message.get("started", ()):
             spec = stream.spec_of(request_id)
-            stream.inflight[request_id] = Started(request_id, scheduled, start, warmup,
-                                                  spec.prompt_len if spec else 0,
-                                                  spec.wanted_output_tokens if spec else 1)
+            stream.inflight[request_id] = Started(
+                request_id,
+                scheduled,
+                start,
+                warmup,
+                spec.prompt_len if spec else 0,
+                spec.wanted_output_tokens if spec else 1,
+            )
             stream.started += 1
         for line in message.get("records", ()):
             record = RequestRecord.model_validate_json(line)
@@ -451,10 +560,18 @@ class _Point:
 
     def _lose(self, stream: _Stream, kind: ErrorKind, reason: str) -> None:
         for started in list(stream.inflight.values()):
-            record = lost_record(started, run_id=self.run_id, backend=self.backend, variant=self.variant,
-                                 load_point=self.load_point, t0=self.t0, offset_s=stream.offset.offset_s,
-                                 host=stream.slot.host, forced=self.adapter.forces_output_length,
-                                 reason=reason)
+            record = lost_record(
+                started,
+                run_id=self.run_id,
+                backend=self.backend,
+                variant=self.variant,
+                load_point=self.load_point,
+                t0=self.t0,
+                offset_s=stream.offset.offset_s,
+                host=stream.slot.host,
+                forced=self.adapter.forces_output_length,
+                reason=reason,
+            )
             if kind != ErrorKind.CLIENT_LOST:
                 record = record.model_copy(update={"error_kind": kind})
             self._store(record)
@@ -490,12 +607,23 @@ class _Point:
     def _finish(self, end: float, interrupted: bool) -> None:
         if self.writer is not None:
             self.writer.close()
-        describe = self.schedule.describe() | {"adapter": self.adapter.describe(),
-                                               "load_generators": len(self.streams)}
-        summary = build_summary(self.records, self.schedule, run_id=self.run_id, backend=self.backend,
-                                variant=self.variant, load_point=self.load_point, t0=self.t0,
-                                measured_start=self.start_at or end, end=end, interrupted=interrupted,
-                                describe=describe)
+        describe = self.schedule.describe() | {
+            "adapter": self.adapter.describe(),
+            "load_generators": len(self.streams),
+        }
+        summary = build_summary(
+            self.records,
+            self.schedule,
+            run_id=self.run_id,
+            backend=self.backend,
+            variant=self.variant,
+            load_point=self.load_point,
+            t0=self.t0,
+            measured_start=self.start_at or end,
+            end=end,
+            interrupted=interrupted,
+            describe=describe,
+        )
         if self.summary_path is not None:
             with RecordWriter(self.summary_path) as writer:
                 writer.append(summary)
@@ -514,15 +642,23 @@ class _Point:
                 "clock_offset": s.offset.describe(),
                 "clock_offset_after": after.describe() if after else None,
                 "clock_drift_s": after.offset_s - s.offset.offset_s if after else None,
-                "began": s.started, "finished": s.finished, "lost": s.lost,
-                "never_sent": (len(s.share.specs) + len(s.share.warmup_specs) - s.started
-                               if s.share.max_requests is not None else None),
+                "began": s.started,
+                "finished": s.finished,
+                "lost": s.lost,
+                "never_sent": (
+                    len(s.share.specs) + len(s.share.warmup_specs) - s.started
+                    if s.share.max_requests is not None
+                    else None
+                ),
                 "died": s.died,
             }
             out.append(entry)
-        return {"t0_monotonic": self.t0, "start_s": None if self.start_at is None else self.start_at - self.t0,
-                "clock": "driver monotonic; each record shifted by its actor's offset (clock_offset_s)",
-                "generators": out}
+        return {
+            "t0_monotonic": self.t0,
+            "start_s": None if self.start_at is None else self.start_at - self.t0,
+            "clock": "driver monotonic; each record shifted by its actor's offset (clock_offset_s)",
+            "generators": out,
+        }
 
 
 def _check_reachable(url: str, slots: Sequence[Slot]) -> None:
@@ -533,12 +669,17 @@ def _check_reachable(url: str, slots: Sequence[Slot]) -> None:
     if host not in ("localhost", "::1") and not host.startswith("127."):
         return
     here = ray.util.get_node_ip_address()
-    away = [s for s in slots if s.where.get("node_ip") != here and not str(s.where.get("node_ip")).startswith("127.")]
+    away = [
+        s
+        for s in slots
+        if s.where.get("node_ip") != here and not str(s.where.get("node_ip")).startswith("127.")
+    ]
     if away:
         raise RuntimeError(
             f"{url} is this host's loopback, which load generators on {away[0].where.get('node_ip')} cannot "
             "reach: give the server an address the cluster can reach (--endpoint), or run the cells on the "
-            "cluster (--ray-cells)")
+            "cluster (--ray-cells)"
+        )
 
 
 def default_generators() -> int:

@@ -159,14 +159,18 @@ def _split_open(
     ]
 
 
-def _arrivals(schedule: OpenLoop | TraceReplay, count: int | None, max_duration_s: float | None) -> list[float]:
+def _arrivals(
+    schedule: OpenLoop | TraceReplay, count: int | None, max_duration_s: float | None
+) -> list[float]:
     """Send times of the whole point, as one load generator would draw them."""
     source = schedule.iter_offsets()
     if isinstance(schedule, TraceReplay):
         count = len(schedule.times) if count is None else min(count, len(schedule.times))
     out: list[float] = []
     for offset in source:
-        if (count is not None and len(out) >= count) or (max_duration_s is not None and offset >= max_duration_s):
+        if (count is not None and len(out) >= count) or (
+            max_duration_s is not None and offset >= max_duration_s
+        ):
             break
         out.append(float(offset))
     return out
