@@ -362,7 +362,7 @@ def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
     async def main() -> bool:
         tasks = [asyncio.create_task(consume(g)) for g in groups.values()]
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.wait(tasks)
             return False
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]

@@ -476,7 +476,7 @@ class _Point:
                 if s.died is None:
                     local = self.start_at + s.share.start_offset_s - s.offset.offset_s
                     s.slot.handle.go.remote(local)
-            await asyncio.gather(*consumers)
+            await asyncio.wait(consumers)  # not gather: a Ctrl-C must not cancel them, they still deliver
         except asyncio.CancelledError:
             interrupted = True
             task = asyncio.current_task()
