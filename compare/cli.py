@@ -160,7 +160,7 @@ def run(
         help="run on Ray: alone, a local instance; or a cluster's address (HOST:PORT, auto, ray://HOST:PORT)",
     ),
     ray_actors: int | None = typer.Option(
-        None, help="with --ray: load generators per load point [default: one per node]"
+        None, help="with --ray: load generators per load point [default: one per node; local: 2]"
     ),
     ray_actor_cpus: float | None = typer.Option(
         None, help="with --ray: CPUs each load generator reserves [default: 1]"

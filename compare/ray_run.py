@@ -85,7 +85,7 @@ def _split(
     from workloads.distributed import LoadGenerators, RayLoad, default_generators
 
     info["mode"] = "split"
-    count = plan.ray_actors or default_generators()
+    count = plan.ray_actors or (2 if plan.ray == LOCAL else default_generators())
     generators = LoadGenerators(count, cpus=plan.ray_actor_cpus)
     try:
         info["generators"] = generators.placement()

@@ -191,7 +191,3 @@ def _at_least_one(shares: list[list[RequestSpec]], pool: list[RequestSpec]) -> l
         s or [dataclasses.replace(pool[i % len(pool)], request_id=f"{pool[i % len(pool)].request_id}@{i}")]
         for i, s in enumerate(shares)
     ]
-
-
-def is_open(schedule: Schedule) -> bool:
-    return isinstance(schedule, OpenLoop | TraceReplay)
