@@ -381,6 +381,7 @@ class RayLoad:
         slots = self.generators.live()
         if not slots:
             raise RuntimeError("no load generator is alive")
+        _check_reachable(url, slots)
         shares = split_point(
             specs,
             warmup_specs,
@@ -459,7 +460,6 @@ class _Point:
         self.streams: list[_Stream] = []
 
     async def run(self) -> list[RequestRecord]:
-        _check_reachable(self.url, self.slots)
         for slot, share in zip(self.slots, self.shares, strict=True):
             offset = await asyncio.to_thread(measure_offset, slot.handle)
             specs = {s.request_id: s for s in (*share.specs, *share.warmup_specs)}
