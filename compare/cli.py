@@ -163,6 +163,30 @@ def run(
         "each [default: 1]",
     ),
     n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        is_flag=False,
+        flag_value="local",
+        metavar="[ADDRESS]",
+        help="run on Ray: alone, a local instance; or a cluster's address (HOST:PORT, auto, ray://HOST:PORT)",
+    ),
+    ray_actors: int | None = typer.Option(
+        None, help="with --ray: load generators per load point [default: one per node; local: 2]"
+    ),
+    ray_actor_cpus: float | None = typer.Option(
+        None, help="with --ray: CPUs each load generator reserves [default: 1]"
+    ),
+    ray_cells: bool | None = typer.Option(
+        None,
+        "--ray-cells",
+        help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads and "
+        "stops its server on the node it is given",
+    ),
+    ray_cell_resources: str | None = typer.Option(
+        None,
+        help="with --ray-cells: resources per cell, e.g. GPU=1,CPU=4 [default: GPU=1 on a cluster with GPUs, else CPU=1]",
+    ),
 ) -> None:
     """Measure backends under load and write the run directory with its reports."""
     from compare.plan import PlanError, build_plan
@@ -201,6 +225,11 @@ def run(
         images=image,
         dtype=dtype,
         max_model_len=max_model_len,
+        ray=ray,
+        ray_actors=ray_actors,
+        ray_actor_cpus=ray_actor_cpus,
+        ray_cells=ray_cells,
+        ray_cell_resources=ray_cell_resources,
     )
     try:
         plan = build_plan(options, config)
@@ -223,7 +252,7 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
     code = EXIT_OK
     with _sigterm_as_sigint():
         try:
-            code = _measure(plan, run_dir)
+            code = _measure_on_ray(plan, run_dir) if plan.ray else _measure(plan, run_dir)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
         except Exception as exc:  # the run failed; report what was measured and say why
@@ -323,7 +352,13 @@ def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
     )
 
 
-def _measure(plan: Any, run_dir: Any) -> int:
+def _measure_on_ray(plan: Any, run_dir: Any) -> int:
+    from compare.ray_run import measure_on_ray
+
+    return measure_on_ray(plan, run_dir, _measure, console.print)
+
+
+def _measure(plan: Any, run_dir: Any, load: Any = None) -> int:
     from adapters import get_adapter
     from compare.backend_launch import make_launcher, measure_cold_first_token
     from compare.launch import LaunchError, endpoint_report
@@ -405,7 +440,7 @@ def _measure(plan: Any, run_dir: Any) -> int:
                 for w, per_point in workloads:
                     for k, schedule in enumerate(plan.load_points):
                         interrupted = _one_point(
-                            run_load_sync,
+                            load or run_load_sync,
                             Timeouts,
                             run_dir,
                             plan,

@@ -67,6 +67,12 @@ DEFAULTS: dict[str, Any] = {
     "images": {},
     "dtype": "auto",
     "max_model_len": None,
+    # Ray (compare.ray_run): cluster address or `local`, load generators per point, or cells as tasks
+    "ray": None,
+    "ray_actors": None,
+    "ray_actor_cpus": 1.0,
+    "ray_cells": False,
+    "ray_cell_resources": None,
 }
 
 
@@ -137,6 +143,11 @@ class RunPlan:
     images: dict[str, str] = field(default_factory=dict)  # server family or backend -> container image
     dtype: str = "auto"
     max_model_len: int | None = None
+    ray: str | None = None  # None: no Ray; `local` or a cluster address
+    ray_actors: int | None = None  # load generators per point (None: one per node)
+    ray_actor_cpus: float = 1.0
+    ray_cells: bool = False  # backend x variant x load point as Ray tasks
+    ray_cell_resources: dict[str, float] = field(default_factory=dict)  # per cell; {} = the default
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:
@@ -169,7 +180,19 @@ class RunPlan:
             "images": self.images,
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
-        }
+        } | (
+            {}
+            if self.ray is None
+            else {
+                "ray": {
+                    "address": self.ray,
+                    "actors": self.ray_actors,
+                    "actor_cpus": self.ray_actor_cpus,
+                    "cells": self.ray_cells,
+                    "cell_resources": self.ray_cell_resources,
+                }
+            }
+        )
 
 
 # -- small parsers ------------------------------------------------------------------------------------
@@ -235,6 +258,22 @@ def parse_numbers(value: str | list | tuple | None, kind: type = float) -> list:
         except ValueError:
             raise PlanError(f"expected a comma-separated list of numbers, got {item!r}") from None
         out.append(number)
+    return out
+
+
+def parse_resources(value: str | dict[str, Any] | None) -> dict[str, float]:
+    """`GPU=1,CPU=4,accelerator_type:H100=0.01` (or a mapping) -> Ray resource amounts per cell."""
+    if not value:
+        return {}
+    items = value.items() if isinstance(value, dict) else [p.rpartition("=")[::2] for p in split_list(value)]
+    out = {}
+    for name, amount in items:
+        try:
+            out[str(name).strip()] = float(amount)
+        except ValueError:
+            raise PlanError(f"cannot read resource {name}={amount!r}: use NAME=AMOUNT, e.g. GPU=1") from None
+        if not str(name).strip() or out[str(name).strip()] < 0:
+            raise PlanError(f"bad resource request {name}={amount!r}")
     return out
 
 
@@ -403,6 +442,9 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         raise PlanError(f"unknown --launch {launch!r}; known: {', '.join(LAUNCHERS)}")
     images = parse_images(file_data.get("images")) | parse_images(options.get("images"))
     max_model_len = merged.get("max_model_len")
+    ray_actors = None if merged.get("ray_actors") is None else int(merged["ray_actors"])
+    if ray_actors is not None and ray_actors < 1:
+        raise PlanError(f"ray_actors must be >= 1, got {ray_actors}")
     return RunPlan(
         backends=backends,
         workloads=workloads,
@@ -427,7 +469,18 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         images=images,
         dtype=str(merged.get("dtype") or "auto"),
         max_model_len=int(max_model_len) if max_model_len else None,
+        ray=_ray_address(merged.get("ray")),
+        ray_actors=ray_actors,
+        ray_actor_cpus=float(merged["ray_actor_cpus"]),
+        ray_cells=bool(merged.get("ray_cells")),
+        ray_cell_resources=parse_resources(merged.get("ray_cell_resources")),
     )
+
+
+def _ray_address(value: Any) -> str | None:
+    if value in (None, False, ""):
+        return None
+    return "local" if value is True else str(value)
 
 
 def _opt_float(value: Any) -> float | None:

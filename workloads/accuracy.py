@@ -1,7 +1,7 @@
 """How far the load generator's measurements are from the truth the scripted server logged.
 
 Both processes stamp with CLOCK_MONOTONIC, so a client arrival time and a server write time can be
-subtracted directly. For each request the client's events and the server's logged events line up one to
+subtracted directly (a record put on another host's clock is first taken back to its own). For each request the client's events and the server's logged events line up one to
 one (both list every SSE data event in order). Errors, in seconds:
 
 - per event: client arrival minus server write (>= 0 by causality; loopback delivery plus client delay)
@@ -60,7 +60,7 @@ def compare(records: Iterable[RequestRecord], server_log: Mapping[str, Mapping[s
         if len(truth) != len(record.events) or any(c[1] != s[1] for c, s in zip(record.events, truth, strict=False)):
             errors.unmatched.append(record.request_id)
             continue
-        t0 = record.t0_monotonic
+        t0 = record.t0_monotonic - (record.clock_offset_s or 0.0)  # back on the measuring host's clock
         client = [t0 + t for t, _, _ in record.events]
         errors.event.extend(c - s[0] for c, s in zip(client, truth, strict=True))
         send = t0 + record.send_s

@@ -105,10 +105,16 @@ class _Prepared:
     headers: dict[str, str]
 
 
+#: called as each request begins: (request id, scheduled time, start time, warm-up), perf_counter seconds
+StartHook = Callable[[str, float, float, bool], None]
+
+
 class _Run:
     def __init__(self, url: str, adapter: Adapter, timeouts: Timeouts, writer: RecordWriter | None,
                  count_tokens: TokenCounter | None, backend: str, variant: str, load_point: str, run_id: str,
-                 progress: Callable[[list[RequestRecord]], None] | None) -> None:
+                 progress: Callable[[list[RequestRecord]], None] | None,
+                 on_record: Callable[[RequestRecord], None] | None = None,
+                 on_start: StartHook | None = None) -> None:
         self.base = URL(url)
         if not self.base.is_absolute():
             raise ValueError(f"endpoint URL must be absolute (http://host:port), got {url!r}")
@@ -118,6 +124,7 @@ class _Run:
         self.count_tokens = count_tokens
         self.backend, self.variant, self.load_point, self.run_id = backend, variant, load_point, run_id
         self.progress = progress
+        self.on_record, self.on_start = on_record, on_start
         self.records: list[RequestRecord] = []
         self.t0 = perf_counter()
         self.session: aiohttp.ClientSession | None = None
@@ -153,6 +160,8 @@ class _Run:
         error: tuple[ErrorKind, str] | None = None
         cancelled = False
         start = perf_counter()
+        if self.on_start is not None:
+            self.on_start(item.request_id, scheduled, start, warmup)
         deadline = asyncio.timeout(self.timeouts.request_s)
         try:
             async with deadline, self.session.post(item.url, data=item.body, headers=item.headers,
@@ -215,6 +224,8 @@ class _Run:
         self.records.append(record)
         if self.writer is not None:
             self.writer.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
 
     def _record(self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse,
                 reading: StreamReading) -> RequestRecord:
@@ -436,6 +447,9 @@ async def run_load(
     progress_interval_s: float = 1.0,
     run_id: str | None = None,
     summary_path: str | Path | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    on_start: StartHook | None = None,
+    start_at: float | None = None,
 ) -> list[RequestRecord]:
     """Drive `url` (e.g. `http://127.0.0.1:8000`) with `specs` on `schedule` and return every record.
 
@@ -451,6 +465,12 @@ async def run_load(
       `runs.jsonl` beside it).
     - `tokenizer`: re-tokenises each response's text as a cross-check of the token counts.
     - `progress(records)` is called every `progress_interval_s` with the records so far (do not modify).
+    - `on_record(record)` is called with each record as it is stored, and `on_start(request_id, scheduled,
+      start, warmup)` as each request begins (perf_counter seconds): what a caller streaming records
+      elsewhere needs to know which requests are in flight.
+    - `start_at` (perf_counter seconds): the measured schedule starts then, after preparation and any
+      open-loop warm-up (closed loop: the workers start then), so that load generators on several hosts
+      can start together; a late start shows as client lag.
     Cancellation records the in-flight requests as `cancelled` and returns normally.
     """
     if not specs:
@@ -464,7 +484,7 @@ async def run_load(
         summary_path = Path(output_path).with_name("runs.jsonl")
     run = _Run(url, adapter, timeouts, writer, token_counter(tokenizer) if tokenizer is not None else None,
                backend or adapter.name, variant, load_point or schedule.label, run_id or uuid.uuid4().hex[:12],
-               progress)
+               progress, on_record, on_start)
     count = max_requests if max_requests is not None else (None if max_duration_s is not None else len(specs))
     items = _items(run, specs, count)  # builds and checks every request before anything is sent
     first = next(items)
@@ -493,13 +513,15 @@ async def run_load(
         recorder = asyncio.create_task(run.record_finished())
         try:
             if isinstance(schedule, ClosedLoop):
+                if start_at is not None and (delay := start_at - perf_counter()) > 0:
+                    await asyncio.sleep(delay)
                 ramp = min(schedule.concurrency * 1e-3, 5.0) if ramp_up_s is None else ramp_up_s
                 await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, max_duration_s)
             else:
                 if warm_items:
                     concurrency = warmup_concurrency or min(len(warm_items), 8)
                     await run.closed_loop(iter(warm_items), iter(()), concurrency, 0.0, None)
-                run.measured_start = start = perf_counter()
+                run.measured_start = start = perf_counter() if start_at is None else start_at
                 deadline = None if max_duration_s is None else start + max_duration_s
                 await run.open_loop(items, schedule.iter_offsets(), start, deadline, schedule.max_concurrency)
         except asyncio.CancelledError:
@@ -533,7 +555,18 @@ async def run_load(
 
 
 def _summary(run: _Run, schedule: Schedule, interrupted: bool) -> RunSummary:
-    measured = [r for r in run.records if not r.warmup]
+    return build_summary(run.records, schedule, run_id=run.run_id, backend=run.backend, variant=run.variant,
+                         load_point=run.load_point, t0=run.t0, measured_start=run.measured_start or run.t0,
+                         end=perf_counter(), interrupted=interrupted,
+                         describe=schedule.describe() | {"adapter": run.adapter.describe()})
+
+
+def build_summary(records: Sequence[RequestRecord], schedule: Schedule, *, run_id: str, backend: str,
+                  variant: str, load_point: str, t0: float, measured_start: float, end: float,
+                  interrupted: bool, describe: dict) -> RunSummary:
+    """The run summary of `records`, whose times are all relative to `t0` (one clock: several load
+    generators' records must first be put on one timeline)."""
+    measured = [r for r in records if not r.warmup]
     sends = sorted(r.send_s for r in measured if r.send_s is not None)
     lags = np.array([lag for r in measured if (lag := client_lag(r)) is not None])
     errors: dict[str, int] = {}
@@ -543,10 +576,10 @@ def _summary(run: _Run, schedule: Schedule, interrupted: bool) -> RunSummary:
     offered = schedule.rate if isinstance(schedule, OpenLoop | TraceReplay) else None
     achieved = (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 and sends[-1] > sends[0] else None
     return RunSummary(
-        run_id=run.run_id, backend=run.backend, variant=run.variant, load_point=run.load_point,
-        t0_monotonic=run.t0, schedule=schedule.describe() | {"adapter": run.adapter.describe()},
-        measured_start_s=(run.measured_start or run.t0) - run.t0, wall_s=perf_counter() - run.t0,
-        n_warmup=len(run.records) - len(measured), n_measured=len(measured), n_sent=len(sends),
+        run_id=run_id, backend=backend, variant=variant, load_point=load_point,
+        t0_monotonic=t0, schedule=describe,
+        measured_start_s=measured_start - t0, wall_s=end - t0,
+        n_warmup=len(records) - len(measured), n_measured=len(measured), n_sent=len(sends),
         n_ok=sum(r.ok for r in measured), errors=errors, offered_rate=offered, achieved_rate=achieved,
         lag_p50_s=float(np.percentile(lags, 50)) if lags.size else None,
         lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,

@@ -5,6 +5,13 @@ Linux, the same clock in every process of the machine) *relative to the run star
 which each record carries. `t0_monotonic + send_s` is therefore an absolute monotonic time that can be
 compared with times logged by another process on the same machine (the scripted server does this).
 
+Records measured on several hosts (`compare run --ray`) are put on the driver's clock: all times of one
+record are shifted by the same amount, so every interval within a record (TTFT, ITL, TPOT, E2E, lag) is
+the one its own host measured, and only comparisons between records (throughput windows, achieved rate)
+rely on the measured clock offset. Such a record says where it was measured (`host`) and the offset
+that was added (`clock_offset_s`: driver clock = host clock + offset), so `t0_monotonic + send_s -
+clock_offset_s` is again a time on the measuring host's own monotonic clock.
+
 Token counts follow DESIGN.md: `output_tokens` is the server's usage when the server gave it, else the
 sum of the per-event counts; the per-event counts, the usage and the client's re-tokenisation of the text
 are all kept, and `token_count_mismatch` says whether any two of them that are known disagree.
@@ -42,6 +49,7 @@ class ErrorKind(StrEnum):
     STREAM_ERROR = "stream_error"  # the server reported an error inside the stream
     INCOMPLETE_STREAM = "incomplete_stream"  # the body ended cleanly but without the protocol's final event
     CANCELLED = "cancelled"  # the run was stopped (Ctrl-C) while the request was in flight
+    CLIENT_LOST = "client_lost"  # the load generator measuring it (a Ray actor, or its node) died mid-request
     CLIENT_ERROR = "client_error"  # an unexpected error in the client itself (a bug: please report)
 
 
@@ -87,6 +95,9 @@ class RequestRecord(BaseModel):
     token_count_mismatch: bool = False
     error_kind: ErrorKind | None = None
     error_message: str | None = None
+    # where it was measured, when not by the process that wrote the file (see the module docstring)
+    host: str | None = None
+    clock_offset_s: float | None = None
 
     @property
     def ok(self) -> bool:
