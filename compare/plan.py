@@ -277,36 +277,33 @@ def parse_resources(value: str | dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def parse_endpoints(values: list[str] | dict[str, str] | None) -> dict[str, str]:
-    """`NAME=URL` items (NAME: `backend` or `backend:variant`) -> {NAME: URL}."""
+def _parse_pairs(values: list[str] | dict[str, str] | None, what: str, example: str) -> dict[str, str]:
+    """`NAME=VALUE` items (or a mapping from a run file) -> {NAME: VALUE}, stripped."""
     if not values:
         return {}
     if isinstance(values, dict):
         return {str(k): str(v) for k, v in values.items()}
     out = {}
     for item in values:
-        name, sep, url = item.partition("=")
-        if not sep or not name.strip() or not url.strip():
-            raise PlanError(f"cannot read endpoint {item!r}: use NAME=URL, e.g. vllm=http://127.0.0.1:8000")
-        if not url.strip().startswith(("http://", "https://")):
-            raise PlanError(f"endpoint {item!r}: the URL must start with http:// or https://")
-        out[name.strip()] = url.strip().rstrip("/")
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise PlanError(f"cannot read {what} {item!r}: use NAME={what.upper()}, e.g. {example}")
+        out[name.strip()] = value.strip()
     return out
+
+
+def parse_endpoints(values: list[str] | dict[str, str] | None) -> dict[str, str]:
+    """`NAME=URL` items (NAME: `backend` or `backend:variant`) -> {NAME: URL}."""
+    out = _parse_pairs(values, "url", "vllm=http://127.0.0.1:8000")
+    for name, url in out.items():
+        if not url.startswith(("http://", "https://")):
+            raise PlanError(f"endpoint {name}={url!r}: the URL must start with http:// or https://")
+    return {name: url.rstrip("/") for name, url in out.items()}
 
 
 def parse_images(values: list[str] | dict[str, str] | None) -> dict[str, str]:
     """`NAME=IMAGE` items (NAME: a server family such as vllm, or a backend name) -> {NAME: IMAGE}."""
-    if not values:
-        return {}
-    if isinstance(values, dict):
-        return {str(k): str(v) for k, v in values.items()}
-    out = {}
-    for item in values:
-        name, sep, image = item.partition("=")
-        if not sep or not name.strip() or not image.strip():
-            raise PlanError(f"cannot read image {item!r}: use NAME=IMAGE, e.g. vllm=vllm/vllm-openai:v0.11.0")
-        out[name.strip()] = image.strip()
-    return out
+    return _parse_pairs(values, "image", "vllm=vllm/vllm-openai:v0.11.0")
 
 
 def parse_backend(
