@@ -1,14 +1,20 @@
 """Tables from the runs of benchmarks/truth/run.py: `tables.md` and `truth_errors.json` beside its output.
 
-    python benchmarks/truth/report.py [benchmarks/results/truth]
+    python benchmarks/truth/report.py [--prune] [benchmarks/results/truth]
+
+`--prune` deletes the raw outputs of runs that were not kept (a quieter run of the same client and point was).
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import json
-import sys
+import shutil
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 CLIENTS = ("ours", "vllm", "aiperf", "guidellm")
 OTHERS = CLIENTS[1:]
@@ -89,21 +95,23 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
         ok = all(v is not None and v >= TARGET for v in rat.values())
         cpu = " / ".join(_f(runs.get(c, {}).get("client_cpu_ms_per_request"), 1) for c in CLIENTS)
         lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} | {ratio}{' ✓' if ok else ''} | {cpu} |")
-    lines += ["", "## What a user would read: each client's reported p99 minus the true p99 under the declared "
-              "definitions (DESIGN.md), ms", "",
-              "Cells: TTFT / TPOT / ITL, signed. Differences here beyond the errors above come from definitions "
-              "(role chunk as first token, TPOT with TTFT, ITL per chunk or per request), not from timing.", "",
-              "| schedule | streams | ours | vLLM bench | AIPerf | GuideLLM |", "| --- | --- | --- | --- | --- | --- |"]
-    for (schedule, conc), runs in points.items():
-        cells = []
-        for c in CLIENTS:
-            r = runs.get(c)
-            if r is None or not r.get("requests"):
-                cells.append("–")
-                continue
-            cells.append(" / ".join(_f(r.get(f"{m}_declared_p99_diff_ms"), 3 if m == "tpot" else 2)
-                                    for m in METRICS))
-        lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} |")
+    for q, why in ((50, "the median shows what the definitions do (role chunk as first token, TPOT with TTFT, ITL per "
+                        "chunk or per request)"),
+                   (99, "the tail adds each client's timing error to that, and a per-request mean ITL hides the tail "
+                        "of the gaps")):
+        lines += ["", f"## What a user would read: each client's reported p{q} minus the true p{q} under the declared "
+                  "definitions (DESIGN.md), ms", "", f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
+                  "| schedule | streams | ours | vLLM bench | AIPerf | GuideLLM |", "| --- | --- | --- | --- | --- | --- |"]
+        for (schedule, conc), runs in points.items():
+            cells = []
+            for c in CLIENTS:
+                r = runs.get(c)
+                if r is None or not r.get("requests"):
+                    cells.append("–")
+                    continue
+                cells.append(" / ".join(_f(r.get(f"{m}_declared_p{q}_diff_ms"), 3 if m == "tpot" else 2)
+                                        for m in METRICS))
+            lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} |")
     lines += ["", "## Runs", "",
               "Requests matched to the server's log (measured, successful), tries, other tenants' CPU use during the "
               "kept try (cores), CPU pressure (share of time some task waited for a CPU; includes the client's own "
@@ -120,10 +128,122 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
     return "\n".join(lines) + "\n"
 
 
+def ttft_split(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
+    """Where the TTFT error comes from, for the two clients whose stamps are on the monotonic clock (ours and
+    vLLM bench): start stamp -> the server's `received_s` (loopback and the server's wake-up, plus whatever the
+    client does between its stamp and the bytes leaving), and the first token's write -> the arrival stamp."""
+    lines = ["", "## TTFT error, split", "",
+             "start -> received: the client's start stamp (ours: bytes handed to the socket; vLLM bench: before "
+             "`session.post`) to the server's `received_s`. write -> arrival: the first counted chunk's write to "
+             "the client's stamp. p50 / p99, ms.", "",
+             "| schedule | streams | ours start -> received | ours write -> arrival | vLLM start -> received | "
+             "vLLM write -> arrival |", "| --- | --- | --- | --- | --- | --- |"]
+    for (schedule, conc), runs in points.items():
+        cells = []
+        for client in ("ours", "vllm"):
+            up, down = _split(folder, runs.get(client), client)
+            cells += [_pair(up), _pair(down)]
+        lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pair(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{_f(float(np.percentile(values, 50)))} / {_f(float(np.percentile(values, 99)))}"
+
+
+def _split(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[float], list[float]]:
+    """(start -> received, write -> arrival) per request in ms, from the kept run's raw files."""
+    if run is None or "raw" not in run:
+        return [], []
+    raw = folder / run["raw"]
+    try:
+        server = {e["request_id"]: e for e in _jsonl(raw / f"{client}.server-events.jsonl.gz")}
+        if client == "ours":
+            starts = []
+            for r in _jsonl(raw / "ours.requests.jsonl.gz"):
+                first = next((e for e in r["events"] if e[1] > 0), None)
+                if not r["warmup"] and first is not None and r["send_s"] is not None:
+                    starts.append((r["request_id"], r["t0_monotonic"] + r["send_s"], r["t0_monotonic"] + first[0]))
+        else:
+            with gzip.open(raw / "vllm.result.json.gz", "rt", encoding="utf-8") as f:
+                result = json.load(f)
+            starts = [(f"truth-{i}", st, st + ttft) for i, (st, ttft, err) in
+                      enumerate(zip(result["start_times"], result["ttfts"], result["errors"], strict=True)) if not err]
+    except OSError:
+        return [], []
+    up, down = [], []
+    counted = (lambda e: e[1] > 0) if client == "ours" else (lambda e: e[2] in ("role", "token"))
+    for rid, start, arrival in starts:
+        entry = server.get(rid)
+        written = next((e for e in (entry or {}).get("events", []) if counted(e)), None)
+        if entry is None or written is None:
+            continue
+        up.append((entry["received_s"] - start) * 1e3)
+        down.append((arrival - written[0]) * 1e3)
+    return up, down
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def prune(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> None:
+    kept = {(f"{s}-c{c}", run["raw"], client) for (s, c), runs in points.items() for client, run in runs.items()
+            if "raw" in run}
+    for point_dir in sorted((folder / "raw").glob("*")):
+        for stamp_dir in sorted(point_dir.glob("*")):
+            rel = str(stamp_dir.relative_to(folder))
+            for f in stamp_dir.glob("*.gz"):
+                client = f.name.split(".", 1)[0]
+                if (point_dir.name, rel, client) not in kept:
+                    f.unlink()
+            if not any(stamp_dir.iterdir()):
+                shutil.rmtree(stamp_dir)
+
+
+def summary_table(points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
+    """One short table: per stream count, each client's largest p99 |error| over the schedules (own
+    definitions), and on how many schedules ours is at least 5x below the best other client on all three."""
+    lines = ["| streams | ours | vLLM bench | AIPerf | GuideLLM | schedules with x5 on TTFT, TPOT and ITL |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for conc in sorted({c for _, c in points}):
+        rows = {k: v for k, v in points.items() if k[1] == conc}
+        cells = []
+        for client in CLIENTS:
+            worst = []
+            for m in METRICS:
+                vals = [r[client].get(f"{m}_p99_ms") for r in rows.values() if client in r]
+                vals = [v for v in vals if v is not None]
+                worst.append(_f(max(vals), 3 if m == "tpot" else 2) if vals else "–")
+            cells.append(" / ".join(worst) + ("*" if client == "guidellm" else ""))
+        met = sum(all(v is not None and v >= TARGET for v in ratios(r).values()) for r in rows.values())
+        lines.append(f"| {conc} | {' | '.join(cells)} | {met} of {len(rows)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "results/truth"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, nargs="?", default=Path(__file__).resolve().parents[1] / "results/truth")
+    parser.add_argument("--prune", action="store_true", help="delete raw outputs of runs that were not kept")
+    args = parser.parse_args()
+    folder = args.folder
     meta, points = load(folder)
-    (folder / "tables.md").write_text(tables(meta, points))
+    if args.prune:
+        prune(folder, points)
+    text = ("## Summary: largest p99 |error| over the six schedules, ms (TTFT / TPOT / ITL)\n\n"
+            + summary_table(points) + "\n" + tables(meta, points) + ttft_split(folder, points))
+    (folder / "tables.md").write_text(text)
+    readme = folder / "README.md"
+    if readme.exists():  # the generated part of the README sits between two markers
+        start, end = "<!-- tables:start -->", "<!-- tables:end -->"
+        body = readme.read_text()
+        if start in body and end in body:
+            head, rest = body.split(start, 1)
+            readme.write_text(head + start + "\n\n" + text.replace("\n## ", "\n### ").replace("## Summary", "### Summary", 1)
+                              + "\n" + end + rest.split(end, 1)[1])
     summary = {**meta, "target_ratio": TARGET, "results": [
         {"schedule": s, "concurrency": c, "ratio_best_other_over_ours": ratios(runs),
          "clients": {k: {kk: vv for kk, vv in v.items() if kk != "command"} for k, v in runs.items()},

@@ -125,6 +125,18 @@ def psi_total_us() -> int | None:
         return None
 
 
+def wait_for_quiet(max_cores: float, max_wait_s: float, window_s: float = 2.0) -> float:
+    """Between runs nothing of ours is busy: wait (up to `max_wait_s`) for a `window_s` window during which the
+    machine's busy CPU time stays under `max_cores`; returns the last window's busy cores."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        b0 = machine_busy_ticks()
+        time.sleep(window_s)
+        busy = (machine_busy_ticks() - b0) / TICK / window_s
+        if busy <= max_cores or time.monotonic() > deadline:
+            return busy
+
+
 class TreeSampler(threading.Thread):
     """Samples a process tree's CPU time every `interval` s: (monotonic time, ticks)."""
 
@@ -397,6 +409,8 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=3)
     parser.add_argument("--max-foreign", type=float, default=0.15,
                         help="rerun while other tenants used more than this many cores during the run")
+    parser.add_argument("--wait-quiet", type=float, default=60.0,
+                        help="before each run, wait up to this many seconds for the machine to be quiet")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per client run")
     cpus = sorted(os.sched_getaffinity(0))
     parser.add_argument("--server-cpu", type=int, default=cpus[-2] if len(cpus) > 1 else cpus[0])
@@ -407,19 +421,28 @@ def main() -> None:
     os.sched_setaffinity(0, {args.server_cpu})
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "truth_runs.jsonl"
-    meta = {"command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "versions": versions(paths),
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # this invocation's raw outputs go to raw/<point>/<stamp>/
+    command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    meta_path = args.out / "truth_meta.json"
+    earlier = json.loads(meta_path.read_text()).get("invocations", []) if meta_path.exists() else []
+    meta = {"invocations": [*earlier, {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                       "raw": stamp}],
+            "machine": machine(), "versions": versions(paths),
             "server_cpu": args.server_cpu, "client_cpu": args.client_cpu, "output_tokens": OUTPUT_TOKENS,
             "points": {str(c): {"gap_scale": s, "requests": n} for c, (s, n) in POINTS.items()},
             "schedules": {s.name: {"chat": s.chat, "what": s.what, "at_1_stream": s.make(1.0)}
                           for s in SCHEDULES.values()}}
-    (args.out / "truth_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    tmp = meta_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    tmp.replace(meta_path)
     for name in args.schedules.split(","):
         sched = SCHEDULES[name]
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             for client in args.clients.split(","):
                 tries = []
                 for attempt in range(args.tries):
+                    if args.wait_quiet:
+                        wait_for_quiet(args.max_foreign, args.wait_quiet)
                     work = args.work / f"{name}-c{concurrency}-{client}-{attempt}"
                     r = run_point(client, sched, concurrency, paths, work, args.server_cpu, args.client_cpu,
                                   args.timeout)
@@ -431,7 +454,9 @@ def main() -> None:
                     time.sleep(3)
                 best, work = min(tries, key=lambda rw: (rw[0]["exit_status"] != 0, rw[0]["foreign_cpu_cores"]))
                 best["tries"] = len(tries)
-                keep_raw(client, work, args.out / "raw" / f"{name}-c{concurrency}")
+                raw = args.out / "raw" / f"{name}-c{concurrency}" / stamp
+                keep_raw(client, work, raw)
+                best["raw"] = str(raw.relative_to(args.out))
                 with results_path.open("a") as f:
                     f.write(json.dumps(best) + "\n")
                 for _, w in tries:
