@@ -47,9 +47,12 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = None  # None: the default buckets up to max_num_seqs
     kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
+    cpu_linear: str = "onednn"  # float32 linears on a CPU: oneDNN on packed weights, or "torch" (F.linear)
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.cpu_linear not in ("onednn", "torch"):
+            raise ValueError(f"cpu_linear must be onednn or torch, got {self.cpu_linear!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_num_seqs < 1:

@@ -73,8 +73,8 @@ class Engine:
         self._phase("resolve_model", t1 - t0, f"model {config.model} resolved, tokenizer loaded")
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,
-                                  config.seed, config.kernels)
-        self.setup.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+                                  config.seed, config.kernels, config.cpu_linear)
+        self.setup.weights_bytes = self.runner.weights_bytes
         t2 = time.perf_counter()
         self._phase("load_weights", t2 - t1,
                     f"weights loaded: {self.setup.weights_bytes / 2**30:.3f} GiB, {self.dtype} on {self.device}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask
+from reference_engine.cpu_linear import onednn_linear_available, pack_linears
 from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
 from reference_engine.loader import ResolvedModel, build_model
 from reference_engine.ops import ops_for
@@ -55,12 +56,19 @@ def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInput
 
 class ModelRunner:
     def __init__(self, resolved: ResolvedModel, device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 block_size: int, seed: int, kernels: str = "auto") -> None:
+                 block_size: int, seed: int, kernels: str = "auto", cpu_linear: str = "onednn") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.max_model_len = max_model_len
         self.spec = resolved.spec
         self.ops = ops_for(device, kernels)
         self.model = build_model(resolved, max_model_len, device, dtype, self.ops, seed)
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.packed_linears = 0
+        if cpu_linear == "onednn" and onednn_linear_available(device, dtype):
+            tied = self.model.lm_head.weight is self.model.embed_tokens.weight
+            self.packed_linears = pack_linears(self.model)
+            if tied:  # the LM head's packed copy is memory the dense embedding does not share
+                self.weights_bytes += self.model.lm_head.weight_bytes
         self.num_blocks = 0
         self.graphs: CUDAGraphRunner | None = None
 

@@ -53,7 +53,7 @@ def well_separated(logits: torch.Tensor) -> bool:
     return bool(((top2[:, 0] - top2[:, 1]) > 1e-3 * logits.std()).all())
 
 
-def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS) -> None:
+def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS, cpu_linear: str = "onednn") -> None:
     hf = hf_model(path)
     rng = random.Random()  # fresh prompts every run
     vocab = hf.config.vocab_size
@@ -72,7 +72,7 @@ def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS) -> Non
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for block_size in block_sizes:
         engine = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=block_size,
-                                     max_num_seqs=len(prompts)))
+                                     max_num_seqs=len(prompts), cpu_linear=cpu_linear))
         recorder = LogitRecorder(engine.sampler)
         engine.sampler = recorder
         outs = engine.generate(prompts, params)
@@ -85,12 +85,14 @@ def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS) -> Non
         assert stats.kv_blocks_used == 0 and stats.running == 0 and stats.waiting == 0
 
 
-def test_tiny_llama_matches_transformers(llama_dir):
-    check_against_transformers(llama_dir, [1, 16, 32])
+@pytest.mark.parametrize("cpu_linear", ["onednn", "torch"])
+def test_tiny_llama_matches_transformers(llama_dir, cpu_linear):
+    check_against_transformers(llama_dir, [1, 16, 32], cpu_linear=cpu_linear)
 
 
-def test_tiny_qwen2_matches_transformers(qwen2_dir):
-    check_against_transformers(qwen2_dir, [1, 16, 32])
+@pytest.mark.parametrize("cpu_linear", ["onednn", "torch"])
+def test_tiny_qwen2_matches_transformers(qwen2_dir, cpu_linear):
+    check_against_transformers(qwen2_dir, [1, 16, 32], cpu_linear=cpu_linear)
 
 
 def test_tiny_mistral_matches_transformers(mistral_dir):
