@@ -136,7 +136,7 @@ def main() -> None:
     print(f"Machine: {first['gpu']}, torch {first['torch']}, Python {first['python']}, measured device-to-device "
           f"copy bandwidth {first['copy_bandwidth_tb_s']:.2f} TB/s (read + write). Random bf16 weights, "
           "512-token prompts, 128 new tokens, greedy, `ignore_eos`.\n")
-    print("Commands (one GPU session, {date}):\n".format(date=first["date"]))
+    print("Commands (our rows run on {date}):\n".format(date=first["date"]))
     print("```\npython benchmarks/decode_latency.py --backend reference --repeats 2 --out reference-<commit>.jsonl")
     print("python benchmarks/decode_latency.py --backend hf --batches 1 --repeats 1 --out transformers-static-cache.jsonl")
     print("PYTHONPATH=SITE VLLM_USE_FLASHINFER_SAMPLER=0 python benchmarks/decode_latency.py --backend vllm "
@@ -155,21 +155,21 @@ def main() -> None:
           "which is why its large-batch rows exceed the roofline. Roofline: weights + KV bytes a decode step "
           "must read, over the measured copy bandwidth.\n")
     print(f"Ours: commit {OURS} (decode attention: one query vector per program for MHA, GQA groups on the tensor "
-          f"cores, 64-token partitions), in brackets commit {PREV} (the previous decode attention) from an earlier "
-          "GPU session. Eager decode is bound by the host's Python speed, so its numbers move between machines.\n")
+          f"cores, 64-token partitions), in brackets commit {PREV} (the previous decode attention), measured "
+          "earlier the same day on another machine of the same kind. Eager decode is bound by the host's Python speed, so its numbers move between machines.\n")
     print("\n".join(latency_table(ours, ours_prev, vllm, hf)))
     g = ours[("llama-2-7b", "graphs", 1)]["setup"]
     print(f"\nStart-up of the 7B shape with graphs: {ours[('llama-2-7b', 'graphs', 1)]['startup_s']:.1f} s "
           f"(phases {', '.join(f'{k} {v:.2f} s' for k, v in g['phases'].items())}). Capture per bucket: "
           f"{', '.join(f'{k}: {v:.3f} s' for k, v in g['cuda_graph_capture_seconds'].items())}. The decode kernel "
           "now has one specialisation for every bucket (its partition no longer depends on the batch), so at most "
-          "the first bucket compiles it; Triton's on-disk cache may have held it from earlier runs in the same "
-          f"GPU session. At {PREV}: {ours_prev[('llama-2-7b', 'graphs', 1)]['startup_s']:.1f} s, about 1 s for "
+          "the first bucket compiles it; Triton's on-disk cache may have held it from earlier runs on the same "
+          f"machine. At {PREV}: {ours_prev[('llama-2-7b', 'graphs', 1)]['startup_s']:.1f} s, about 1 s for "
           "each bucket that needed a new specialisation. vLLM: `init engine` 41.6 s for 7B with graphs "
           "(torch.compile 21.8 s, capture 2 s, 0.24 GiB), 20.2 s eager.\n")
     print("Decode attention alone, one layer's call, GPU time from CUDA-graph replays over cycled caches (contexts "
-          "512-640 tokens, launched for 1024 as in a graph; `benchmarks/decode_attention.py`, same machine, "
-          f"same session; the previous kernel is b033a5b's, the same as {PREV}'s):\n")
+          "512-640 tokens, launched for 1024 as in a graph; `benchmarks/decode_attention.py`, both on the same "
+          f"machine, one after the other; the previous kernel is b033a5b's, the same as {PREV}'s):\n")
     print("| shape | batch | previous kernel (us) | current (us) | current KV read (TB/s) |")
     print("| --- | --- | --- | --- | --- |")
     by = {(r["label"], r["shape"], r["batch"]): r for r in attention}
