@@ -2,7 +2,9 @@
 
 - paged decode attention, split over the context (flash-decoding): one program per (sequence, kv head,
   context partition) handles every query head of its GQA group, then a second kernel merges the partitions by
-  their log-sum-exp;
+  their log-sum-exp. A GQA group is padded to 16 query rows so that q.k and p.v run on the tensor cores
+  (`tl.dot`); with one query head per KV head (MHA) there is nothing to share, and the kernel works on one
+  query vector with plain reductions;
 - rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
   slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
 - RMSNorm, with the residual add fused in;
@@ -20,20 +22,33 @@ import triton.language as tl
 
 @triton.jit
 def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
-                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d):
+                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
+                   PRECISION: tl.constexpr):
     """Online-softmax update of (max, sum, weighted values) with one tile of context tokens."""
     n_mask = offs_n < end
     block = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
     row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + head_offset
-    k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
-    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-    s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    return m_new, l_i * alpha + tl.sum(p, axis=1), acc
+    k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+    if QUERY_ROWS == 1:  # MHA: q is one vector [HEAD_DIM]; m_i, l_i scalars, acc [HEAD_DIM]
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+        s = tl.where(n_mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m_i - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+    else:
+        # GQA: q is [QUERY_ROWS >= 16, HEAD_DIM] in the cache dtype, both products on the tensor cores. p is
+        # rounded to the cache dtype for p.v, as FlashAttention does; float32 caches use exact float32 products.
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -46,8 +61,9 @@ def _decode_partition_kernel(
     stride_ot, stride_oh, stride_os,
     stride_lt, stride_lh,
     stride_yt, stride_yh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -56,35 +72,50 @@ def _decode_partition_kernel(
     start = part * PARTITION
     if start < ctx:
         end = tl.minimum(start + PARTITION, ctx)
-        offs_g = tl.arange(0, GROUP_P2)
         offs_d = tl.arange(0, HEAD_DIM)
-        heads = kv_head * GROUP + offs_g
-        g_mask = offs_g < GROUP
-        q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=g_mask[:, None], other=0.0).to(tl.float32)
-        m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_P2], tl.float32)
-        acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
+        if QUERY_ROWS == 1:  # MHA: this program's one query head
+            heads = kv_head
+            g_mask = True
+            q = tl.load(q_ptr + seq * stride_qt + heads * stride_qh + offs_d).to(tl.float32)
+            m_i = tl.full([], float("-inf"), tl.float32)
+            l_i = tl.full([], 0.0, tl.float32)
+            acc = tl.zeros([HEAD_DIM], tl.float32)
+        else:  # the GQA group's query heads, padded to QUERY_ROWS rows (masked)
+            offs_g = tl.arange(0, QUERY_ROWS)
+            heads = kv_head * GROUP + offs_g
+            g_mask = offs_g < GROUP
+            q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                        mask=g_mask[:, None], other=0.0)
+            m_i = tl.full([QUERY_ROWS], float("-inf"), tl.float32)
+            l_i = tl.zeros([QUERY_ROWS], tl.float32)
+            acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
+        table = block_tables_ptr + seq * stride_bt
         # Compiled, the loop stops at the context's end; Triton's interpreter cannot loop to a loaded value, so
         # there it runs the partition's full length and masks the tokens past `end`.
         if DYNAMIC_LOOP:
             for n0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
-                    n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt,
-                    kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d)
+                    n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
+                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
         else:
             for n0 in range(0, PARTITION, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
-                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr,
-                    block_tables_ptr + seq * stride_bt, kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i,
-                    acc, BLOCK_SIZE, offs_d)
-        out = acc / l_i[:, None]
-        if SINGLE:  # one partition covers the context: this is the answer, no merge needed
-            tl.store(out_ptr + seq * stride_yt + heads[:, None] * stride_yh + offs_d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
+                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
+        if QUERY_ROWS == 1:
+            out = acc / l_i
+            o_rows = heads * stride_yh + offs_d
+            p_rows = heads * stride_oh + offs_d
+            o_mask = offs_d < HEAD_DIM
         else:
-            tl.store(part_out_ptr + seq * stride_ot + heads[:, None] * stride_oh + part * stride_os
-                     + offs_d[None, :], out, mask=g_mask[:, None])
+            out = acc / l_i[:, None]
+            o_rows = heads[:, None] * stride_yh + offs_d[None, :]
+            p_rows = heads[:, None] * stride_oh + offs_d[None, :]
+            o_mask = g_mask[:, None]
+        if SINGLE:  # one partition covers the context: this is the answer, no merge needed
+            tl.store(out_ptr + seq * stride_yt + o_rows, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
             tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
 
 

@@ -39,9 +39,12 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     rng = random.Random()
     params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
     # A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count), so
-    # logits may differ in their last bits: greedy tokens must agree wherever the eager top-2 margin exceeds that
-    # noise; at a near-tie they may part, and after it the sequences see different inputs.
-    tie = 1e-3 if dtype == "float32" else 5e-2
+    # logits may differ in their last bits, by up to `rel` of their norm. Greedy tokens may then part only at a
+    # near-tie: where the eager top-2 margin is within what that noise can close (per element a few times
+    # rel * std, twice over as both tokens move), hence `tie`. Up to where they part, the sequences saw the same
+    # tokens, so their logits must be close; after it they see different inputs and are not compared.
+    rel = 1e-5 if dtype == "float32" else 2e-2
+    tie = max(1e-3, 8 * rel)
     for n in BATCH_SIZES:
         prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 200))] for _ in range(n)]
         eager = engines["eager"].generate(prompts, params)
@@ -49,12 +52,16 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
         for e, g in zip(eager, graphs, strict=True):
             le = torch.stack(engines["eager"].sampler.rows[e.request_id])
             lg = torch.stack(engines["graphs"].sampler.rows[g.request_id])
+            assert len(g.token_ids) == len(e.token_ids) == len(le) == len(lg) == 128
             top2 = le.topk(2, dim=-1).values
-            near_tie = ((top2[:, 0] - top2[:, 1]) <= tie * le.std(dim=-1)).nonzero()
-            agree_until = int(near_tie[0]) + 1 if len(near_tie) else len(e.token_ids)
-            assert g.token_ids[:agree_until] == e.token_ids[:agree_until], f"batch of {n}"
-            rel = ((le[:agree_until] - lg[:agree_until]).norm() / le[:agree_until].norm()).item()
-            assert rel < (1e-5 if dtype == "float32" else 2e-2), f"batch of {n}: {rel:.2e}"
+            margins = (top2[:, 0] - top2[:, 1]) / le.std(dim=-1)
+            parted = [i for i, (a, b) in enumerate(zip(e.token_ids, g.token_ids, strict=True)) if a != b]
+            same = parted[0] if parted else len(e.token_ids)
+            if parted:
+                assert margins[same] <= tie, (
+                    f"batch of {n}: parted at step {same}, top-2 margin {margins[same]:.3f} std > {tie}")
+            err = ((le[:same + 1] - lg[:same + 1]).norm() / le[:same + 1].norm()).item()
+            assert err < rel, f"batch of {n}: logits differ by {err:.2e} over {same + 1} steps"
     for engine in engines.values():
         assert engine.stats().kv_blocks_used == 0
 
