@@ -33,6 +33,7 @@ from typing import Any
 import ray
 
 from workloads.clocks import Started, lost_record
+from workloads.distributed import stream_batches
 from workloads.records import RecordWriter, RequestRecord
 
 SEED_STRIDE = 7919  # dataset seed offset per load point (workloads add their index, so keep it large)
@@ -138,26 +139,8 @@ def run_cell(cell: Cell) -> Iterator[dict[str, Any]]:
 
 
 def _stream(out: queue.SimpleQueue) -> Iterator[dict[str, Any]]:
-    started: list[tuple] = []
-    records: list[str] = []
-    while True:
-        try:
-            kind, item = out.get(timeout=FLUSH_S)
-        except queue.Empty:
-            kind, item = None, None
-        if kind == "s":
-            started.append(item)
-        elif kind == "r":
-            records.append(item)
-        if (kind is None or kind in ("point", "summary", "end")) and (started or records):
-            yield {"started": started, "records": records}
-            started, records = [], []
-        if kind == "point":
-            yield {"point": item}
-        elif kind == "summary":
-            yield {"summary": item}
-        elif kind == "end":
-            return
+    controls = {"point": lambda item: {"point": item}, "summary": lambda item: {"summary": item}}
+    return stream_batches(out, controls, FLUSH_S)
 
 
 def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event, controls: dict) -> Callable:

@@ -5,22 +5,20 @@ schedules are known, so the selection report's ranking can be checked against th
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 
 from workloads import timing
 from workloads.records import read_records
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = [
     "manifest.json",
     "requests.jsonl",
@@ -30,25 +28,6 @@ ARTIFACTS = [
     "report.md",
     "report.html",
 ]
-
-
-def compare_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "compare.cli", *args]
-
-
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-
-
-def run_compare(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        compare_cmd(*args), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 @pytest.mark.live
@@ -222,7 +201,7 @@ def test_interrupt_mid_load_leaves_a_partial_report_and_stops_the_server(llama_d
             "--out",
             str(out),
         ),
-        env=env(),
+        env=compare_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted
 
 pytest.importorskip("ray")
 
+from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 from ray_cluster import loopback_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
-ROOT = Path(__file__).resolve().parents[1]
 TRUTH = ScriptedSchedule(ttft_s=0.02, itl_s=0.005)
 
 
@@ -35,25 +34,6 @@ TRUTH = ScriptedSchedule(ttft_s=0.02, itl_s=0.005)
 def cluster():
     with loopback_cluster(nodes=3, cpus=1) as c:
         yield c
-
-
-def compare_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "compare.cli", *args]
-
-
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-
-
-def run_compare(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        compare_cmd(*args), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 def actors_left(cluster) -> list[int]:
@@ -147,7 +127,7 @@ def test_an_actor_killed_mid_run_loses_only_its_requests_in_flight(cluster, llam
     with scripted_server(default_schedule=slow) as server:
         args = scripted_args(server.url, llama_dir, out, "--output-len", "30", "--concurrency", "6")
         args += ["--num-requests", "60", "--warmup", "0", "--ray", cluster.address, "--ray-actors", "3"]
-        proc = subprocess.Popen(compare_cmd(*args), env=env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
                                 stderr=subprocess.STDOUT)  # fmt: skip
         try:
             victim = _wait_for_load_then(out, lambda m: m["ray"]["generators"][1]["pid"])
@@ -184,7 +164,7 @@ def test_ctrl_c_records_in_flight_requests_as_cancelled(cluster, llama_dir, tmp_
     with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.02, itl_s=0.02)) as server:
         args = scripted_args(server.url, llama_dir, out, "--output-len", "30", "--concurrency", "4")
         args += ["--num-requests", "200", "--warmup", "0", "--ray", cluster.address, "--ray-actors", "2"]
-        proc = subprocess.Popen(compare_cmd(*args), env=env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
                                 stderr=subprocess.STDOUT)  # fmt: skip
         try:
             _wait_for_load_then(out, lambda m: None)

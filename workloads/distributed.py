@@ -69,6 +69,34 @@ class Job:
     tokenizer: Any = None  # an ObjectRef to the tokenizer, or None
 
 
+def stream_batches(out: queue.SimpleQueue, controls: dict[str, Callable[[Any], dict[str, Any]]],
+                   flush_s: float) -> Iterator[dict[str, Any]]:
+    """Read ("s", begun request) / ("r", record) / (control, item) messages from a load thread and yield them
+    in batches: at least every `flush_s`, and before every control message (so the driver sees each record
+    before what follows it), which is yielded as `controls[kind](item)`. Ends at ("end", None)."""
+    started: list[tuple] = []
+    records: list[str] = []
+    last = perf_counter()
+    while True:
+        try:
+            kind, item = out.get(timeout=flush_s)
+        except queue.Empty:
+            kind, item = None, None
+        if kind == "s":
+            started.append(item)
+        elif kind == "r":
+            records.append(item)
+        now = perf_counter()
+        if (started or records) and (kind not in ("s", "r") or now - last >= flush_s):
+            yield {"started": started, "records": records}
+            started, records = [], []
+            last = now
+        if kind == "end":
+            return
+        if kind in controls:
+            yield controls[kind](item)
+
+
 class LoadGenerator:
     """A Ray actor (threaded: `stop`, `go` and `clock` answer while `run` streams)."""
 
@@ -115,28 +143,7 @@ class LoadGenerator:
         stats: dict[str, Any] = {}
         worker = threading.Thread(target=self._drive, args=(job, out, stats), daemon=True)
         worker.start()
-        started: list[tuple] = []
-        records: list[str] = []
-        last = perf_counter()
-        while True:
-            try:
-                kind, item = out.get(timeout=FLUSH_S)
-            except queue.Empty:
-                kind, item = None, None
-            if kind == "s":
-                started.append(item)
-            elif kind == "r":
-                records.append(item)
-            now = perf_counter()
-            if kind in ("warm", "end") or ((started or records) and now - last >= FLUSH_S):
-                if started or records:
-                    yield {"started": started, "records": records}
-                    started, records = [], []
-                last = now
-            if kind == "warm":
-                yield {"warm": True}
-            elif kind == "end":
-                break
+        yield from stream_batches(out, {"warm": lambda _: {"warm": True}}, FLUSH_S)
         worker.join()
         yield {"done": stats}
 
