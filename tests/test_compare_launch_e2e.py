@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_compare_e2e import ROOT, compare_cmd, env, run_compare
+from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_ctrl_c_removes_the_container(docker_client, reference_image, llama_dir,
                     "reference", "--model", str(llama_dir), "--concurrency", "2", "--num-requests", "200",
                     "--input-len", "16", "--output-len", "200", "--warmup", "0", "--n-boot", "100",
                     "--out", str(out)),
-        env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=compare_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )
     try:
         log = out / "logs" / "reference-eager.log"
