@@ -8,6 +8,7 @@ prefix and the chunk itself) from the cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -60,12 +61,13 @@ def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                    scale: float) -> torch.Tensor:
-    """Attention of every query in the flat batch over its cached context (already written)."""
+                    scale: float, decode: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """Attention of every query in the flat batch over its cached context (already written); `decode` replaces
+    the torch decode path (same arguments as `decode_attention`)."""
     out = torch.empty_like(q)
     nd = batch.num_decode
     if nd:
-        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, batch, scale)
+        out[:nd] = (decode or decode_attention)(q[:nd], k_cache, v_cache, batch, scale)
     for chunk in batch.prefills:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
         out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)

@@ -60,7 +60,7 @@ class ModelRunner:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.max_model_len = max_model_len
         self.spec = resolved.spec
-        self.ops = ops_for(device, kernels)
+        self.ops = ops_for(device, kernels, dtype)
         self.model = build_model(resolved, max_model_len, device, dtype, self.ops, seed)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.packed_linears = 0
