@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sysconfig
@@ -43,6 +44,16 @@ def _compiler() -> str | None:
     return None
 
 
+def _cpu_identity() -> bytes:
+    """The CPU's model and instruction-set flags, as the kernel's cache key needs them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor().encode() + platform.machine().encode()
+    keep = [line for line in lines if line.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(keep)).encode()
+
+
 @cache
 def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None (no compiler, no source, or the build failed: logged once)."""
@@ -50,7 +61,8 @@ def load_kernel() -> ctypes.CDLL | None:
     if compiler is None or not SOURCE.exists():
         log.info("CPU decode attention: torch path (%s)", "no C compiler" if compiler is None else "no source")
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    # -march=native: a library built on another CPU (a shared cache directory) must not be loaded here
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_identity()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"paged_decode_attention-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +77,7 @@ def load_kernel() -> ctypes.CDLL | None:
     fn = lib.paged_decode_attention_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float]
+    log.info("CPU decode attention: C kernel %s", target.name)
     return lib
 
 

@@ -215,6 +215,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch threads when serving on the CPU (default: one fewer than the cores, as vLLM's CPU "
                         "build keeps one for its API server: OpenMP threads that must share a core with the "
                         "event loop stall each other)")
+    p.add_argument("--kernels", choices=("auto", "torch", "triton"), default="auto",
+                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode attention when "
+                        "a C compiler is present), or torch / triton forced")
     p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
                    help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
     p.add_argument("--log-level", default="INFO")
@@ -228,7 +231,8 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, cpu_linear=args.cpu_linear, seed=args.seed)
+        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
+        seed=args.seed)
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         torch.set_num_threads(threads)
