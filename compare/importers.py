@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workloads.datasets import read_json_lines
 from workloads.records import ErrorKind, RequestRecord
 
 
@@ -225,13 +226,7 @@ def import_aiperf(
     load_point: str | None = None,
 ) -> Imported:
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ImportFormatError(f"{path}:{number}: not a JSON line: {exc}") from exc
+    for number, obj in read_json_lines(path, ImportFormatError):
         if not isinstance(obj, dict) or "metadata" not in obj:
             raise ImportFormatError(f"{path}:{number}: not an AIPerf record (no `metadata`)")
         rows.append(obj)

@@ -78,16 +78,21 @@ def fmt_tick(v: float) -> str:
     return f"{v:.2g}" if abs(v) < 1 else f"{v:.1f}".rstrip("0").rstrip(".")
 
 
-def _frame(
-    title: str, xlabel: str, ylabel: str, xt: list[float], yt: list[float], sx, sy, height: int = H
-) -> list[str]:
-    out = [
+def _svg_open(title: str, height: int) -> list[str]:
+    """The opening of every chart: the svg element, a white background and the title."""
+    return [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
         f'role="img" aria-label="{escape(title)}" font-family="sans-serif" font-size="11">',
         f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
         f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">'
         f"{escape(title)}</text>",
     ]
+
+
+def _frame(
+    title: str, xlabel: str, ylabel: str, xt: list[float], yt: list[float], sx, sy, height: int = H
+) -> list[str]:
+    out = _svg_open(title, height)
     x0, x1, y0, y1 = M_LEFT, W - M_RIGHT, height - M_BOTTOM, M_TOP
     for t in yt:
         y = sy(t)
@@ -252,13 +257,7 @@ def timeline(rows: list[tuple[str, list[tuple[str, float, float]], float | None]
     def sx(v: float) -> float:
         return left + v / xt[-1] * (x1 - left)
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
-        f'role="img" aria-label="{escape(title)}" font-family="sans-serif" font-size="11">',
-        f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">'
-        f"{escape(title)}</text>",
-    ]
+    out = _svg_open(title, height)
     base = M_TOP + 30 * len(rows)
     for t in xt:
         out.append(f'<line x1="{sx(t):.1f}" y1="{M_TOP}" x2="{sx(t):.1f}" y2="{base}" stroke="#e5e5e5"/>')

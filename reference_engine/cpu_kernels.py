@@ -18,7 +18,7 @@ import platform
 import shutil
 import subprocess
 import sysconfig
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -110,11 +110,8 @@ class CPUOps(TorchOps):
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         super().__init__()
-        self.lib = lib
+        self._decode = partial(decode_attention, lib)
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                scale: float) -> torch.Tensor:
-        def decode(q, k_cache, v_cache, batch, scale):
-            return decode_attention(self.lib, q, k_cache, v_cache, batch, scale)
-
-        return attention.paged_attention(q, k_cache, v_cache, batch, scale, decode)
+        return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -213,19 +213,24 @@ def _first_exchange(entry: Any) -> tuple[str, str] | None:
     return None
 
 
+def read_json_lines(path: Path, error: type[ValueError] = ValueError) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for every non-blank line of a JSON-lines file; a line that is not JSON
+    raises `error` naming the file and line."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{number}: not a JSON line: {exc}") from exc
+
 def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = None, id_prefix: str = "jsonl"
                   ) -> list[RequestSpec]:
     """A prompts file: one JSON object per line with `prompt` and optionally `output_tokens` (or
     `max_tokens`) and `id`. Lines without an output length take `output_tokens`."""
     path = Path(path)
     specs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not a JSON line: {exc}") from exc
+    for number, obj in read_json_lines(path):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
         out = obj.get("output_tokens", obj.get("max_tokens", output_tokens))
