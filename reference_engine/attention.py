@@ -61,16 +61,17 @@ def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                    scale: float, decode: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention of every query in the flat batch over its cached context (already written); `decode` replaces
-    the torch decode path (same arguments as `decode_attention`)."""
-    out = torch.empty_like(q)
+                    scale: float, decode: Callable[..., torch.Tensor] | None = None,
+                    prefill: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """Attention of every query in the flat batch over its cached context (already written); `decode` and
+    `prefill` replace the torch paths (same arguments as `decode_attention` and `prefill_attention`)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     nd = batch.num_decode
     if nd:
         out[:nd] = (decode or decode_attention)(q[:nd], k_cache, v_cache, batch, scale)
     for chunk in batch.prefills:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-        out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+        out[rows] = (prefill or prefill_attention)(q[rows], k_cache, v_cache, chunk, scale)
     return out
 
 

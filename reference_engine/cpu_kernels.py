@@ -1,11 +1,13 @@
-"""The CPU decode-attention kernel (`csrc/paged_decode_attention.c`), compiled once with the system's C compiler
-and called through ctypes.
+"""The CPU attention kernels (`csrc/*.c`: paged decode attention, causal prefill attention), compiled once with
+the system's C compiler into one library and called through ctypes.
 
 Why C: torch has no paged attention on the CPU, so the torch path copies every sequence's blocks into a dense
-tensor and runs SDPA over the copy (the KV read twice, written once). The kernel reads the blocks where they
-lie. Why not a torch extension: building one takes a minute against torch's headers; this file compiles in well
-under a second, needs only `cc`, and is cached by its source's hash. Without a compiler the engine keeps the
-torch path and says so in its log.
+tensor and runs SDPA over the copy (the KV read twice, written once); the decode kernel reads the blocks where
+they lie. For prefill, torch's CPU flash attention took 55 of a 256-token prefill's 342 ms on SmolLM2-135M; the
+prefill kernel is a register-tiled loop for that shape of problem (benchmarks/results/cpu_vs_vllm/README.md).
+Why not a torch extension: building one takes a minute against torch's headers; these files compile in about a
+second, need only `cc`, and are cached by their sources' hash. Without a compiler the engine keeps the torch
+path and says so in its log.
 """
 
 from __future__ import annotations
@@ -24,16 +26,27 @@ from pathlib import Path
 import torch
 
 from reference_engine import attention
-from reference_engine.attention import AttentionBatch
+from reference_engine.attention import AttentionBatch, PrefillChunk
 from reference_engine.builtin_models import cache_root
 from reference_engine.ops import TorchOps
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
-# Reassociation lets the head_dim reductions vectorise; no -ffast-math: it would assume no infinities.
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = sorted(CSRC.glob("*.c"))
+HEADERS = sorted(CSRC.glob("*.h"))
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # every exported function returns int or nothing; arguments as in csrc/
+    "paged_decode_attention_f32": (ctypes.c_int, [_P] * 6 + [_I] * 6 + [_F]),
+    "prefill_attention_f32": (ctypes.c_int, [_P, _I] + [_P] * 4 + [_I] * 6 + [_F]),
+    "rms_norm_f32": (None, [_P] * 4 + [_I, _I, _F]),
+    "rope_write_kv_f32": (None, [_P] * 7 + [_I] * 4),
+    "silu_and_mul_f32": (None, [_P, _P, _I, _I]),
+}
+# Reassociation lets the head_dim reductions vectorise and contraction makes multiply-adds FMAs (ISO C modes
+# turn it off); no -ffast-math: it would assume no infinities.
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-          "-fno-trapping-math", "-std=c11"]
+          "-fno-trapping-math", "-ffp-contract=fast", "-std=c11"]
 
 
 def _compiler() -> str | None:
@@ -58,26 +71,26 @@ def _cpu_identity() -> bytes:
 def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None (no compiler, no source, or the build failed: logged once)."""
     compiler = _compiler()
-    if compiler is None or not SOURCE.exists():
-        log.info("CPU decode attention: torch path (%s)", "no C compiler" if compiler is None else "no source")
+    if compiler is None or not SOURCES:
+        log.info("CPU attention: torch path (%s)", "no C compiler" if compiler is None else "no source")
         return None
     # -march=native: a library built on another CPU (a shared cache directory) must not be loaded here
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_identity()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"paged_decode_attention-{digest}.so"
+    key = b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode() + _cpu_identity()
+    target = cache_root() / "kernels" / f"cpu_attention-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
-        result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(partial), "-lm"],
+        result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            log.warning("CPU decode attention: torch path (%s failed: %s)", compiler, result.stderr.strip()[-500:])
+            log.warning("CPU attention: torch path (%s failed: %s)", compiler, result.stderr.strip()[-500:])
             return None
         partial.replace(target)  # atomic: concurrent servers never load a half-written library
     lib = ctypes.CDLL(str(target))
-    fn = lib.paged_decode_attention_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float]
-    log.info("CPU decode attention: C kernel %s", target.name)
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    log.info("CPU attention: C kernels %s", target.name)
     return lib
 
 
@@ -103,15 +116,93 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
     return out
 
 
+def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      chunk: PrefillChunk, scale: float) -> torch.Tensor:
+    """Float32 causal attention of one sequence's chunk `q` [n, heads, head_dim] (rows may sit apart, as in the
+    fused qkv buffer) over its context in the paged cache; returns [n, heads, head_dim]."""
+    n, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    table = chunk.block_table.to(torch.int32).contiguous()
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or (name != "q" and not t.is_contiguous()):
+            raise ValueError(f"CPU prefill attention needs contiguous float32 CPU tensors; {name} is not")
+    out = torch.empty(n, num_heads, head_dim)
+    status = lib.prefill_attention_f32(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), out.data_ptr(),
+        n, chunk.context_len, num_heads, num_kv_heads, head_dim, block_size, scale)
+    if status == -1:
+        raise MemoryError("CPU prefill attention could not allocate its buffers")
+    if status != 0:
+        raise ValueError(f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over {chunk.context_len}")
+    return out
+
+
+def prefill_kernel_fits(head_dim: int) -> bool:
+    """The prefill kernel works in 16-float vectors over head_dim."""
+    return head_dim % 16 == 0
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A tensor the C loops can walk: float32, on the CPU, rows contiguous."""
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+
+
 class CPUOps(TorchOps):
-    """TorchOps with decode attention in the C kernel (float32 only; prefill stays on torch's SDPA)."""
+    """TorchOps with attention and the elementwise steps in the C kernels (float32 only; anything else, such as
+    a non-contiguous input, goes to the torch implementation)."""
 
     name = "cpu"
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         super().__init__()
+        self.lib = lib
         self._decode = partial(decode_attention, lib)
+        self._prefill = partial(prefill_attention, lib)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if not (_plain(x) and _plain(weight) and x.dim() == 2):
+            return super().rms_norm(x, weight, eps)
+        out = torch.empty_like(x)
+        self.lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
+        if not (_plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2 and x.shape == residual.shape):
+            return super().add_rms_norm(x, residual, weight, eps)
+        out = torch.empty_like(x)
+        self.lib.rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
+                              x.shape[1], eps)
+        return out, residual
+
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """Rotates q and k inside `qkv` (in place) and returns q as a view of it [T, heads, head_dim]."""
+        head_dim = k_cache.shape[-1]
+        plain = all(map(_plain, (qkv, cos, sin, k_cache, v_cache)))
+        indices_ok = all(t.dtype == torch.int64 and t.is_contiguous() for t in (positions, slot_mapping))
+        if not (plain and indices_ok and qkv.dim() == 2 and head_dim % 2 == 0):
+            return super().rope_and_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+                                             num_kv_heads)
+        tokens = qkv.shape[0]
+        self.lib.rope_write_kv_f32(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                   k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), tokens,
+                                   num_heads, num_kv_heads, head_dim)
+        return qkv.view(tokens, -1, head_dim)[:, :num_heads]
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not (_plain(gate_up) and gate_up.dim() == 2):
+            return super().silu_and_mul(gate_up)
+        rows, double = gate_up.shape
+        out = torch.empty(rows, double // 2)
+        self.lib.silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, double // 2)
+        return out
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                scale: float) -> torch.Tensor:
-        return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode)
+        prefill = self._prefill if prefill_kernel_fits(q.shape[-1]) else None
+        return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode, prefill)
