@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from adapters import get_adapter
 from workloads.accuracy import compare
-from workloads.loadgen import run_load_sync
+from workloads.kernel_stamps import stamped_loop_factory
+from workloads.loadgen import new_runner, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
 from workloads.spec import RequestSpec
@@ -166,12 +167,10 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
 def machine() -> dict:
     import aiohttp
 
-    try:
-        import uvloop
-
-        loop = f"uvloop {uvloop.__version__}"
-    except ImportError:
-        loop = "asyncio"
+    with new_runner() as runner:  # the loop the load generator runs on
+        loop = type(runner.get_loop()).__module__.split(".")[0]
+    if loop == "asyncio" and stamped_loop_factory() is not None:
+        loop = "asyncio, kernel receive stamps"
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),

@@ -1,5 +1,5 @@
 """One load point sent from several hosts: Ray actors, each a full load generator (`run_load` on its own
-uvloop event loop, in its own process), each with its share of the schedule (`workloads.split`).
+event loop (`new_runner`), in its own process), each with its share of the schedule (`workloads.split`).
 
     generators = LoadGenerators(count=3)              # after ray.init(...); spread over the nodes
     load = RayLoad(generators)                        # called like run_load_sync

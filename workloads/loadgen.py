@@ -1,9 +1,10 @@
 """The load generator: sends token-exact requests on a schedule and records, per request, when every
 byte-level fact happened.
 
-One asyncio loop (uvloop when installed, via `run_load_sync`), one shared aiohttp session with keep-alive
-and a connection pool sized to the load. The hot path does as little as possible: each socket read is
-stamped by the connection's protocol as it happens (`workloads.stamped_reads`), and the request's coroutine
+One asyncio loop (via `run_load_sync`: asyncio's own on Linux, where socket reads carry the kernel's receive
+stamps, uvloop elsewhere when installed), one shared aiohttp session with keep-alive and a connection pool
+sized to the load. The hot path does as little as possible: each socket read is stamped with the kernel's
+receive time of its data (`workloads.kernel_stamps`, `workloads.stamped_reads`), and the request's coroutine
 wakes once, when the body has ended; the server-sent events are then decoded and read by the adapter, each
 stamped with the time of the socket read that completed it. The client's own queueing (hundreds of streams
 readable at once) thereby stays out of the timestamps.
@@ -40,6 +41,7 @@ import numpy as np
 from yarl import URL
 
 from adapters.base import Adapter
+from workloads.kernel_stamps import stamped_loop_factory
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 from workloads.spec import RequestSpec
@@ -588,13 +590,19 @@ def build_summary(records: Sequence[RequestRecord], schedule: Schedule, *, run_i
 
 
 def run_load_sync(*args: Any, **kwargs: Any) -> list[RequestRecord]:
-    """`run_load` in a fresh event loop (uvloop when installed). Ctrl-C stops the run cleanly: in-flight
+    """`run_load` in a fresh event loop (`new_runner`). Ctrl-C stops the run cleanly: in-flight
     requests are recorded as cancelled and the records so far are returned."""
     with new_runner() as runner:
         return runner.run(run_load(*args, **kwargs))
 
 
 def new_runner() -> asyncio.Runner:
+    """asyncio's own loop where reads can carry the kernel's receive stamps (workloads/kernel_stamps.py): the
+    stamps make the client's speed drop out of the timings, which matters more than uvloop's lower cost per
+    event; uvloop where they cannot."""
+    factory = stamped_loop_factory()
+    if factory is not None:
+        return asyncio.Runner(loop_factory=factory)
     try:
         import uvloop
     except ImportError:

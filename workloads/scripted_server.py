@@ -12,7 +12,12 @@ and prints `listening on http://HOST:PORT` once ready (use `--port 0` for a free
 The schedule (`ScriptedSchedule`) comes from `--default-schedule` and, per request, from the JSON header
 `X-Scripted-Schedule`, whose fields override the default. Times in the event log are absolute
 `time.perf_counter()` seconds (CLOCK_MONOTONIC, shared by every process on the machine), taken just before
-the write of the bytes that complete each event. One JSON line per request:
+the write of the bytes that complete each event, or, where the transport sent them at once, at its `send`
+call on the socket (`StampedSocket.last_tx`: the Python between the two, 20-100 us, stays out). A request's
+`received_s` is the kernel's receive stamp of
+the socket read that completed it (workloads/kernel_stamps.py; on Linux, where the server runs asyncio's own
+loop for this), so the truth starts when the request reached the server, not when its handler got to run;
+`received_clock` says which (`kernel` or `process`). One JSON line per request:
 `{"request_id", "protocol", "flavor", "received_s", "headers_s", "status", "fault", "events": [[t, n_tokens,
 kind], ...]}`, kinds `role`, `token`, `usage`, `done`, `error`, `malformed`; one entry per SSE data event,
 in order, so it lines up with the client's record. The request id is the client's `X-Request-Id`.
@@ -43,6 +48,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.trtllm import TRTLLM_CHAT_FIELDS, TRTLLM_COMPLETION_FIELDS
+from workloads.kernel_stamps import kernel_stamps_supported, socket_of, stamped_listener
+from workloads.loadgen import new_runner
 from workloads.scripted_formats import Flavor, Protocol, StreamFormat, error_body
 
 SCHEDULE_HEADER = "X-Scripted-Schedule"
@@ -214,7 +221,7 @@ class ScriptedServer:
         return await self._openai(request, "chat")
 
     async def _openai(self, request: web.Request, protocol: Protocol) -> web.StreamResponse:
-        received = perf_counter()
+        received = arrival(request)
         parsed = await self._body_and_schedule(request)
         if isinstance(parsed, web.Response):
             return parsed
@@ -245,7 +252,7 @@ class ScriptedServer:
         return await self._tgi(request, stream=False)
 
     async def _tgi(self, request: web.Request, stream: bool) -> web.StreamResponse:
-        received = perf_counter()
+        received = arrival(request)
         parsed = await self._body_and_schedule(request)
         if isinstance(parsed, web.Response):
             return parsed
@@ -262,7 +269,7 @@ class ScriptedServer:
         return await self._triton(request, stream=False)
 
     async def _triton(self, request: web.Request, stream: bool) -> web.StreamResponse:
-        received = perf_counter()
+        received = arrival(request)
         parsed = await self._body_and_schedule(request)
         if isinstance(parsed, web.Response):
             return parsed
@@ -297,7 +304,7 @@ class ScriptedServer:
                        schedule: ScriptedSchedule) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or f"scripted-{next(self._ids)}"
         log: dict[str, Any] = {"request_id": rid, "protocol": req.protocol, "flavor": req.flavor,
-                               "received_s": received, "headers_s": None, "status": schedule.status,
+                               "received_s": received, "received_clock": _arrival_clock(request), "headers_s": None, "status": schedule.status,
                                "fault": schedule.fault, "events": []}
         self.running += 1
         try:
@@ -365,7 +372,7 @@ class ScriptedServer:
                 payload = payload[half:]
             t = perf_counter()
             await resp.write(payload)
-            events.extend([t, n, kind] for kind, n in entries)
+            events.extend([sent_at(request, t), n, kind] for kind, n in entries)
 
         openai = req.protocol in ("completions", "chat")
         usage_mode = schedule.usage
@@ -482,6 +489,27 @@ def read_event_log(path: str | Path, expect: Iterable[str] = (), timeout_s: floa
         time.sleep(0.02)
 
 
+def arrival(request: web.Request) -> float:
+    """When the request reached the server: the kernel's stamp of the read that completed it, or now."""
+    sock = socket_of(request.transport)
+    return sock.last_rx if sock is not None and sock.kernel_stamped_reads else perf_counter()
+
+
+def sent_at(request: web.Request, before_write: float) -> float:
+    """When the bytes just written left: the moment of the socket's send call where the transport sent them
+    at once (the usual case), else the stamp taken before the write (the transport queued them)."""
+    sock = socket_of(request.transport)
+    transport = request.transport
+    if sock is None or transport is None or transport.get_write_buffer_size() or sock.last_tx < before_write:
+        return before_write
+    return sock.last_tx
+
+
+def _arrival_clock(request: web.Request) -> str:
+    sock = socket_of(request.transport)
+    return "kernel" if sock is not None and sock.kernel_stamped_reads else "process"
+
+
 # -- running it ----------------------------------------------------------------------------------------
 
 
@@ -495,7 +523,10 @@ def _load_schedule(value: str | None) -> ScriptedSchedule:
 async def serve(host: str, port: int, server: ScriptedServer) -> None:
     runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    if kernel_stamps_supported():
+        site: web.BaseSite = web.SockSite(runner, stamped_listener(host, port))
+    else:
+        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
     await site.start()
     bound = runner.addresses[0]
     print(f"listening on http://{bound[0]}:{bound[1]}", flush=True)
@@ -526,13 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.disable()
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
+    with new_runner() as runner:  # asyncio's own loop where requests' arrivals can be kernel-stamped
         runner.run(serve(args.host, args.port, server))
 
 

@@ -1,8 +1,11 @@
-"""Reading a response body with the time each piece of it reached the process.
+"""Reading a response body with the time each piece of it reached the socket.
 
 aiohttp builds each connection's protocol from the connector's factory; `StampingConnector` swaps in
 `StampingHandler`, which notes the time of every socket read and, while a body is watched, how far that read
-advanced it (cumulative payload bytes). `read_stamped` then waits for the end of the body without waking
+advanced it (cumulative payload bytes). The connector's sockets are `StampedSocket`s
+(workloads/kernel_stamps.py): on Linux under asyncio's own loop, a read's time is the kernel's receive stamp
+of its newest segment, so neither the client's queue of ready streams nor a sleeping CPU delays it;
+elsewhere it is the moment the read returned. `read_stamped` then waits for the end of the body without waking
 per event (one wake-up per response instead of one per token), and cuts the body at those marks: every piece
 carries the time of the socket read that delivered it, and the client's own queueing (hundreds of coroutines
 resuming one after the other) stays out of the timestamps.
@@ -23,6 +26,8 @@ from typing import Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
+from workloads.kernel_stamps import StampedSocket, socket_of, stamped_socket_factory
+
 log = logging.getLogger(__name__)
 
 Chunks = list[tuple[float, bytes]]
@@ -33,12 +38,18 @@ class StampingHandler(ResponseHandler):
 
     last_rx = 0.0
     _watched: tuple[aiohttp.StreamReader, list[tuple[float, int]]] | None = None
+    _socket: StampedSocket | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._socket = socket_of(transport)
 
     def data_received(self, data: bytes) -> None:
         if not data:  # aiohttp calls this with b"" itself when the reader resumes reading: not a socket read
             super().data_received(data)
             return
-        t = self.last_rx = perf_counter()
+        # the transport calls data_received right after the read that returned `data`: its stamp is this one's
+        t = self.last_rx = self._socket.last_rx if self._socket is not None else perf_counter()
         watched = self._watched
         if watched is None:
             super().data_received(data)
@@ -66,7 +77,7 @@ class StampingConnector(aiohttp.TCPConnector):
     """A TCPConnector whose connections use `StampingHandler`."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(socket_factory=stamped_socket_factory, **kwargs)
         factory = getattr(self, "_factory", None)
         if isinstance(factory, functools.partial) and factory.func is ResponseHandler:
             self._factory = functools.partial(StampingHandler, *factory.args, **factory.keywords)

@@ -6,8 +6,9 @@ the first token or not, chunks with empty text counted or skipped, TPOT with or 
 or per token). Measuring a client against *its own* definition isolates how exactly it times events; measuring
 it against the declared definition shows what a user comparing its numbers with ours would see.
 
-Every truth time is the server's: the request's start is the server's `received_s` (taken when the request's
-headers had been read), each event's time the server's write time (both CLOCK_MONOTONIC). A client's TTFT error
+Every truth time is the server's: the request's start is the server's `received_s` (the kernel's receive stamp of
+the read that completed the request, where the log's `received_clock` is `kernel`; before that change, the time
+its handler started), each event's time the server's write time (both CLOCK_MONOTONIC). A client's TTFT error
 therefore includes the loopback delivery both ways and whatever the client does between its own start stamp
 and the bytes leaving, and, at the other end, between the bytes arriving and its stamp.
 
