@@ -127,8 +127,10 @@ class CUDAGraphRunner:
         width = max(len(t) for t in tables)
         host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         host_tables[n:size, :width] = 0
-        self.rows[:, :size].copy_(rows[:, :size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(host_tables[:size, :width], non_blocking=True)
+        # Whole rows, so that both copies are contiguous: a strided one goes through a pageable temporary,
+        # which can make the host wait for the device (stale entries past a row's length are never read).
+        self.rows.copy_(rows, non_blocking=True)
+        self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
         if gather is not None:
             torch.index_select(gather[0], 0, self.gather_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()
