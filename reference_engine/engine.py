@@ -10,7 +10,7 @@ post-processes N and prepares N+2. Step N+1's positions, slots and block tables 
 A sequence that stops at N by EOS, a stop token or an abort had one more row computed in N+1: that row is
 dropped, and it wrote only into the sequence's own blocks, which later steps can reuse only after N+1 (one
 stream runs the steps in order). Any step that is not a pure decode of every running sequence (a prefill, a
-waiting request, a preemption, too few free blocks, logprobs, min_tokens in force) waits for the step in
+waiting request, a preemption, too few free blocks, min_tokens in force) waits for the step in
 flight and runs synchronously. Each call still returns one model step's outputs; a request that arrives
 mid-run joins one step later than without overlap, and unseeded random sampling draws differ from the
 synchronous path's where a dropped row took draws; greedy and per-request-seeded tokens are the same.
@@ -78,15 +78,19 @@ class InFlightStep:
     tokens: torch.Tensor  # the sampled token ids, on the device
     host: torch.Tensor  # their copy on the host (pinned on CUDA); complete once `ready` has passed
     ready: torch.cuda.Event | None
+    logprob_rows: list[int]  # the rows that asked for logprobs ...
+    host_logprobs: torch.Tensor | None  # ... and their chosen tokens' logprobs, on the host like `host`
 
     @property
     def live(self) -> bool:
         return any(seq.status is Status.RUNNING for seq in self.seqs)
 
-    def token_ids(self) -> list[int]:
+    def results(self) -> tuple[list[int], dict[int, float]]:
+        """Each row's token, and the logprobs by row; waits for the device."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host.tolist()
+        logprobs = self.host_logprobs.tolist() if self.host_logprobs is not None else []
+        return self.host.tolist(), dict(zip(self.logprob_rows, logprobs, strict=True))
 
 
 class Engine:
@@ -238,7 +242,7 @@ class Engine:
             return self._step_sync(self.scheduler.schedule())
         flight = self._in_flight
         if flight is not None and not flight.live:  # every row stopped or was aborted since it was queued
-            flight.token_ids()
+            flight.results()
             flight = self._in_flight = None
         if flight is None:
             batch = self.scheduler.schedule()
@@ -284,9 +288,9 @@ class Engine:
 
     @staticmethod
     def _overlappable(seq: Sequence) -> bool:
-        """Whether the sampler needs nothing from the host for this sequence's next token (no logprobs to
-        report, no stop tokens to ban for min_tokens)."""
-        return not seq.params.logprobs and seq.num_output_tokens >= seq.params.min_tokens
+        """Whether the sampler needs nothing from the host for this sequence's next token: no stop tokens to
+        ban for min_tokens (which counts tokens the host has not read yet)."""
+        return seq.num_output_tokens >= seq.params.min_tokens
 
     def _launchable(self, batch: ScheduledBatch) -> bool:
         """A pure decode step (every row samples its next token) that can run without the host waiting."""
@@ -329,20 +333,29 @@ class Engine:
 
     def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor) -> InFlightStep:
         tokens = self.sampler.choose(logits, seqs)
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
+        logprobs = self.sampler.logprobs(logits, tokens, wanted) if wanted else None
         if tokens.device.type != "cuda":
-            return InFlightStep(seqs, tokens, tokens, None)
+            return InFlightStep(seqs, tokens, tokens, None, wanted, logprobs)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
+        host_logprobs = None
+        if logprobs is not None:
+            host_logprobs = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
+            host_logprobs.copy_(logprobs, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return InFlightStep(seqs, tokens, host, ready)
+        return InFlightStep(seqs, tokens, host, ready, wanted, host_logprobs)
 
     def _collect(self, flight: InFlightStep) -> list[RequestOutput]:
         """Wait for a queued step's tokens and apply them; rows of sequences that stopped are dropped."""
         outputs = []
-        for seq, token in zip(flight.seqs, flight.token_ids(), strict=True):
+        tokens, logprobs = flight.results()
+        for row, (seq, token) in enumerate(zip(flight.seqs, tokens, strict=True)):
             if seq.status is not Status.RUNNING:
                 continue
+            if row in logprobs:
+                seq.logprobs.append(logprobs[row])
             outputs.append(self._append(seq, token))
             if seq.status is Status.RUNNING:
                 self.block_manager.register_full_blocks(seq)

@@ -26,15 +26,18 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of `logits` ([len(seqs), vocab], float32); records logprobs where asked."""
-        tokens = self.choose(logits, seqs).tolist()
+        chosen = self.choose(logits, seqs)
         wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
         if wanted:
-            rows = torch.tensor(wanted, device=logits.device)
-            chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device)
-            logprobs = logits.index_select(0, rows).log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
-            for i, value in zip(wanted, logprobs.tolist(), strict=True):
+            for i, value in zip(wanted, self.logprobs(logits, chosen, wanted).tolist(), strict=True):
                 seqs[i].logprobs.append(value)
-        return tokens
+        return chosen.tolist()
+
+    def logprobs(self, logits: torch.Tensor, chosen: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Log-probabilities of the chosen tokens of `rows` under the raw logits, on the device."""
+        index = _to_device(rows, logits.device, torch.long)
+        picked = chosen.index_select(0, index)
+        return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
 
     def choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The chosen tokens as a tensor on the logits' device, so that a caller can use them there

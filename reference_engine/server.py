@@ -223,7 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlapped decode: queue each pure-decode step before reading the last one's tokens (fed "
                         "to it on the device), so the GPU never waits for the host between steps; steps with a "
-                        "prefill, a preemption, logprobs or min_tokens still in force run synchronously. Greedy "
+                        "prefill, a preemption or min_tokens still in force run synchronously. Greedy "
                         "tokens are the same either way (default: on for CUDA, off on the CPU, where it cannot "
                         "overlap anything)")
     p.add_argument("--log-level", default="INFO")

@@ -38,7 +38,7 @@ class Script:
 class Run:
     tokens: dict[str, list[int]]
     reasons: dict[str, str]
-    steps: list[list[tuple[str, tuple[int, ...], bool]]]  # per step: request, new tokens, finished
+    steps: list[list[tuple]]  # per step: request, new tokens, their logprobs, finished
     engine: Engine
 
 
@@ -55,7 +55,7 @@ def drive(model_dir, script: Script, overlap: bool, eos: set[int] | None = None,
         for rid, prompt, params in script.adds.get(k, []):
             engine.add_request(prompt, params, request_id=rid)
         outs = engine.step()
-        steps.append([(o.request_id, tuple(o.new_token_ids), o.finished) for o in outs])
+        steps.append([(o.request_id, tuple(o.new_token_ids), o.new_logprobs, o.finished) for o in outs])
         for o in outs:
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             assert o.token_ids == tokens[o.request_id]
@@ -112,17 +112,19 @@ def test_eos_stop_tokens_and_lengths_mid_batch(llama_dir):
     assert overlapped.engine.num_overlapped_steps >= len(sync.steps) - 3
 
 
-def test_logprobs_and_min_tokens_run_synchronously_among_overlapped_steps(llama_dir):
+def test_logprobs_overlap_and_min_tokens_runs_synchronously(llama_dir):
     prompts = random_prompts(6, VOCAB, 3, 40, seed=4)
     eos = common_token(llama_dir, prompts)
-    params = [SamplingParams(max_tokens=30, temperature=0.0),
+    params = [SamplingParams(max_tokens=30, temperature=0.0, logprobs=True),
               SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12),
-              SamplingParams(max_tokens=8, temperature=0.0, logprobs=True),
+              SamplingParams(max_tokens=25, temperature=0.7, seed=5, logprobs=True),
               *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=i == 0) for i in range(3)]]
     script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
     sync, overlapped = both(llama_dir, script, eos={eos})
-    assert overlapped.steps == sync.steps
-    assert 0 < overlapped.engine.num_overlapped_steps < len(sync.steps) - 12
+    assert overlapped.steps == sync.steps  # the logprobs too
+    assert any(step and step[0][2] for step in sync.steps), "logprobs should be reported"
+    # min_tokens keeps the first 12 decode steps synchronous; the rest overlap.
+    assert len(sync.steps) - 14 <= overlapped.engine.num_overlapped_steps < len(sync.steps) - 11
 
 
 def test_greedy_max_tokens_only_overlaps_every_decode_step(llama_dir):
@@ -205,3 +207,11 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
         return got
 
     assert asyncio.run(serve(True)) == asyncio.run(serve(False))
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--async-scheduling"], True),
+                                                (["--no-async-scheduling"], False)])
+def test_server_flag(argv, expected):
+    from reference_engine.server import parse_args
+
+    assert parse_args(argv).async_scheduling is expected
