@@ -62,8 +62,9 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
         # Host staging, pinned so that the copies are asynchronous; two sets, used in turn, because with
         # overlapped decode the host fills the next step's while the last one's copy may still be queued.
-        self.host_rows = [torch.zeros(5, max_batch, dtype=torch.long, pin_memory=True) for _ in range(2)]
-        self.host_tables = [torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=True)
+        pin = dev.type == "cuda"  # (the staging logic also runs on a CPU, under tests, with stand-in graphs)
+        self.host_rows = [torch.zeros(5, max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.host_tables = [torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=pin)
                             for _ in range(2)]
         self.num_runs = 0
 

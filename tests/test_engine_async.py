@@ -8,9 +8,12 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from reference_engine import Engine, EngineConfig, SamplingParams
 from reference_engine.async_engine import AsyncEngine
+from reference_engine.attention import AttentionBatch, decode_mask
+from reference_engine.cuda_graphs import CUDAGraphRunner
 
 VOCAB = 300
 
@@ -215,3 +218,57 @@ def test_server_flag(argv, expected):
     from reference_engine.server import parse_args
 
     assert parse_args(argv).async_scheduling is expected
+
+
+class ReplayOnCPU:
+    """Stands in for a captured decode graph: reads the runner's static input buffers, as a replay does, and
+    runs the model on the rows that are not padding into the graph's static logits."""
+
+    def __init__(self, runner: CUDAGraphRunner, size: int, block_size: int) -> None:
+        self.runner, self.size, self.block_size = runner, size, block_size
+
+    def replay(self) -> None:
+        r = self.runner
+        n = int((r.slot_mapping[:self.size] >= 0).sum())
+        assert bool((r.slot_mapping[n:self.size] == -1).all()), "padded rows must write no cache slot"
+        batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n, decode_block_tables=r.block_tables[:n],
+                               decode_context_lens=r.context_lens[:n], decode_max_context=r.max_model_len)
+        batch.decode_mask = decode_mask(batch.decode_context_lens, r.max_blocks * self.block_size)
+        r.logits[self.size][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
+
+
+def with_stand_in_graphs(engine: Engine, sizes: list[int]) -> Engine:
+    bs = engine.block_manager.block_size
+    runner = CUDAGraphRunner(engine.runner.model, engine.max_model_len, bs, engine.device)
+    runner._alloc(max(sizes))
+    for size in sizes:
+        runner.graphs[size] = ReplayOnCPU(runner, size, bs)
+        runner.logits[size] = torch.zeros(size, engine.spec.vocab_size)
+    engine.runner.graphs = runner
+    return engine
+
+
+def test_graph_runner_staging_and_device_gather(llama_dir):
+    """The graph path's input staging (alternating host buffers, padded rows, token ids gathered from the last
+    step's samples) on the CPU, with stand-in graphs; batches of 1-7 rows fill buckets 1, 2, 4 and 8 or pad."""
+    prompts = random_prompts(7, VOCAB, 2, 40, seed=8)
+    eos = common_token(llama_dir, prompts)
+    rng = random.Random(8)
+    params = [SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2) for i in range(7)]
+    runs = {}
+    for overlap in (False, True):
+        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
+                                     max_model_len=128, async_scheduling=overlap))
+        engine.eos_token_ids, engine.sampler.eos_token_ids = {eos}, [eos]
+        with_stand_in_graphs(engine, [1, 2, 4, 8])
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        outs = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+        runs[overlap] = [outs[i] for i in ids]
+        assert engine.runner.graphs.num_runs > 10
+        assert_nothing_held(engine)
+        assert engine.num_overlapped_steps > 0 if overlap else engine.num_overlapped_steps == 0
+    assert runs[True] == runs[False]
+    assert sum(t[-1] == eos for t in runs[False]) >= 2
