@@ -70,7 +70,7 @@ def run_reference(shape: str, mode: str, batches: list[int], repeats: int) -> li
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(model=f"random:{shape}", device="cuda", dtype="bfloat16", max_num_seqs=64,
                                  max_model_len=1024, max_num_batched_tokens=64 * PROMPT_LEN,
-                                 enforce_eager=mode == "eager"))
+                                 enforce_eager=mode == "eager", async_scheduling=mode != "graphs-sync"))
     startup = time.perf_counter() - t0
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     engine.generate(random_prompts(2, spec.vocab_size, 0), params)  # warm-up (kernel compiles, cuBLAS)
@@ -203,7 +203,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["reference", "hf", "vllm"], required=True)
     p.add_argument("--shapes", default="llama-3.2-1b,llama-2-7b,llama-2-13b")
-    p.add_argument("--modes", default="graphs,eager")
+    p.add_argument("--modes", default="graphs,eager",
+                   help="graphs, eager (both with overlapped decode for our engine), graphs-sync (ours without it)")
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)

@@ -1,5 +1,5 @@
-"""Where a decode step's time goes on the GPU: host time per step against the GPU time of the graph replay
-alone, and a per-kernel breakdown of an eager step (torch profiler).
+"""Where a decode step's time goes on the GPU: host time per step (with and without overlapped decode) against
+the GPU time of the graph replay alone, and a per-kernel breakdown of an eager step (torch profiler).
 
     python benchmarks/profile_decode.py --shape llama-2-7b --batches 1,64
 """
@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference_engine import Engine, EngineConfig, SamplingParams
 
 
-def decoding_engine(shape: str, batch: int, eager: bool) -> Engine:
+def decoding_engine(shape: str, batch: int, eager: bool, overlap: bool = False) -> Engine:
     engine = Engine(EngineConfig(model=f"random:{shape}", device="cuda", dtype="bfloat16", max_num_seqs=64,
                                  max_model_len=1024, max_num_batched_tokens=64 * 512, num_kv_blocks=64 * 64 + 64,
-                                 enforce_eager=eager))
+                                 enforce_eager=eager, async_scheduling=overlap))
     g = torch.Generator().manual_seed(0)
     for prompt in torch.randint(3, engine.spec.vocab_size, (batch, 512), generator=g).tolist():
         engine.add_request(prompt, SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
@@ -38,12 +38,18 @@ def main() -> None:
     p.add_argument("--batches", default="1,64")
     args = p.parse_args()
     for batch in (int(b) for b in args.batches.split(",")):
-        engine = decoding_engine(args.shape, batch, eager=False)
-        host = []
-        for _ in range(30):
-            t = time.perf_counter()
-            engine.step()
-            host.append(time.perf_counter() - t)
+        host_ms = {}
+        for overlap in (True, False):  # the synchronous engine last: its graphs are replayed below
+            engine = decoding_engine(args.shape, batch, eager=False, overlap=overlap)
+            host = []
+            for _ in range(30):
+                t = time.perf_counter()
+                engine.step()
+                host.append(time.perf_counter() - t)
+            host_ms[overlap] = 1e3 * statistics.median(host)
+            if overlap:
+                del engine
+                torch.cuda.empty_cache()
         runner = engine.runner.graphs
         size = runner.bucket_for(batch)
         gpu = []
@@ -54,8 +60,9 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             gpu.append(start.elapsed_time(end))
-        print(f"{args.shape} batch {batch}: step {1e3 * statistics.median(host):.3f} ms on the host clock, "
-              f"graph replay {statistics.median(gpu):.3f} ms on the GPU clock", flush=True)
+        print(f"{args.shape} batch {batch}: step {host_ms[False]:.3f} ms on the host clock "
+              f"({host_ms[True]:.3f} ms with overlapped decode), graph replay {statistics.median(gpu):.3f} ms "
+              "on the GPU clock", flush=True)
         del engine, runner
         torch.cuda.empty_cache()
         engine = decoding_engine(args.shape, batch, eager=True)

@@ -49,6 +49,10 @@ class EngineConfig:
     kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
     cpu_linear: str = "onednn"  # float32 linears on a CPU: oneDNN on packed weights, or "torch" (F.linear)
     seed: int = 0
+    # Overlapped decode: queue decode step N+1 (its token ids copied on the device from step N's samples)
+    # before reading step N's tokens, so the GPU does not wait for the host between steps. None: on for
+    # CUDA, off on a CPU, where the model runs in the calling thread and nothing could overlap.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_linear not in ("onednn", "torch"):

@@ -53,15 +53,20 @@ class CUDAGraphRunner:
     def _alloc(self, max_batch: int) -> None:
         dev = self.device
         self.max_batch = max_batch
-        # Token ids, positions, slots and context lengths share one buffer: one host-to-device copy a step.
-        self.rows = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
+        # Token ids, positions, slots, context lengths and the rows to gather token ids from share one buffer:
+        # one host-to-device copy a step.
+        self.rows = torch.zeros(5, max_batch, dtype=torch.long, device=dev)
         self.rows[2] = -1
         self.rows[3] = 1
-        self.input_ids, self.positions, self.slot_mapping, self.context_lens = self.rows.unbind(0)
+        self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.gather_rows = self.rows.unbind(0)
         self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
-        # Host staging, pinned so that the copies are asynchronous.
-        self.host_rows = torch.zeros(4, max_batch, dtype=torch.long, pin_memory=True)
-        self.host_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=True)
+        # Host staging, pinned so that the copies are asynchronous; two sets, used in turn, because with
+        # overlapped decode the host fills the next step's while the last one's copy may still be queued.
+        pin = dev.type == "cuda"  # (the staging logic also runs on a CPU, under tests, with stand-in graphs)
+        self.host_rows = [torch.zeros(5, max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.host_tables = [torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=pin)
+                            for _ in range(2)]
+        self.num_runs = 0
 
     def _batch(self, size: int) -> AttentionBatch:
         return AttentionBatch(slot_mapping=self.slot_mapping[:size], num_decode=size,
@@ -103,19 +108,31 @@ class CUDAGraphRunner:
         return None
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            context_lens: list[int]) -> torch.Tensor:
+            context_lens: list[int], gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Replay the bucket that fits these n decode rows; returns logits [n, vocab] (a view, valid until
-        the next replay)."""
+        the next replay). With `gather` (tokens on the device, a row of them per input row), the token ids
+        are taken from there on the device instead of from `input_ids`.
+
+        Two runs may be queued at once (overlapped decode): the host staging alternates, and the caller
+        must have waited for a run's outputs before the run after next."""
         n = len(input_ids)
         size = self.bucket_for(n)
-        rows, host_tables = self.host_rows, self.host_tables
-        rows[:, :n] = torch.tensor([input_ids, positions, slots, context_lens])
+        rows = self.host_rows[self.num_runs % 2]
+        host_tables = self.host_tables[self.num_runs % 2]
+        self.num_runs += 1
+        rows[:4, :n] = torch.tensor([input_ids, positions, slots, context_lens])
         rows[2, n:size] = -1  # padded rows: no cache write, a one-token context over block 0
         rows[3, n:size] = 1
+        if gather is not None:
+            rows[4, :n] = torch.tensor(gather[1])
         width = max(len(t) for t in tables)
         host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         host_tables[n:size, :width] = 0
-        self.rows[:, :size].copy_(rows[:, :size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(host_tables[:size, :width], non_blocking=True)
+        # Whole rows, so that both copies are contiguous: a strided one goes through a pageable temporary,
+        # which can make the host wait for the device (stale entries past a row's length are never read).
+        self.rows.copy_(rows, non_blocking=True)
+        self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
+        if gather is not None:
+            torch.index_select(gather[0], 0, self.gather_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()
         return self.logits[size][:n]

@@ -2,6 +2,18 @@
 
     engine = Engine(EngineConfig(model="random:tiny", device="cpu"))
     outs = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0.0))
+
+Overlapped decode (`async_scheduling`): in steady-state decode, `step()` queues model step N+1 before it
+reads step N's sampled tokens, and returns step N's outputs, so the device works on N+1 while the host
+post-processes N and prepares N+2. Step N+1's positions, slots and block tables assume every sequence goes on
+(those certain to stop at N by length are left out); its token ids are copied on the device from N's samples.
+A sequence that stops at N by EOS, a stop token or an abort had one more row computed in N+1: that row is
+dropped, and it wrote only into the sequence's own blocks, which later steps can reuse only after N+1 (one
+stream runs the steps in order). Any step that is not a pure decode of every running sequence (a prefill, a
+waiting request, a preemption, too few free blocks, min_tokens in force) waits for the step in
+flight and runs synchronously. Each call still returns one model step's outputs; a request that arrives
+mid-run joins one step later than without overlap, and unseeded random sampling draws differ from the
+synchronous path's where a dropped row took draws; greedy and per-request-seeded tokens are the same.
 """
 
 from __future__ import annotations
@@ -16,9 +28,9 @@ import torch
 from reference_engine.block_manager import BlockManager
 from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.loader import resolve_dtype, resolve_model
-from reference_engine.model_runner import ModelRunner
+from reference_engine.model_runner import ModelRunner, lookahead_inputs, step_inputs
 from reference_engine.sampler import Sampler
-from reference_engine.scheduler import Scheduler
+from reference_engine.scheduler import ScheduledBatch, Scheduler
 from reference_engine.sequence import RequestOutput, Sequence, Status
 from reference_engine.tokenizer import load_tokenizer
 
@@ -56,6 +68,29 @@ class EngineStats:
     prefix_queried_tokens: int
     prefix_hit_tokens: int
     preemptions: int
+
+
+@dataclass
+class InFlightStep:
+    """A decode step queued on the device whose sampled tokens the host has not read yet."""
+
+    seqs: list[Sequence]  # one per row, in row order
+    tokens: torch.Tensor  # the sampled token ids, on the device
+    host: torch.Tensor  # their copy on the host (pinned on CUDA); complete once `ready` has passed
+    ready: torch.cuda.Event | None
+    logprob_rows: list[int]  # the rows that asked for logprobs ...
+    host_logprobs: torch.Tensor | None  # ... and their chosen tokens' logprobs, on the host like `host`
+
+    @property
+    def live(self) -> bool:
+        return any(seq.status is Status.RUNNING for seq in self.seqs)
+
+    def results(self) -> tuple[list[int], dict[int, float]]:
+        """Each row's token, and the logprobs by row; waits for the device."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        logprobs = self.host_logprobs.tolist() if self.host_logprobs is not None else []
+        return self.host.tolist(), dict(zip(self.logprob_rows, logprobs, strict=True))
 
 
 class Engine:
@@ -102,6 +137,10 @@ class Engine:
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._arrivals = itertools.count()
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None \
+            else self.device.type == "cuda"
+        self._in_flight: InFlightStep | None = None
+        self.num_overlapped_steps = 0  # decode steps queued before the previous step's tokens were read
         self.setup.phases["total"] = time.perf_counter() - t0
 
     def _phase(self, name: str, seconds: float, message: str) -> None:
@@ -199,7 +238,31 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; return the requests that gained a token this step."""
-        batch = self.scheduler.schedule()
+        if not self.async_scheduling:
+            return self._step_sync(self.scheduler.schedule())
+        flight = self._in_flight
+        if flight is not None and not flight.live:  # every row stopped or was aborted since it was queued
+            flight.results()
+            flight = self._in_flight = None
+        if flight is None:
+            batch = self.scheduler.schedule()
+            if not self._launchable(batch):
+                return self._step_sync(batch)
+            step = step_inputs(batch.items, self.block_size)
+            logits = self.runner.run(step)
+            for seq, n in batch.items:
+                seq.num_computed_tokens += n
+                self.block_manager.register_full_blocks(seq)
+            flight = self._sample_async(step.sample_seqs, logits)
+        rows = self._next_rows(flight)
+        self._in_flight = self._launch_next(flight, rows) if rows else None
+        return self._collect(flight)
+
+    @property
+    def block_size(self) -> int:
+        return self.block_manager.block_size
+
+    def _step_sync(self, batch: ScheduledBatch) -> list[RequestOutput]:
         if not batch.items:
             if self.scheduler.has_work():
                 raise RuntimeError(f"no request could be scheduled ({self.stats()}); this is an engine bug")
@@ -211,15 +274,91 @@ class Engine:
         if not sampling:
             return []
         tokens = self.sampler(logits, sampling)
+        return [self._append(seq, token) for seq, token in zip(sampling, tokens, strict=True)]
+
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        """Add a sampled token to its sequence and end the request if it stops there."""
+        seq.token_ids.append(token)
+        reason = self._finish_reason(seq, token)
+        if reason is not None:
+            self.scheduler.remove(seq)
+            self._seqs.pop(seq.request_id, None)
+            seq.status, seq.finish_reason = Status.FINISHED, reason
+        return RequestOutput.of(seq, [token])
+
+    @staticmethod
+    def _overlappable(seq: Sequence) -> bool:
+        """Whether the sampler needs nothing from the host for this sequence's next token: no stop tokens to
+        ban for min_tokens (which counts tokens the host has not read yet)."""
+        return seq.num_output_tokens >= seq.params.min_tokens
+
+    def _launchable(self, batch: ScheduledBatch) -> bool:
+        """A pure decode step (every row samples its next token) that can run without the host waiting."""
+        return bool(batch.items) and all(n == 1 and seq.num_uncomputed_tokens == 1 and self._overlappable(seq)
+                                         for seq, n in batch.items)
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Whether the token now being sampled for `seq` is certainly its last, whatever its value."""
+        return seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= self.max_model_len
+
+    def _next_rows(self, flight: InFlightStep) -> list[tuple[int, Sequence]]:
+        """The rows of the step after `flight` (its row in `flight`, sequence) when that step can be queued
+        now and is the decode step the scheduler would choose once `flight`'s tokens were in, less the rows
+        that stop; empty when the next step must wait for the tokens and be scheduled."""
+        sched, bm = self.scheduler, self.block_manager
+        if sched.waiting:
+            return []
+        live = [(row, seq) for row, seq in enumerate(flight.seqs) if seq.status is Status.RUNNING]
+        if len(live) != len(sched.running):  # a running sequence that was not in this step needs scheduling
+            return []
+        rows = [(row, seq) for row, seq in live if not self._ends_by_length(seq)]
+        if not rows or len(rows) > sched.max_num_batched_tokens:
+            return []
+        if not all(self._overlappable(seq) for _, seq in rows):
+            return []
+        need = sum(bm.blocks_for(seq.num_computed_tokens + 1) - len(seq.block_table) for _, seq in rows)
+        return rows if need <= bm.num_free_blocks else []
+
+    def _launch_next(self, flight: InFlightStep, rows: list[tuple[int, Sequence]]) -> InFlightStep:
+        """Queue the decode step after `flight`, its input tokens gathered on the device from `flight`'s."""
+        seqs = [seq for _, seq in rows]
+        for seq in seqs:
+            self.block_manager.grow(seq, seq.num_computed_tokens + 1)
+        logits = self.runner.run(lookahead_inputs(seqs, self.block_size),
+                                 gather=(flight.tokens, [row for row, _ in rows]))
+        for seq in seqs:
+            seq.num_computed_tokens += 1  # its blocks register once the token at that position is known
+        self.num_overlapped_steps += 1
+        return self._sample_async(seqs, logits)
+
+    def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor) -> InFlightStep:
+        tokens = self.sampler.choose(logits, seqs)
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
+        logprobs = self.sampler.logprobs(logits, tokens, wanted) if wanted else None
+        if tokens.device.type != "cuda":
+            return InFlightStep(seqs, tokens, tokens, None, wanted, logprobs)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        host_logprobs = None
+        if logprobs is not None:
+            host_logprobs = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
+            host_logprobs.copy_(logprobs, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return InFlightStep(seqs, tokens, host, ready, wanted, host_logprobs)
+
+    def _collect(self, flight: InFlightStep) -> list[RequestOutput]:
+        """Wait for a queued step's tokens and apply them; rows of sequences that stopped are dropped."""
         outputs = []
-        for seq, token in zip(sampling, tokens, strict=True):
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.scheduler.remove(seq)
-                self._seqs.pop(seq.request_id, None)
-                seq.status, seq.finish_reason = Status.FINISHED, reason
-            outputs.append(RequestOutput.of(seq, [token]))
+        tokens, logprobs = flight.results()
+        for row, (seq, token) in enumerate(zip(flight.seqs, tokens, strict=True)):
+            if seq.status is not Status.RUNNING:
+                continue
+            if row in logprobs:
+                seq.logprobs.append(logprobs[row])
+            outputs.append(self._append(seq, token))
+            if seq.status is Status.RUNNING:
+                self.block_manager.register_full_blocks(seq)
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:

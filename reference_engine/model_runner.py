@@ -54,6 +54,25 @@ def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInput
     return step
 
 
+def lookahead_inputs(seqs: list[Sequence], block_size: int) -> StepInputs:
+    """A decode step for sequences whose next token is still being sampled on the device: each feeds the
+    token at position `num_computed_tokens`, whose id the device fills in (overlapped decode); positions,
+    slots and block tables do not depend on it."""
+    bs = block_size
+    step = StepInputs()
+    for row, seq in enumerate(seqs):
+        pos = seq.num_computed_tokens
+        table = seq.block_table
+        step.input_ids.append(0)
+        step.positions.append(pos)
+        step.slots.append(table[pos // bs] * bs + pos % bs)
+        step.decode_tables.append(table)
+        step.decode_lens.append(pos + 1)
+        step.sample_rows.append(row)
+        step.sample_seqs.append(seq)
+    return step
+
+
 class ModelRunner:
     def __init__(self, resolved: ResolvedModel, device: torch.device, dtype: torch.dtype, max_model_len: int,
                  block_size: int, seed: int, kernels: str = "auto", cpu_linear: str = "onednn") -> None:
@@ -134,19 +153,28 @@ class ModelRunner:
     def execute(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; return float32 logits for the sequences that sample, in the order returned."""
         step = step_inputs(items, self.block_size)
+        return self.run(step), step.sample_seqs
+
+    def run(self, step: StepInputs, gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """Logits of the step's sampling rows. `gather` (a pure decode step only): token ids on the device and,
+        per row, which of them is its input, so that the host need not wait for them."""
         if self.graphs is not None and not step.prefills and self.graphs.bucket_for(len(step.input_ids)):
             logits = self.graphs.run(step.input_ids, step.positions, step.slots, step.decode_tables,
-                                     step.decode_lens)
+                                     step.decode_lens, gather)
             rows = step.sample_rows
             if len(rows) < logits.shape[0]:
                 logits = logits[torch.tensor(rows, device=self.device)]
-            return logits, step.sample_seqs
-        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
-                            torch.tensor(step.positions, device=self.device), self.attention_batch(step))
+            return logits
+        if gather is not None:
+            assert not step.prefills, "token ids are gathered on the device for decode steps only"
+            input_ids = gather[0].index_select(0, torch.tensor(gather[1], device=self.device))
+        else:
+            input_ids = torch.tensor(step.input_ids, device=self.device)
+        hidden = self.model(input_ids, torch.tensor(step.positions, device=self.device), self.attention_batch(step))
         if not step.sample_rows:
-            return torch.empty(0, self.spec.vocab_size, device=self.device), []
+            return torch.empty(0, self.spec.vocab_size, device=self.device)
         rows = torch.tensor(step.sample_rows, device=self.device)
-        return self.model.logits(hidden.index_select(0, rows)), step.sample_seqs
+        return self.model.logits(hidden.index_select(0, rows))
 
     def attention_batch(self, step: StepInputs) -> AttentionBatch:
         dev = self.device

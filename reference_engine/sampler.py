@@ -26,17 +26,22 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of `logits` ([len(seqs), vocab], float32); records logprobs where asked."""
-        tokens = self._choose(logits, seqs)
+        chosen = self.choose(logits, seqs)
         wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
         if wanted:
-            rows = torch.tensor(wanted, device=logits.device)
-            chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device)
-            logprobs = logits.index_select(0, rows).log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
-            for i, value in zip(wanted, logprobs.tolist(), strict=True):
+            for i, value in zip(wanted, self.logprobs(logits, chosen, wanted).tolist(), strict=True):
                 seqs[i].logprobs.append(value)
-        return tokens
+        return chosen.tolist()
 
-    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def logprobs(self, logits: torch.Tensor, chosen: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Log-probabilities of the chosen tokens of `rows` under the raw logits, on the device."""
+        index = _to_device(rows, logits.device, torch.long)
+        picked = chosen.index_select(0, index)
+        return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
+
+    def choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The chosen tokens as a tensor on the logits' device, so that a caller can use them there
+        without waiting for the device (overlapped decode feeds them to the next step)."""
         if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
             logits = logits.clone()  # the caller's logits stay raw, for logprobs
         for row, seq in enumerate(seqs):
@@ -45,26 +50,32 @@ class Sampler:
                 if banned:
                     logits[row, banned] = float("-inf")
         greedy = [seq.params.greedy for seq in seqs]
-        if all(greedy):
-            return logits.argmax(dim=-1).tolist()
         tokens = logits.argmax(dim=-1)
-        rows = [i for i, g in enumerate(greedy) if not g]
-        tokens[rows] = self._sample(logits[rows], [seqs[i] for i in rows])
-        return tokens.tolist()
+        if all(greedy):
+            return tokens
+        rows = _to_device([i for i, g in enumerate(greedy) if not g], logits.device, torch.long)
+        picked = [seq for seq, g in zip(seqs, greedy, strict=True) if not g]
+        tokens.index_copy_(0, rows, self._sample(logits.index_select(0, rows), picked))
+        return tokens
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         device = logits.device
-        temperature = torch.tensor([s.params.temperature for s in seqs], device=device, dtype=logits.dtype)
+        temperature = _to_device([s.params.temperature for s in seqs], device, logits.dtype)
         logits = logits / temperature[:, None]
         top_k = [s.params.top_k for s in seqs]
         top_p = [s.params.top_p for s in seqs]
         if any(top_k) or any(p < 1.0 for p in top_p):
             logits = _top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
-        q = torch.empty_like(probs)
         shared = [i for i, s in enumerate(seqs) if s.generator is None]
-        if shared:
-            q[shared] = torch.empty(len(shared), probs.shape[1], device=device).exponential_(generator=self.generator)
+        draws = torch.empty(len(shared), probs.shape[1], device=device).exponential_(generator=self.generator) \
+            if shared else None
+        if len(shared) == len(seqs):
+            q = draws
+        else:
+            q = torch.empty_like(probs)
+            if shared:
+                q.index_copy_(0, _to_device(shared, device, torch.long), draws)
         for i, seq in enumerate(seqs):
             if seq.generator is not None:
                 q[i].exponential_(generator=seq.generator)
@@ -76,10 +87,18 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)
-    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=logits.device)
+    k = _to_device([t if t > 0 else vocab for t in top_k], logits.device, torch.long)
     sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
-    p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)
+    p = _to_device(top_p, logits.device, logits.dtype)
     sorted_probs = sorted_logits.softmax(dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+
+
+def _to_device(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A small host list on the device without waiting for the device: a plain copy from pageable memory
+    synchronises the stream, which would stall overlapped decode behind the step in flight."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -220,6 +220,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a C compiler is present), or torch / triton forced")
     p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
                    help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlapped decode: queue each pure-decode step before reading the last one's tokens (fed "
+                        "to it on the device), so the GPU never waits for the host between steps; steps with a "
+                        "prefill, a preemption or min_tokens still in force run synchronously. Greedy "
+                        "tokens are the same either way (default: on for CUDA, off on the CPU, where it cannot "
+                        "overlap anything)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -232,7 +238,7 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
         cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
-        seed=args.seed)
+        seed=args.seed, async_scheduling=args.async_scheduling)
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         torch.set_num_threads(threads)

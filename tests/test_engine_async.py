@@ -1,0 +1,274 @@
+"""Overlapped decode (`async_scheduling`) on the CPU: the same tokens, finish reasons and per-step outputs as the
+synchronous engine, with EOS and stop tokens mid-batch, length limits, arrivals, aborts and preemption."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from reference_engine import Engine, EngineConfig, SamplingParams
+from reference_engine.async_engine import AsyncEngine
+from reference_engine.attention import AttentionBatch, decode_mask
+from reference_engine.cuda_graphs import CUDAGraphRunner
+
+VOCAB = 300
+
+
+def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def assert_nothing_held(engine: Engine) -> None:
+    stats = engine.stats()
+    assert stats.running == 0 and stats.waiting == 0
+    assert stats.kv_blocks_used == 0 and all(block.ref_count == 0 for block in engine.block_manager.blocks)
+
+
+@dataclass
+class Script:
+    """What happens to an engine between steps: requests added (before step k) and aborted (after step k)."""
+
+    adds: dict[int, list[tuple[str, list[int], SamplingParams]]] = field(default_factory=dict)
+    aborts: dict[int, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    tokens: dict[str, list[int]]
+    reasons: dict[str, str]
+    steps: list[list[tuple]]  # per step: request, new tokens, their logprobs, finished
+    engine: Engine
+
+
+def drive(model_dir, script: Script, overlap: bool, eos: set[int] | None = None, **config) -> Run:
+    engine = Engine(EngineConfig(model=str(model_dir), device="cpu", async_scheduling=overlap, **config))
+    if eos is not None:
+        engine.eos_token_ids = set(eos)
+        engine.sampler.eos_token_ids = sorted(eos)
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    steps = []
+    k = 0
+    while engine.has_unfinished_requests() or any(i >= k for i in script.adds):
+        for rid, prompt, params in script.adds.get(k, []):
+            engine.add_request(prompt, params, request_id=rid)
+        outs = engine.step()
+        steps.append([(o.request_id, tuple(o.new_token_ids), o.new_logprobs, o.finished) for o in outs])
+        for o in outs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            assert o.token_ids == tokens[o.request_id]
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+        for rid in script.aborts.get(k, []):
+            out = engine.abort(rid)
+            if out is not None:
+                reasons[rid] = out.finish_reason
+        k += 1
+        assert k < 2000, "the engine does not finish"
+    assert_nothing_held(engine)
+    return Run(tokens, reasons, steps, engine)
+
+
+def both(model_dir, script: Script, **kwargs) -> tuple[Run, Run]:
+    sync = drive(model_dir, script, overlap=False, **kwargs)
+    overlapped = drive(model_dir, script, overlap=True, **kwargs)
+    assert sync.engine.num_overlapped_steps == 0
+    assert overlapped.engine.num_overlapped_steps > 0, "the overlapped path never ran"
+    assert overlapped.tokens == sync.tokens
+    assert overlapped.reasons == sync.reasons
+    return sync, overlapped
+
+
+def common_token(model_dir, prompts: list[list[int]]) -> int:
+    """A token the free runs produce often mid-output, to serve as EOS or a stop token that ends requests early."""
+    engine = Engine(EngineConfig(model=str(model_dir), device="cpu", async_scheduling=False))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+    counts: dict[int, int] = {}
+    for o in outs:
+        for t in set(o.token_ids[3:20]):
+            counts[t] = counts.get(t, 0) + 1
+    return max(counts, key=counts.get)
+
+
+def test_eos_stop_tokens_and_lengths_mid_batch(llama_dir):
+    rng = random.Random(1)
+    prompts = random_prompts(12, VOCAB, 3, 40)
+    eos = common_token(llama_dir, prompts)
+    stop = common_token(llama_dir, prompts[6:])
+    params = [SamplingParams(max_tokens=rng.randint(1, 40), temperature=0.0) for _ in range(7)]
+    params += [SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=[stop], ignore_eos=True),
+               SamplingParams(max_tokens=35, temperature=0.8, seed=7),
+               SamplingParams(max_tokens=25, temperature=1.0, top_k=20, top_p=0.9, seed=11),
+               SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+               SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)]
+    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    sync, overlapped = both(llama_dir, script, eos={eos}, block_size=4)
+    assert sum(t[-1] in (eos, stop) for t in sync.tokens.values()) >= 3, "EOS and stop should end some requests"
+    assert "length" in sync.reasons.values()
+    # Nothing arrived mid-run, so each step returned the same outputs; nearly every decode step overlapped.
+    assert overlapped.steps == sync.steps
+    assert overlapped.engine.num_overlapped_steps >= len(sync.steps) - 3
+
+
+def test_logprobs_overlap_and_min_tokens_runs_synchronously(llama_dir):
+    prompts = random_prompts(6, VOCAB, 3, 40, seed=4)
+    eos = common_token(llama_dir, prompts)
+    params = [SamplingParams(max_tokens=30, temperature=0.0, logprobs=True),
+              SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12),
+              SamplingParams(max_tokens=25, temperature=0.7, seed=5, logprobs=True),
+              *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=i == 0) for i in range(3)]]
+    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    sync, overlapped = both(llama_dir, script, eos={eos})
+    assert overlapped.steps == sync.steps  # the logprobs too
+    assert any(step and step[0][2] for step in sync.steps), "logprobs should be reported"
+    # min_tokens keeps the first 12 decode steps synchronous; the rest overlap.
+    assert len(sync.steps) - 14 <= overlapped.engine.num_overlapped_steps < len(sync.steps) - 11
+
+
+def test_greedy_max_tokens_only_overlaps_every_decode_step(llama_dir):
+    prompts = random_prompts(5, VOCAB, 5, 30)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    script = Script(adds={0: [(str(i), p, params) for i, p in enumerate(prompts)]})
+    sync, overlapped = both(llama_dir, script)
+    assert overlapped.steps == sync.steps
+    # One prefill step, 19 decode steps: the first decode is launched from the schedule, the other 18 are
+    # queued behind the step before; none is computed past the length limit.
+    assert overlapped.engine.num_overlapped_steps == 18
+    assert len(overlapped.steps) == 20
+    # Blocks filled by decode steps are registered for prefix reuse as they are without overlap.
+    assert overlapped.engine.block_manager.cached == sync.engine.block_manager.cached
+
+
+def test_arrivals_and_aborts_mid_run(qwen2_dir):
+    rng = random.Random(2)
+    prompts = random_prompts(16, VOCAB, 2, 50)
+    eos = common_token(qwen2_dir, prompts)
+    script = Script()
+    for i, prompt in enumerate(prompts):
+        at = 0 if i < 4 else rng.randint(1, 40)
+        params = SamplingParams(max_tokens=rng.randint(5, 45), temperature=0.0, ignore_eos=i % 3 == 0)
+        script.adds.setdefault(at, []).append((f"r{i}", prompt, params))
+    script.aborts = {5: ["r0"], 9: ["r1", "r5"], 20: ["r7", "r8"], 30: ["r2"]}
+    sync, _ = both(qwen2_dir, script, eos={eos}, block_size=8)
+    assert sync.reasons.get("r0") == "abort"
+    assert set(sync.tokens) == {f"r{i}" for i in range(16)}
+
+
+def test_preemption_with_a_small_cache(llama_dir):
+    prompts = random_prompts(24, VOCAB, 5, 40)
+    eos = common_token(llama_dir, prompts)
+    rng = random.Random(3)
+    params = [SamplingParams(max_tokens=rng.randint(10, 30), temperature=0.0, ignore_eos=i % 2 == 0)
+              for i in range(24)]
+    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))],
+                          12: [("late", prompts[0], SamplingParams(max_tokens=30, temperature=0.0))]})
+    # 40 blocks of 4 tokens hold 160 tokens, far less than the requests need at once.
+    sync, overlapped = both(llama_dir, script, eos={eos}, block_size=4, max_num_seqs=24, num_kv_blocks=40)
+    assert sync.engine.scheduler.num_preemptions > 0
+    assert overlapped.engine.scheduler.num_preemptions == sync.engine.scheduler.num_preemptions
+
+
+def test_token_budget_smaller_than_the_batch(llama_dir):
+    """With fewer tokens a step than running sequences, decode steps leave some out and must not overlap."""
+    prompts = random_prompts(6, VOCAB, 3, 12)
+    params = SamplingParams(max_tokens=15, temperature=0.0, ignore_eos=True)
+    script = Script(adds={0: [(str(i), p, params) for i, p in enumerate(prompts)]})
+    sync = drive(llama_dir, script, overlap=False, max_num_batched_tokens=4)
+    overlapped = drive(llama_dir, script, overlap=True, max_num_batched_tokens=4)
+    assert overlapped.tokens == sync.tokens and overlapped.steps == sync.steps
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_default_is_off_on_the_cpu_and_the_option_is_honoured(llama_dir, overlap):
+    assert not Engine(EngineConfig(model=str(llama_dir), device="cpu")).async_scheduling
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", async_scheduling=overlap))
+    assert engine.async_scheduling is overlap
+
+
+def test_async_engine_streams_the_same_tokens(llama_dir):
+    prompts = random_prompts(6, VOCAB, 3, 30)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    async def serve(overlap: bool) -> dict[int, list[int]]:
+        engine = AsyncEngine(Engine(EngineConfig(model=str(llama_dir), device="cpu", async_scheduling=overlap)))
+        engine.start()
+        for i, prompt in enumerate(prompts):
+            engine.submit(str(i), prompt, params)
+        streams = [engine.stream(str(i)) for i in range(len(prompts))]
+
+        async def read(stream) -> list[int]:
+            return [t async for out in stream for t in out.new_token_ids]
+
+        got = dict(enumerate(await asyncio.gather(*(read(s) for s in streams))))
+        await engine.close()
+        assert engine.engine.num_overlapped_steps == (10 if overlap else 0)
+        return got
+
+    assert asyncio.run(serve(True)) == asyncio.run(serve(False))
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--async-scheduling"], True),
+                                                (["--no-async-scheduling"], False)])
+def test_server_flag(argv, expected):
+    from reference_engine.server import parse_args
+
+    assert parse_args(argv).async_scheduling is expected
+
+
+class ReplayOnCPU:
+    """Stands in for a captured decode graph: reads the runner's static input buffers, as a replay does, and
+    runs the model on the rows that are not padding into the graph's static logits."""
+
+    def __init__(self, runner: CUDAGraphRunner, size: int, block_size: int) -> None:
+        self.runner, self.size, self.block_size = runner, size, block_size
+
+    def replay(self) -> None:
+        r = self.runner
+        n = int((r.slot_mapping[:self.size] >= 0).sum())
+        assert bool((r.slot_mapping[n:self.size] == -1).all()), "padded rows must write no cache slot"
+        batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n, decode_block_tables=r.block_tables[:n],
+                               decode_context_lens=r.context_lens[:n], decode_max_context=r.max_model_len)
+        batch.decode_mask = decode_mask(batch.decode_context_lens, r.max_blocks * self.block_size)
+        r.logits[self.size][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
+
+
+def with_stand_in_graphs(engine: Engine, sizes: list[int]) -> Engine:
+    bs = engine.block_manager.block_size
+    runner = CUDAGraphRunner(engine.runner.model, engine.max_model_len, bs, engine.device)
+    runner._alloc(max(sizes))
+    for size in sizes:
+        runner.graphs[size] = ReplayOnCPU(runner, size, bs)
+        runner.logits[size] = torch.zeros(size, engine.spec.vocab_size)
+    engine.runner.graphs = runner
+    return engine
+
+
+def test_graph_runner_staging_and_device_gather(llama_dir):
+    """The graph path's input staging (alternating host buffers, padded rows, token ids gathered from the last
+    step's samples) on the CPU, with stand-in graphs; batches of 1-7 rows fill buckets 1, 2, 4 and 8 or pad."""
+    prompts = random_prompts(7, VOCAB, 2, 40, seed=8)
+    eos = common_token(llama_dir, prompts)
+    rng = random.Random(8)
+    params = [SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2) for i in range(7)]
+    runs = {}
+    for overlap in (False, True):
+        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
+                                     max_model_len=128, async_scheduling=overlap))
+        engine.eos_token_ids, engine.sampler.eos_token_ids = {eos}, [eos]
+        with_stand_in_graphs(engine, [1, 2, 4, 8])
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        outs = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+        runs[overlap] = [outs[i] for i in ids]
+        assert engine.runner.graphs.num_runs > 10
+        assert_nothing_held(engine)
+        assert engine.num_overlapped_steps > 0 if overlap else engine.num_overlapped_steps == 0
+    assert runs[True] == runs[False]
+    assert sum(t[-1] == eos for t in runs[False]) >= 2
