@@ -8,6 +8,10 @@ later; the stamp stays where it was. Segments that wait unread are merged in the
 newest stamp, so a read that brings several events gives all of them the time of the last one: the stamp is
 exact when the reader keeps up and never later than the read.
 
+The same socket can ask for the kernel's stamps of what it sends (SO_TIMESTAMPING, software, one per send
+call, read back from the socket's error queue): the scripted server logs those as its write times, so the
+truth is the kernel's on both ends and neither process's scheduling enters it.
+
 `StampedSocket` overrides `recv`/`recv_into`, which asyncio's own (selector) event loop calls on the socket
 object it was given; uvloop reads sockets in C and never calls them, so stamped reads need the standard loop
 (`stamped_loop_factory`). Elsewhere than Linux, or if the option is refused, reads are stamped with the
@@ -25,10 +29,15 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-# Linux's value on every architecture Python runs on; the socket module does not export the name.
+# Linux's values on every architecture Python runs on; the socket module does not export the names.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+# Software stamps of sent data, one per send call, keyed by the byte offset of its last byte, stamp only.
+_TX_FLAGS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)  # TX_SOFTWARE | SOFTWARE | OPT_ID | OPT_TSONLY
+_IP_RECVERR, _IPV6_RECVERR = 11, 25
 _CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 64
 _TIMESPEC = struct.Struct("@qq")
+_EXTENDED_ERR = struct.Struct("@IBBBBII")  # struct sock_extended_err: ee_data (the last field) is the offset
 
 
 class WallToMonotonic:
@@ -74,7 +83,47 @@ class StampedSocket(socket.socket):
 
     last_rx: float = 0.0
     kernel_stamped_reads: int = 0
-    last_tx: float = 0.0  # perf_counter seconds just before the latest send call (the scripted server logs it)
+    last_tx: float = 0.0  # perf_counter seconds just before the latest send call
+    bytes_sent = 0
+    tx_stamps = False
+
+    def enable_tx_stamps(self) -> bool:
+        """Ask the kernel to stamp every send as its data leaves (on loopback: as the receiver's socket gets
+        it, about a microsecond before the receiver's own stamp); `sent_at_kernel` reads the stamps back."""
+        try:
+            self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TX_FLAGS)
+        except OSError:
+            return False
+        self.tx_stamps, self.bytes_sent = True, 0
+        return True
+
+    def sent_at_kernel(self) -> float | None:
+        """The kernel's stamp of the latest send if it has sent all of it (perf_counter seconds), else None.
+        Empties the socket's queue of send stamps."""
+        latest = None
+        for offset, stamp in self._drain_tx_stamps():
+            if offset == (self.bytes_sent - 1) & 0xFFFFFFFF:
+                latest = stamp
+        return latest
+
+    def _drain_tx_stamps(self) -> list[tuple[int, float]]:
+        stamps: list[tuple[int, float]] = []
+        while True:
+            try:
+                _, ancillary, _, _ = self.recvmsg(1, 256, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return stamps
+            except OSError:
+                return stamps
+            wall_ns = offset = None
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+                    seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                    wall_ns = seconds * 1_000_000_000 + nanoseconds
+                elif (level, kind) in ((socket.IPPROTO_IP, _IP_RECVERR), (socket.IPPROTO_IPV6, _IPV6_RECVERR)):
+                    offset = _EXTENDED_ERR.unpack_from(data)[-1]
+            if wall_ns is not None and offset is not None:
+                stamps.append((offset, _CLOCKS.to_monotonic(wall_ns)))
 
     def enable_stamps(self) -> bool:
         try:
@@ -84,11 +133,15 @@ class StampedSocket(socket.socket):
         return True
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if self.tx_stamps:  # send stamps nobody read raise EPOLLERR: drop them, or the loop spins on it
+            self._drain_tx_stamps()
         data, ancillary, _, _ = self.recvmsg(bufsize, _CMSG_SPACE, flags)
         self._note(ancillary)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if self.tx_stamps:
+            self._drain_tx_stamps()
         view = memoryview(buffer)
         n, ancillary, _, _ = self.recvmsg_into([view[:nbytes] if nbytes else view], _CMSG_SPACE, flags)
         self._note(ancillary)
@@ -96,11 +149,15 @@ class StampedSocket(socket.socket):
 
     def send(self, data: Any, flags: int = 0) -> int:
         self.last_tx = perf_counter()
-        return super().send(data, flags)
+        sent = super().send(data, flags)
+        self.bytes_sent += sent
+        return sent
 
     def sendmsg(self, buffers: Any, *args: Any) -> int:  # asyncio's writelines on Python >= 3.12
         self.last_tx = perf_counter()
-        return super().sendmsg(buffers, *args)
+        sent = super().sendmsg(buffers, *args)
+        self.bytes_sent += sent
+        return sent
 
     def _note(self, ancillary: list[tuple[int, int, bytes]]) -> None:
         now = perf_counter()
@@ -117,20 +174,25 @@ class StampedSocket(socket.socket):
         fd, address = listener._accept()  # type: ignore[attr-defined]
         sock = cls(listener.family, listener.type, listener.proto, fileno=fd)
         sock.enable_stamps()
+        if getattr(listener, "stamp_sends", False):
+            sock.enable_tx_stamps()
         return sock, address
 
 
 class StampedListener(socket.socket):
     """A listening socket whose accepted connections are `StampedSocket`s (asyncio's server loop calls
-    `accept` on the socket object it was given)."""
+    `accept` on the socket object it was given), stamping their sends too where `stamp_sends`."""
+
+    stamp_sends = False
 
     def accept(self) -> tuple[StampedSocket, Any]:  # type: ignore[override]
         return StampedSocket.from_accepted(self)
 
 
-def stamped_listener(host: str, port: int, backlog: int = 4096) -> StampedListener:
+def stamped_listener(host: str, port: int, backlog: int = 4096, stamp_sends: bool = False) -> StampedListener:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = StampedListener(family, socket.SOCK_STREAM)
+    sock.stamp_sends = stamp_sends
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # accepted sockets inherit it
     sock.bind((host, port))

@@ -12,8 +12,9 @@ and prints `listening on http://HOST:PORT` once ready (use `--port 0` for a free
 The schedule (`ScriptedSchedule`) comes from `--default-schedule` and, per request, from the JSON header
 `X-Scripted-Schedule`, whose fields override the default. Times in the event log are absolute
 `time.perf_counter()` seconds (CLOCK_MONOTONIC, shared by every process on the machine), taken just before
-the write of the bytes that complete each event, or, where the transport sent them at once, at its `send`
-call on the socket (`StampedSocket.last_tx`: the Python between the two, 20-100 us, stays out). A request's
+the write of the bytes that complete each event, or, where the transport sent them at once, the kernel's stamp
+of that send (SO_TIMESTAMPING; the time of the `send` call where there is none): the Python before the send and
+any preemption of the server stay out of the truth. A request's
 `received_s` is the kernel's receive stamp of
 the socket read that completed it (workloads/kernel_stamps.py; on Linux, where the server runs asyncio's own
 loop for this), so the truth starts when the request reached the server, not when its handler got to run;
@@ -496,13 +497,17 @@ def arrival(request: web.Request) -> float:
 
 
 def sent_at(request: web.Request, before_write: float) -> float:
-    """When the bytes just written left: the moment of the socket's send call where the transport sent them
-    at once (the usual case), else the stamp taken before the write (the transport queued them)."""
+    """When the bytes just written left, where the transport sent them at once (the usual case): the kernel's
+    stamp of that send, or the moment of the send call where the kernel gave none; else (the transport queued
+    them) the stamp taken before the write."""
     sock = socket_of(request.transport)
     transport = request.transport
     if sock is None or transport is None or transport.get_write_buffer_size() or sock.last_tx < before_write:
+        if sock is not None and sock.tx_stamps:
+            sock.sent_at_kernel()  # drop the stamps of whatever did go out
         return before_write
-    return sock.last_tx
+    kernel = sock.sent_at_kernel() if sock.tx_stamps else None
+    return kernel if kernel is not None else sock.last_tx
 
 
 def _arrival_clock(request: web.Request) -> str:
@@ -524,7 +529,7 @@ async def serve(host: str, port: int, server: ScriptedServer) -> None:
     runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
     await runner.setup()
     if kernel_stamps_supported():
-        site: web.BaseSite = web.SockSite(runner, stamped_listener(host, port))
+        site: web.BaseSite = web.SockSite(runner, stamped_listener(host, port, stamp_sends=True))
     else:
         site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
     await site.start()
