@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported
+from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, stamped_listener
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
 
@@ -126,3 +128,31 @@ def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, m
         assert max(lateness_ms) < 2.0, lateness_ms
     else:
         assert max(lateness_ms) > 5.0, lateness_ms
+
+
+@pytest.mark.skipif(not kernel_stamps_supported(), reason="the kernel's send and receive stamps are a Linux feature")
+def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
+    """The scripted server's truth: the kernel's stamp of each send lies within the send call, and the
+    receiver's kernel stamp of the same bytes comes after it (on loopback, microseconds after)."""
+    listener = stamped_listener("127.0.0.1", 0, stamp_sends=True)
+    listener.setblocking(True)
+    client = StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
+    client.enable_stamps()
+    with listener, client:
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+        with server:
+            assert server.tx_stamps
+            for size in (1, 100, 3000, 70_000):  # one byte up to more than one loopback segment
+                before = time.perf_counter()
+                server.sendall(os.urandom(size))
+                after = time.perf_counter()
+                sent = server.sent_at_kernel()
+                assert sent is not None and before <= sent <= after
+                received = 0
+                while received < size:
+                    received += len(client.recv(1 << 20))
+                assert client.kernel_stamped_reads and sent <= client.last_rx <= time.perf_counter()
+            server.send(b"x")
+            assert server.sent_at_kernel() is not None
+            assert server.sent_at_kernel() is None  # each stamp is read once

@@ -153,6 +153,11 @@ class StampedSocket(socket.socket):
         self.bytes_sent += sent
         return sent
 
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self.last_tx = perf_counter()
+        super().sendall(data, flags)
+        self.bytes_sent += memoryview(data).nbytes
+
     def sendmsg(self, buffers: Any, *args: Any) -> int:  # asyncio's writelines on Python >= 3.12
         self.last_tx = perf_counter()
         sent = super().sendmsg(buffers, *args)
