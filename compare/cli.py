@@ -154,6 +154,12 @@ def run(
         None, help="seconds a launched server may take [default: 600]"
     ),
     request_timeout: float | None = typer.Option(None, help="seconds one request may take [default: 600]"),
+    busy_poll: bool | None = typer.Option(
+        None,
+        "--busy-poll",
+        help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can then "
+        "merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
+    ),
     pin: str | None = typer.Option(
         None, help="auto (pin client and server to CPUs of their own when >= 4 CPUs) | off"
     ),
@@ -218,6 +224,7 @@ def run(
         server_args=server_args,
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
+        busy_poll=busy_poll,
         pin=pin,
         repeats=repeats,
         launch=launch,
@@ -565,6 +572,7 @@ def _one_point(
             progress=update,
             progress_interval_s=0.5,
             run_id=run_id,
+            **({"busy_poll": True} if plan.busy_poll else {}),
         )
     summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
     return bool(summaries and summaries[-1].interrupted)

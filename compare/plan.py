@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "images": {},
     "dtype": "auto",
     "max_model_len": None,
+    "busy_poll": False,
     # Ray (compare.ray_run): cluster address or `local`, load generators per point, or cells as tasks
     "ray": None,
     "ray_actors": None,
@@ -143,6 +144,7 @@ class RunPlan:
     images: dict[str, str] = field(default_factory=dict)  # server family or backend -> container image
     dtype: str = "auto"
     max_model_len: int | None = None
+    busy_poll: bool = False  # the load generator's loop polls without sleeping (workloads.loadgen.keep_awake)
     ray: str | None = None  # None: no Ray; `local` or a cluster address
     ray_actors: int | None = None  # load generators per point (None: one per node)
     ray_actor_cpus: float = 1.0
@@ -180,6 +182,7 @@ class RunPlan:
             "images": self.images,
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
+            "busy_poll": self.busy_poll,
         } | (
             {}
             if self.ray is None
@@ -442,6 +445,9 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     ray_actors = None if merged.get("ray_actors") is None else int(merged["ray_actors"])
     if ray_actors is not None and ray_actors < 1:
         raise PlanError(f"ray_actors must be >= 1, got {ray_actors}")
+    busy_poll = bool(merged.get("busy_poll"))
+    if busy_poll and _ray_address(merged.get("ray")) is not None:
+        raise PlanError("busy_poll is for one local load generator on a CPU of its own; it does not apply with ray")
     return RunPlan(
         backends=backends,
         workloads=workloads,
@@ -466,6 +472,7 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         images=images,
         dtype=str(merged.get("dtype") or "auto"),
         max_model_len=int(max_model_len) if max_model_len else None,
+        busy_poll=busy_poll,
         ray=_ray_address(merged.get("ray")),
         ray_actors=ray_actors,
         ray_actor_cpus=float(merged["ray_actor_cpus"]),

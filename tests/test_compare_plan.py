@@ -62,6 +62,7 @@ def test_backends_variants_and_endpoints():
         ({"concurrency": "a,b"}, "numbers"),
         ({"dataset": "sharegpt"}, "--dataset-path"),
         ({"repeats": 0}, "repeats"),
+        ({"busy_poll": True, "ray": "local"}, "busy_poll"),
     ],
 )
 def test_plan_errors_are_clear(options, message):

@@ -16,8 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adapters import get_adapter
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, stamped_listener
-from workloads.scripted_server import ScriptedSchedule, scripted_server
+from workloads.loadgen import run_load_sync
+from workloads.schedule import ClosedLoop
+from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
+from workloads.spec import RequestSpec
 from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
 
 
@@ -156,3 +160,19 @@ def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
             server.send(b"x")
             assert server.sent_at_kernel() is not None
             assert server.sent_at_kernel() is None  # each stamp is read once
+
+
+def test_busy_poll_measures_the_same_and_stops_with_the_run(tmp_path):
+    """With the loop kept polling every request is recorded in full, and the poller ends with the run (no
+    task left spinning on the loop)."""
+    log = tmp_path / "events.jsonl"
+    specs = [RequestSpec(f"poll-{i}", (1, 2, 3), "a b c", 6) for i in range(4)]
+    with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.005, itl_s=0.004), event_log=log) as server:
+        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(2), busy_poll=True)
+    assert [r.ok for r in records] == [True] * 4
+    assert all(sum(n for _, n, _ in r.events) == 6 for r in records)
+    written = read_event_log(log, expect=[r.request_id for r in records])
+    for r in records:  # every token event after the server wrote it
+        server_tokens = [t for t, n, kind in written[r.request_id]["events"] if kind == "token"]
+        client_tokens = [r.t0_monotonic + t for t, n, _ in r.events if n > 0]
+        assert all(c >= s - 1e-4 for c, s in zip(client_tokens, server_tokens, strict=True))

@@ -57,7 +57,8 @@ class RequestRecord(BaseModel):
     """The raw facts about one request; every metric is computed from these (see `workloads.timing`).
 
     `events` holds every server-sent event that carried data, in arrival order, as
-    `(arrival_s, n_tokens, n_chars)`: arrival time taken when the read that completed the event returned,
+    `(arrival_s, n_tokens, n_chars)`: arrival time of the read that completed the event (the kernel's receive
+    stamp of its data where available, workloads/kernel_stamps.py),
     the generated tokens it carried (0 for role-only, usage-only, `[DONE]` and error events)
     and the length of its generated text in characters. SSE comments (keep-alives) are not events.
     """

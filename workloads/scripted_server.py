@@ -18,7 +18,8 @@ any preemption of the server stay out of the truth. A request's
 `received_s` is the kernel's receive stamp of
 the socket read that completed it (workloads/kernel_stamps.py; on Linux, where the server runs asyncio's own
 loop for this), so the truth starts when the request reached the server, not when its handler got to run;
-`received_clock` says which (`kernel` or `process`). One JSON line per request:
+`received_clock` says which (`kernel` or `process`), `write_clocks` counts the writes stamped each way. One JSON
+line per request:
 `{"request_id", "protocol", "flavor", "received_s", "headers_s", "status", "fault", "events": [[t, n_tokens,
 kind], ...]}`, kinds `role`, `token`, `usage`, `done`, `error`, `malformed`; one entry per SSE data event,
 in order, so it lines up with the client's record. The request id is the client's `X-Request-Id`.
@@ -364,6 +365,7 @@ class ScriptedServer:
         log["headers_s"] = perf_counter()
         await resp.prepare(request)
         events: list[list[Any]] = log["events"]
+        clocks: dict[str, int] = log.setdefault("write_clocks", {})  # writes stamped by each clock
 
         async def write(payload: bytes, entries: list[tuple[str, int]]) -> None:
             if schedule.split_events and len(payload) > 1:
@@ -373,7 +375,9 @@ class ScriptedServer:
                 payload = payload[half:]
             t = perf_counter()
             await resp.write(payload)
-            events.extend([sent_at(request, t), n, kind] for kind, n in entries)
+            when, clock = sent_at(request, t)
+            clocks[clock] = clocks.get(clock, 0) + 1
+            events.extend([when, n, kind] for kind, n in entries)
 
         openai = req.protocol in ("completions", "chat")
         usage_mode = schedule.usage
@@ -496,18 +500,19 @@ def arrival(request: web.Request) -> float:
     return sock.last_rx if sock is not None and sock.kernel_stamped_reads else perf_counter()
 
 
-def sent_at(request: web.Request, before_write: float) -> float:
-    """When the bytes just written left, where the transport sent them at once (the usual case): the kernel's
-    stamp of that send, or the moment of the send call where the kernel gave none; else (the transport queued
-    them) the stamp taken before the write."""
+def sent_at(request: web.Request, before_write: float) -> tuple[float, str]:
+    """When the bytes just written left, and which clock says so: where the transport sent them at once (the
+    usual case), the kernel's stamp of that send (`kernel`), or the moment of the send call where the kernel
+    gave none (`send_call`); else (the transport queued them) the stamp taken before the write
+    (`before_write`)."""
     sock = socket_of(request.transport)
     transport = request.transport
     if sock is None or transport is None or transport.get_write_buffer_size() or sock.last_tx < before_write:
         if sock is not None and sock.tx_stamps:
             sock.sent_at_kernel()  # drop the stamps of whatever did go out
-        return before_write
+        return before_write, "before_write"
     kernel = sock.sent_at_kernel() if sock.tx_stamps else None
-    return kernel if kernel is not None else sock.last_tx
+    return (kernel, "kernel") if kernel is not None else (sock.last_tx, "send_call")
 
 
 def _arrival_clock(request: web.Request) -> str:

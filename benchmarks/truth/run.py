@@ -44,7 +44,7 @@ from benchmarks.truth import importers  # noqa: E402
 from benchmarks.truth.definitions import Measured, compare, truth_from_log  # noqa: E402
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server  # noqa: E402
 
-CLIENTS = ("ours", "vllm", "aiperf", "guidellm")
+CLIENTS = ("ours", "ours-poll", "vllm", "aiperf", "guidellm")  # ours-poll: ours with --busy-poll
 OUTPUT_TOKENS = 32
 PROMPT_TOKENS = 16
 MODEL = "scripted-model"
@@ -180,12 +180,14 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(DO_NOT_TRACK="1", VLLM_NO_USAGE_STATS="1", TOKENIZERS_PARALLELISM="false", TMPDIR=str(work))
     route = "/v1/chat/completions" if sched.chat else "/v1/completions"
-    if client == "ours":
+    if client in ("ours", "ours-poll"):
         cmd = [sys.executable, str(ROOT / "benchmarks/truth/ours.py"), "--url", url, "--concurrency",
                str(concurrency), "--requests", str(requests), "--warmup", str(concurrency), "--output-tokens",
                str(OUTPUT_TOKENS), "--out", str(work / "requests.jsonl"), "--request-id-prefix", "truth-"]
         if sched.chat:
             cmd.append("--chat")
+        if client == "ours-poll":
+            cmd.append("--busy-poll")
         env["PYTHONPATH"] = str(ROOT)
         return cmd, env
     if client == "vllm":
@@ -227,7 +229,7 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
 
 
 def import_client(client: str, work: Path) -> list[Measured]:
-    if client == "ours":
+    if client in ("ours", "ours-poll"):
         return list(importers.ours(work / "requests.jsonl"))
     if client == "vllm":
         return list(importers.vllm_bench(work / "vllm.json", "truth-"))
@@ -303,7 +305,7 @@ def run_point(client: str, sched: Schedule, concurrency: int, paths: Paths, work
     }
     measured = import_client(client, work) if result["exit_status"] == 0 else []
     truths = {rid: truth_from_log(e, schedule) for rid, e in read_event_log(log).items()}
-    errors = compare(measured, truths, client)
+    errors = compare(measured, truths, "ours" if client == "ours-poll" else client)
     result.update(errors.summary())
     result["reported_means"] = reported_means(client, work)
     result["imported_means"] = {
@@ -344,8 +346,8 @@ def keep_raw(client: str, work: Path, dest: Path) -> None:
             f.write(data)
 
     gz(f"{client}.server-events.jsonl", (work / "server-events.jsonl").read_bytes())
-    if client == "ours" and (work / "requests.jsonl").exists():
-        gz("ours.requests.jsonl", (work / "requests.jsonl").read_bytes())
+    if client in ("ours", "ours-poll") and (work / "requests.jsonl").exists():
+        gz(f"{client}.requests.jsonl", (work / "requests.jsonl").read_bytes())
     elif client == "vllm" and (work / "vllm.json").exists():
         r = json.loads((work / "vllm.json").read_text())
         r.pop("generated_texts", None)
