@@ -9,6 +9,9 @@
 #   project/                   this project as a wheel (pip wheel --no-deps)
 #   wheels/                    every dependency as a wheel for CPython 3.11 on manylinux x86_64 (Debian
 #                              bookworm's python3), torch's CPU build included; SHA256SUMS lists them
+#   kernel-cache/              the engine's C kernels compiled here for this CPU (reference_engine/cpu_kernels.py),
+#                              so the image, which has no compiler, runs them on this machine; empty if this
+#                              host cannot build them (the image then runs the torch path, and says so)
 # The host's pip does the downloading, with the host's pip configuration (index, find-links, certificates).
 # Knobs (environment):
 #   PYTHON               interpreter whose pip is used (default python3); any version, it downloads for 3.11
@@ -62,6 +65,18 @@ mkdir -p "$ctx/wheels"
 rm -f "$ctx/wheels"/llm_compare-*.whl
 (cd "$ctx/wheels" && sha256sum -- *.whl > SHA256SUMS)
 log "$(find "$ctx/wheels" -name "*.whl" | wc -l) dependency wheels, $(du -sh "$ctx/wheels" | cut -f1)"
+
+# 3. The C kernels, built for this host's CPU into the cache layout the image's engine looks in (LLM_COMPARE_CACHE
+#    is /cache there). Their cache key is the sources, flags and CPU model: on another CPU the image ignores them.
+rm -rf "$ctx/kernel-cache"
+mkdir -p "$ctx/kernel-cache"
+if LLM_COMPARE_CACHE="$ctx/kernel-cache" PYTHONPATH="$project" "$py" -c \
+    "import sys; from reference_engine.cpu_kernels import load_kernel; sys.exit(load_kernel() is None)" 2>/dev/null; then
+    log "C kernels: $(ls "$ctx/kernel-cache/kernels")"
+else
+    log "C kernels: not built here (no compiler, or the project does not import); the image runs the torch path"
+    rm -rf "$ctx/kernel-cache"/*
+fi
 
 cp "$here/reference-cpu.Dockerfile" "$ctx/"
 log "context ready in $ctx"

@@ -36,6 +36,10 @@ COPY project/ /tmp/project/
 RUN pip install --no-index --no-deps /tmp/project/*.whl && rm -rf /tmp/project \
     && python -c "import reference_engine.server, torch; print('torch', torch.__version__)"
 
+# The engine's C kernels, compiled on the build host for its CPU (the image has no compiler): used where the image
+# runs on that CPU, ignored (torch path) elsewhere.
+COPY kernel-cache/ /cache/
+
 # Runs as root, like the vLLM and TGI images: checkpoints are often saved owner-only (safetensors writes
 # 0600), and a mounted folder keeps the host's owners. Pass --user UID:GID where the files allow it.
 RUN mkdir -p /models /cache
