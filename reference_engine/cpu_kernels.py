@@ -105,9 +105,7 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
     out = torch.empty_like(q)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError(f"CPU decode attention needs contiguous float32 CPU tensors; {name} is not")
+    _require_plain("decode", q=q, k_cache=k_cache, v_cache=v_cache)
     status = lib.paged_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
         num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale)
@@ -125,9 +123,7 @@ def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, 
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
     table = chunk.block_table.to(torch.int32).contiguous()
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != torch.float32 or t.device.type != "cpu" or (name != "q" and not t.is_contiguous()):
-            raise ValueError(f"CPU prefill attention needs contiguous float32 CPU tensors; {name} is not")
+    _require_plain("prefill", q=q[0], k_cache=k_cache, v_cache=v_cache)  # q: each row; rows may sit apart
     out = torch.empty(n, num_heads, head_dim)
     status = lib.prefill_attention_f32(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), out.data_ptr(),
@@ -137,6 +133,12 @@ def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, 
     if status != 0:
         raise ValueError(f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over {chunk.context_len}")
     return out
+
+
+def _require_plain(kernel: str, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if not _plain(t):
+            raise ValueError(f"CPU {kernel} attention needs contiguous float32 CPU tensors; {name} is not")
 
 
 def prefill_kernel_fits(head_dim: int) -> bool:

@@ -111,9 +111,7 @@ class StampedSocket(socket.socket):
         while True:
             try:
                 _, ancillary, _, _ = self.recvmsg(1, 256, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return stamps
-            except OSError:
+            except OSError:  # BlockingIOError: the queue is empty
                 return stamps
             wall_ns = offset = None
             for level, kind, data in ancillary:

@@ -50,7 +50,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.trtllm import TRTLLM_CHAT_FIELDS, TRTLLM_COMPLETION_FIELDS
-from workloads.kernel_stamps import kernel_stamps_supported, socket_of, stamped_listener
+from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, socket_of, stamped_listener
 from workloads.loadgen import new_runner
 from workloads.scripted_formats import Flavor, Protocol, StreamFormat, error_body
 
@@ -306,7 +306,7 @@ class ScriptedServer:
                        schedule: ScriptedSchedule) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or f"scripted-{next(self._ids)}"
         log: dict[str, Any] = {"request_id": rid, "protocol": req.protocol, "flavor": req.flavor,
-                               "received_s": received, "received_clock": _arrival_clock(request), "headers_s": None, "status": schedule.status,
+                               "received_s": received, "received_clock": "kernel" if _kernel_stamped(request) else "process", "headers_s": None, "status": schedule.status,
                                "fault": schedule.fault, "events": []}
         self.running += 1
         try:
@@ -494,10 +494,16 @@ def read_event_log(path: str | Path, expect: Iterable[str] = (), timeout_s: floa
         time.sleep(0.02)
 
 
+def _kernel_stamped(request: web.Request) -> StampedSocket | None:
+    """The request's socket, if the kernel has stamped its reads."""
+    sock = socket_of(request.transport)
+    return sock if sock is not None and sock.kernel_stamped_reads else None
+
+
 def arrival(request: web.Request) -> float:
     """When the request reached the server: the kernel's stamp of the read that completed it, or now."""
-    sock = socket_of(request.transport)
-    return sock.last_rx if sock is not None and sock.kernel_stamped_reads else perf_counter()
+    sock = _kernel_stamped(request)
+    return sock.last_rx if sock is not None else perf_counter()
 
 
 def sent_at(request: web.Request, before_write: float) -> tuple[float, str]:
@@ -513,11 +519,6 @@ def sent_at(request: web.Request, before_write: float) -> tuple[float, str]:
         return before_write, "before_write"
     kernel = sock.sent_at_kernel() if sock.tx_stamps else None
     return (kernel, "kernel") if kernel is not None else (sock.last_tx, "send_call")
-
-
-def _arrival_clock(request: web.Request) -> str:
-    sock = socket_of(request.transport)
-    return "kernel" if sock is not None and sock.kernel_stamped_reads else "process"
 
 
 # -- running it ----------------------------------------------------------------------------------------

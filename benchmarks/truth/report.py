@@ -212,8 +212,7 @@ def _ratio_cell(runs: dict[str, dict[str, Any]], mine: str) -> str:
     if mine not in runs:
         return "–"
     rat = ratios(runs, mine)
-    ok = all(v is not None and v >= TARGET for v in rat.values())
-    return " / ".join("–" if rat[m] is None else f"{rat[m]:.1f}" for m in METRICS) + (" ✓" if ok else "")
+    return " / ".join("–" if rat[m] is None else f"{rat[m]:.1f}" for m in METRICS) + (" ✓" if met(runs, mine) else "")
 
 
 def met(runs: dict[str, dict[str, Any]], mine: str) -> bool:

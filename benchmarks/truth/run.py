@@ -45,6 +45,7 @@ from benchmarks.truth.definitions import Measured, compare, truth_from_log  # no
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server  # noqa: E402
 
 CLIENTS = ("ours", "ours-poll", "vllm", "aiperf", "guidellm")  # ours-poll: ours with --busy-poll
+OURS = ("ours", "ours-poll")
 OUTPUT_TOKENS = 32
 PROMPT_TOKENS = 16
 MODEL = "scripted-model"
@@ -180,7 +181,7 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(DO_NOT_TRACK="1", VLLM_NO_USAGE_STATS="1", TOKENIZERS_PARALLELISM="false", TMPDIR=str(work))
     route = "/v1/chat/completions" if sched.chat else "/v1/completions"
-    if client in ("ours", "ours-poll"):
+    if client in OURS:
         cmd = [sys.executable, str(ROOT / "benchmarks/truth/ours.py"), "--url", url, "--concurrency",
                str(concurrency), "--requests", str(requests), "--warmup", str(concurrency), "--output-tokens",
                str(OUTPUT_TOKENS), "--out", str(work / "requests.jsonl"), "--request-id-prefix", "truth-"]
@@ -229,7 +230,7 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
 
 
 def import_client(client: str, work: Path) -> list[Measured]:
-    if client in ("ours", "ours-poll"):
+    if client in OURS:
         return list(importers.ours(work / "requests.jsonl"))
     if client == "vllm":
         return list(importers.vllm_bench(work / "vllm.json", "truth-"))
@@ -346,7 +347,7 @@ def keep_raw(client: str, work: Path, dest: Path) -> None:
             f.write(data)
 
     gz(f"{client}.server-events.jsonl", (work / "server-events.jsonl").read_bytes())
-    if client in ("ours", "ours-poll") and (work / "requests.jsonl").exists():
+    if client in OURS and (work / "requests.jsonl").exists():
         gz(f"{client}.requests.jsonl", (work / "requests.jsonl").read_bytes())
     elif client == "vllm" and (work / "vllm.json").exists():
         r = json.loads((work / "vllm.json").read_text())
