@@ -134,6 +134,19 @@ def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, m
         assert max(lateness_ms) > 5.0, lateness_ms
 
 
+def wait_for_receive_stamps(server: StampedSocket, client: StampedSocket, tries: int = 200) -> None:
+    """Linux turns receive stamping on a moment after the first socket asks for it (the switch is deferred
+    to a work queue), so a fresh pair of sockets may see its first reads unstamped: exchange bytes until one is."""
+    for _ in range(tries):
+        server.send(b"w")
+        client.recv(16)
+        server.sent_at_kernel()  # drop the send stamp: each test send reads its own
+        if client.kernel_stamped_reads:
+            return
+        time.sleep(0.005)
+    pytest.fail("the kernel never stamped a read")
+
+
 @pytest.mark.skipif(not kernel_stamps_supported(), reason="the kernel's send and receive stamps are a Linux feature")
 def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
     """The scripted server's truth: the kernel's stamp of each send lies within the send call, and the
@@ -147,7 +160,9 @@ def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
         server, _ = listener.accept()
         with server:
             assert server.tx_stamps
+            wait_for_receive_stamps(server, client)
             for size in (1, 100, 3000, 70_000):  # one byte up to more than one loopback segment
+                stamped_reads = client.kernel_stamped_reads
                 before = time.perf_counter()
                 server.sendall(os.urandom(size))
                 after = time.perf_counter()
@@ -156,7 +171,7 @@ def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
                 received = 0
                 while received < size:
                     received += len(client.recv(1 << 20))
-                assert client.kernel_stamped_reads and sent <= client.last_rx <= time.perf_counter()
+                assert client.kernel_stamped_reads > stamped_reads and sent <= client.last_rx <= time.perf_counter()
             server.send(b"x")
             assert server.sent_at_kernel() is not None
             assert server.sent_at_kernel() is None  # each stamp is read once

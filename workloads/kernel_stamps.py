@@ -6,7 +6,9 @@ inside the sender's own `send` call) and, for a socket that asks (SO_TIMESTAMPNS
 read. A reader that is busy with other streams, or whose virtual CPU was asleep when the bytes came, reads
 later; the stamp stays where it was. Segments that wait unread are merged in the socket's queue and keep the
 newest stamp, so a read that brings several events gives all of them the time of the last one: the stamp is
-exact when the reader keeps up and never later than the read.
+exact when the reader keeps up and never later than the read. The kernel switches stamping on a moment after
+the first socket on the machine asks for it, so the very first reads of a run may come unstamped (they then
+carry the time the read returned); warm-up requests absorb that.
 
 The same socket can ask for the kernel's stamps of what it sends (SO_TIMESTAMPING, software, one per send
 call, read back from the socket's error queue): the scripted server logs those as its write times, so the
