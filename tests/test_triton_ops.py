@@ -94,13 +94,15 @@ def test_engine_with_triton_kernels_matches_torch_kernels(llama_dir):
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4)])
 def test_decode_attention_single_and_split_partitions(monkeypatch, partition, heads, kv_heads):
     """One partition per (sequence, head) and many partitions merged by log-sum-exp give the same answer, for
-    GQA (tensor-core products) and MHA (the vector kernel)."""
+    GQA (tensor-core products) and MHA (the vector kernel); sequences of one partition and of several share a
+    launch. The merge is done by whichever program finishes last: a second launch gives the same bits, and
+    every launch leaves the merge counters at zero."""
     from reference_engine import triton_ops
     from reference_engine.attention import AttentionBatch, decode_mask, paged_attention
 
     monkeypatch.setattr(triton_ops, "DECODE_PARTITION", partition)
-    seqs, head_dim, block_size = 3, 32, 16
-    lens = [random.randint(1, 300) for _ in range(seqs)]
+    seqs, head_dim, block_size = 4, 32, 16
+    lens = [random.randint(1, 16), *(random.randint(17, 300) for _ in range(seqs - 1))]
     num_blocks = sum(-(-n // block_size) for n in lens) + 2
     perm = torch.randperm(num_blocks).tolist()
     tables, at = [], 0
@@ -121,3 +123,5 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
     ref = paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
     got = TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5)
     assert rel_err(got, ref) < 1e-5
+    assert torch.equal(TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5), got)
+    assert not triton_ops.merge_counters(seqs * kv_heads, DEVICE).any()
