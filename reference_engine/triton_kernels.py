@@ -1,10 +1,8 @@
 """Triton kernels for the decode hot path. Each is checked against the torch reference in `ops.py`.
 
 - paged decode attention, split over the context (flash-decoding): one program per (sequence, kv head,
-  context partition) handles every query head of its GQA group; the last program of a (sequence, kv head) to
-  finish, found by an atomic counter, merges the partitions by their log-sum-exp (a separate merge kernel cost
-  a launch per layer: 0.27 ms of a 7B step at batch 64). The merge reads the partitions in their order,
-  whichever program does it, so the result does not depend on which finished last. A GQA group is padded to 16 query rows so that q.k and p.v run on the tensor cores
+  context partition) handles every query head of its GQA group, then a second kernel merges the partitions by
+  their log-sum-exp. A GQA group is padded to 16 query rows so that q.k and p.v run on the tensor cores
   (`tl.dot`); with one query head per KV head (MHA) there is nothing to share, and the kernel works on one
   query vector with plain reductions;
 - rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
@@ -56,7 +54,7 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
 @triton.jit
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
-    counters_ptr, scale,
+    scale,
     stride_qt, stride_qh,
     stride_cb, stride_ct, stride_ch,
     stride_bt,
@@ -64,14 +62,12 @@ def _decode_partition_kernel(
     stride_lt, stride_lh,
     stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, MAX_PARTS: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-    DYNAMIC_LOOP: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    part = tl.program_id(0)  # partitions vary fastest: a sequence's partitions run side by side, so its merge
-    kv_head = tl.program_id(1)  # overlaps other programs' work instead of piling up in the kernel's last wave
-    seq = tl.program_id(2)
-    num_kv_heads = tl.num_programs(1)
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
     start = part * PARTITION
     if start < ctx:
@@ -116,67 +112,34 @@ def _decode_partition_kernel(
             o_rows = heads[:, None] * stride_yh + offs_d[None, :]
             p_rows = heads[:, None] * stride_oh + offs_d[None, :]
             o_mask = g_mask[:, None]
-        n_parts = tl.cdiv(ctx, PARTITION)
-        if n_parts == 1:  # one partition covers the context: this is the answer
+        if SINGLE:  # one partition covers the context: this is the answer, no merge needed
             tl.store(out_ptr + seq * stride_yt + o_rows, out.to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
-            lse_rows = part_lse_ptr + seq * stride_lt + heads * stride_lh
             tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
-            tl.store(lse_rows + part, m_i + tl.log(l_i), mask=g_mask)
-            # Publish: every thread's stores, then one release by the counter (the CTA barrier orders the
-            # other threads' stores before it). The program that brings the count to n_parts merges.
-            tl.debug_barrier()
-            counter = counters_ptr + seq * num_kv_heads + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == n_parts - 1:
-                # The merge: partitions in order, whichever program does it.
-                top, total = _merge_weights(lse_rows, n_parts, g_mask, QUERY_ROWS, MAX_PARTS)
-                part_rows = part_out_ptr + seq * stride_ot + p_rows
-                merged = tl.zeros_like(out)
-                if DYNAMIC_LOOP:
-                    for first in range(0, n_parts, MERGE_CHUNK):
-                        merged = _add_partitions(merged, part_rows, lse_rows, first, n_parts, stride_os, top, total,
-                                                 o_mask, g_mask, QUERY_ROWS, MERGE_CHUNK)
-                else:  # interpreted: to MAX_PARTS, the partitions past n_parts weighing nothing
-                    for first in range(0, MAX_PARTS, MERGE_CHUNK):
-                        merged = _add_partitions(merged, part_rows, lse_rows, first, n_parts, stride_os, top, total,
-                                                 o_mask, g_mask, QUERY_ROWS, MERGE_CHUNK)
-                tl.store(out_ptr + seq * stride_yt + o_rows, merged.to(out_ptr.dtype.element_ty), mask=o_mask)
-                tl.store(counter, 0)  # ready for the next launch (the next one starts after this one ends)
+            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
 
 
 @triton.jit
-def _merge_weights(lse_rows, n_parts, g_mask, QUERY_ROWS: tl.constexpr, MAX_PARTS: tl.constexpr):
-    """The largest log-sum-exp of the partitions and the sum of exp(lse - largest): each partition's output
-    weighs exp(lse - largest) / sum. Loads go to L2 (.cg), where the other programs' stores are."""
+def _merge_partitions_kernel(
+    part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
+    stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
+    HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + seq)
+    n_parts = tl.cdiv(ctx, PARTITION)
     offs_p = tl.arange(0, MAX_PARTS)
-    if QUERY_ROWS == 1:
-        lse = tl.load(lse_rows + offs_p, mask=offs_p < n_parts, other=float("-inf"), cache_modifier=".cg")
-        top = tl.max(lse, axis=0)
-        total = tl.sum(tl.exp(lse - top), axis=0)
-    else:
-        lse = tl.load(lse_rows[:, None] + offs_p[None, :], mask=g_mask[:, None] & (offs_p[None, :] < n_parts),
-                      other=float("-inf"), cache_modifier=".cg")
-        top = tl.where(g_mask, tl.max(lse, axis=1), 0.0)  # padded rows are all -inf: keep them finite
-        total = tl.where(g_mask, tl.sum(tl.exp(lse - top[:, None]), axis=1), 1.0)
-    return top, total
-
-
-@triton.jit
-def _add_partitions(merged, part_rows, lse_rows, first, n_parts, stride_os, top, total, o_mask, g_mask,
-                    QUERY_ROWS: tl.constexpr, CHUNK: tl.constexpr):
-    """merged + the weighted outputs of partitions first .. first + CHUNK - 1 (those below n_parts). MHA loads
-    a chunk of partitions at once (independent loads in flight); a GQA group's partition is a whole tile."""
-    if QUERY_ROWS == 1:
-        p = first + tl.arange(0, CHUNK)
-        live = p < n_parts
-        w = tl.exp(tl.load(lse_rows + p, mask=live, other=float("-inf"), cache_modifier=".cg") - top) / total
-        part = tl.load(part_rows[None, :] + p[:, None] * stride_os, mask=live[:, None], other=0.0,
-                       cache_modifier=".cg")
-        return merged + tl.sum(part * w[:, None], axis=0)
-    live = first < n_parts
-    w = tl.exp(tl.load(lse_rows + first, mask=g_mask & live, other=float("-inf"), cache_modifier=".cg") - top) / total
-    part = tl.load(part_rows + first * stride_os, mask=o_mask & live, other=0.0, cache_modifier=".cg")
-    return merged + w[:, None] * part
+    offs_d = tl.arange(0, HEAD_DIM)
+    p_mask = offs_p < n_parts
+    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask, other=float("-inf"))
+    weight = tl.exp(lse - tl.max(lse, axis=0))
+    weight = tl.where(p_mask, weight, 0.0)
+    weight = weight / tl.sum(weight, axis=0)
+    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os + offs_d[None, :],
+                    mask=p_mask[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], axis=0)
+    tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit

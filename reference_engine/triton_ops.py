@@ -15,26 +15,10 @@ from reference_engine.ops import TorchOps
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DECODE_PARTITION = 64  # context tokens per decode program (at least; see decode_partition)
-MAX_PARTITIONS = 64  # partitions of one sequence, at most (the merge holds their log-sum-exps at once)
+MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
-
-
-_MERGE_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED_COUNTERS: list[torch.Tensor] = []
-
-
-def merge_counters(n: int, device: torch.device) -> torch.Tensor:
-    """At least n zeroed int32 counters on `device`, one per (sequence, kv head) of a decode launch; every launch
-    leaves them at zero. Never freed: a captured CUDA graph holds their address, so outgrown ones are kept."""
-    counters = _MERGE_COUNTERS.get(device)
-    if counters is None or counters.numel() < n:
-        if counters is not None:
-            _RETIRED_COUNTERS.append(counters)
-        counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _MERGE_COUNTERS[device] = counters
-    return counters
 
 
 def _query_rows(group: int) -> int:
@@ -107,19 +91,23 @@ class TritonOps(TorchOps):
         block_n = DECODE_BLOCK_N
         partition = decode_partition(max_context)
         parts = triton.cdiv(max_context, partition)
-        part_out = torch.empty(seqs, heads, parts, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(seqs, heads, parts, dtype=torch.float32, device=q.device)
-        counters = merge_counters(seqs * kv_heads, q.device)
-        triton_kernels._decode_partition_kernel[(parts, kv_heads, seqs)](
-            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, counters, scale,
+        single = parts == 1
+        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
+        triton_kernels._decode_partition_kernel[(seqs, kv_heads, parts)](
+            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
-            PARTITION=partition, BLOCK_N=min(block_n, partition), MAX_PARTS=triton.next_power_of_2(parts),
-            MERGE_CHUNK=8 if group == 1 else 1,
-            DYNAMIC_LOOP=not INTERPRETED, PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+            PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
+            PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
             num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES)
+        if not single:
+            triton_kernels._merge_partitions_kernel[(seqs, heads)](
+                part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+                part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape

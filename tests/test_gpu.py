@@ -131,31 +131,3 @@ def test_overlapped_decode_under_preemption_on_graphs(llama_dir):
         runs[overlap] = _drive(engine, prompts, params, late=4)
         assert engine.scheduler.num_preemptions > 0
     assert runs[True] == runs[False]
-
-
-@pytest.mark.parametrize("heads,kv_heads", [(32, 32), (32, 8)])
-def test_decode_attention_merge_is_race_free(heads, kv_heads):
-    """The last program of each (sequence, kv head) to finish merges the partitions (an atomic counter picks
-    it); other programs' stores must be visible to it. Hundreds of launches over fresh contexts of up to 16
-    partitions, against the torch reference each time, and each launch repeated for the same bits."""
-    from reference_engine.attention import AttentionBatch, decode_mask, paged_attention
-    from reference_engine.triton_ops import TritonOps, merge_counters
-
-    seqs, head_dim, block_size, max_len = 64, 128, 16, 1024
-    num_blocks = seqs * max_len // block_size
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(num_blocks, device="cuda").view(seqs, -1).to(torch.int32)
-    ops = TritonOps()
-    for _ in range(20):
-        ctx = torch.randint(1, max_len + 1, (seqs,), device="cuda", dtype=torch.int32)
-        q = torch.randn(seqs, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-        batch = AttentionBatch(slot_mapping=torch.empty(0, dtype=torch.long, device="cuda"), num_decode=seqs,
-                               decode_block_tables=tables, decode_context_lens=ctx, decode_max_context=max_len,
-                               decode_mask=decode_mask(ctx, max_len))
-        ref = paged_attention(q.float(), k_cache.float(), v_cache.float(), batch, head_dim**-0.5)
-        first = ops.attend(q, k_cache, v_cache, batch, head_dim**-0.5)
-        assert ((first.float() - ref).norm() / ref.norm()).item() < 1e-2
-        for _ in range(15):
-            assert torch.equal(ops.attend(q, k_cache, v_cache, batch, head_dim**-0.5), first)
-    assert not merge_counters(seqs * kv_heads, torch.device("cuda", 0)).any()
