@@ -8,7 +8,8 @@
 - rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
   slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
 - RMSNorm, with the residual add fused in;
-- SiLU(gate) * up.
+- SiLU(gate) * up;
+- y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.
@@ -212,3 +213,21 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
     tl.store(out_ptr + row * stride_o + col, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """BLOCK_N rows of W (n, K) per program, BLOCK_K columns a step (K a multiple of it), float32 sums."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
+        acc += w.to(tl.float32) * tl.load(x_ptr + cols).to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
+        y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)

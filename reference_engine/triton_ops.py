@@ -8,6 +8,7 @@ import os
 
 import torch
 import triton
+from torch import nn
 
 from reference_engine import attention, triton_kernels
 from reference_engine.attention import AttentionBatch
@@ -19,6 +20,7 @@ MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
+GEMV_BLOCK_N, GEMV_BLOCK_K, GEMV_NUM_WARPS, GEMV_NUM_STAGES = 8, 512, 4, 3
 
 
 def _query_rows(group: int) -> int:
@@ -117,3 +119,46 @@ class TritonOps(TorchOps):
         triton_kernels._silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](
             gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block)
         return out
+
+
+def gemv_suits(linear: nn.Linear) -> bool:
+    """Where the GEMV beat cuBLAS for one row on the H200 (bf16, `benchmarks/read_bandwidth.py`): whole 512-wide
+    steps over the input and at least half as many outputs as inputs (qkv, o, gate/up, LM head: 5-11% faster;
+    the long-input down projections of the 1B and 7B shapes were 14-25% slower)."""
+    return linear.in_features % GEMV_BLOCK_K == 0 and 2 * linear.out_features >= linear.in_features
+
+
+class GemvLinear(nn.Module):
+    """An nn.Linear (same parameters) whose single-row calls run the Triton GEMV; more rows go to cuBLAS."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1 or x.dim() != 2:
+            return nn.functional.linear(x, self.weight, self.bias)
+        x = x.contiguous()
+        y = torch.empty(1, self.out_features, dtype=x.dtype, device=x.device)
+        bias = self.bias if self.bias is not None else y
+        triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, GEMV_BLOCK_N),)](
+            self.weight, x, bias, y, self.out_features, self.weight.stride(0), K=self.in_features,
+            HAS_BIAS=self.bias is not None, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, num_warps=GEMV_NUM_WARPS,
+            num_stages=GEMV_NUM_STAGES)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row"
+
+
+def use_gemv_for_single_rows(model: nn.Module) -> int:
+    """Wrap each nn.Linear that `gemv_suits` in a GemvLinear (parameters shared: a tied LM head stays tied);
+    returns how many."""
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, nn.Linear) and gemv_suits(module)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, GemvLinear(module))
+    return len(targets)

@@ -1,0 +1,220 @@
+"""How fast the GPU can read, and how fast cuBLAS reads weights in a decode step's matrix products: the floor
+under a memory-bound decode step, to set beside its TPOT.
+
+    python benchmarks/read_bandwidth.py --out read-bandwidth.json
+
+- copy: device-to-device copy, bytes read + written per second (the roofline's bandwidth in decode_latency);
+- read: a Triton kernel that only reads (sums a 4 GiB buffer), and torch.sum over the same buffer;
+- gemm: y = x @ W.T in bf16 for each linear of the Llama-3.2-1B, Llama-2-7B and Llama-2-13B shapes at 1 and 64
+  rows, weights read per second: cuBLAS as the model calls it, cuBLAS on the transposed layout, and at one row
+  torch.mv and a plain Triton GEMV over a few tilings; eight copies of each weight in turn, so that none is served from L2, captured
+  in a CUDA graph as a decode step is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_latency import copy_bandwidth
+
+from reference_engine.model_config import named_shape
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Each program reads ITERS consecutive blocks and writes one partial sum (so the reads cannot be elided)."""
+    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _gemv_kernel(w_ptr, x_ptr, y_ptr, n, k, stride_w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = W x for one row x: each program reads BLOCK_N whole rows of W (a probe of what a plain GEMV reaches)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :], mask=rows[:, None] < n, other=0.0)
+        acc += w.to(tl.float32) * tl.load(x_ptr + cols).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=rows < n)
+
+
+@triton.jit
+def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SPLIT_K: tl.constexpr):
+    """y = x W with W stored (in, out): each program reads BLOCK_N columns over 1/SPLIT_K of the rows; split
+    programs add into a float32 y (atomics: order-dependent rounding, a probe of the speed only)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_len = tl.cdiv(k, SPLIT_K)
+    k_start = tl.program_id(1) * k_len
+    acc = tl.zeros([BLOCK_K, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_start + k_len, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < k
+        w = tl.load(wt_ptr + ks[:, None].to(tl.int64) * stride_wt + cols[None, :],
+                    mask=k_mask[:, None] & (cols[None, :] < n), other=0.0)
+        acc += w.to(tl.float32) * tl.load(x_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)[:, None]
+    y = tl.sum(acc, axis=0)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n)
+    else:
+        tl.atomic_add(y_ptr + cols, y, mask=cols < n)
+
+
+IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), (32, 128, 4, 4, 1), (32, 512, 8, 3, 1),
+                    (64, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 8))
+
+
+GEMV_CONFIGS = ((8, 512, 4, 3), (16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 256, 8, 4), (64, 128, 4, 4),
+                (8, 1024, 4, 2), (4, 1024, 4, 3))
+
+
+def gpu_seconds(fn, repeats: int = 30, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def graph_seconds(fn, repeats: int = 30) -> float:
+    """GPU time of fn from replays of a CUDA graph of it: without the host's launch cost, which at these sizes
+    is longer than the kernels."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return gpu_seconds(graph.replay, repeats)
+
+
+def read_bandwidths(gib: float = 4.0) -> dict[str, float]:
+    n = int(gib * 2**30) // 2
+    x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    best = {}
+    for block, iters, warps in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4), (8192, 16, 16)):
+        grid = triton.cdiv(n, block * iters)
+        out = torch.empty(grid, dtype=torch.float32, device="cuda")
+        launch = functools.partial(_read_kernel[(grid,)], x, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
+        best[f"triton_read_{block}x{iters}_w{warps}"] = 2 * n / gpu_seconds(launch)
+    best["torch_sum"] = 2 * n / gpu_seconds(x.sum)
+    return best
+
+
+def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each decode-step linear, fused the way our model fuses them."""
+    spec = named_shape(shape)
+    return {
+        "qkv": ((spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim, spec.hidden_size),
+        "o": (spec.hidden_size, spec.num_heads * spec.head_dim),
+        "gate_up": (2 * spec.intermediate_size, spec.hidden_size),
+        "down": (spec.hidden_size, spec.intermediate_size),
+        "lm_head": (spec.vocab_size, spec.hidden_size),
+    }
+
+
+def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[str, float]]:
+    """Per linear: cuBLAS as the model calls it (F.linear, W stored [out, in]), cuBLAS on W stored [in, out]
+    (x @ W), and at one row torch.mv and the best of a few Triton GEMV tilings."""
+    result = {}
+    for name, (out_f, in_f) in linear_shapes(shape).items():
+        weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
+        variants = {"linear": functools.partial(_each, torch.nn.functional.linear, x, weights)}
+        transposed = [w.t().contiguous() for w in weights]
+        variants["x_at_w_kn"] = functools.partial(_each, torch.matmul, x, transposed)
+        if rows == 1:
+            variants["mv"] = functools.partial(_each, torch.mv, None, weights, x[0])
+            y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
+            y16 = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
+            for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
+                launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y16,
+                                           bn, bk, warps, stages, split)
+                variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
+            y = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
+            for bn, bk, warps, stages in GEMV_CONFIGS:
+                if in_f % bk:
+                    continue
+                launch = functools.partial(_gemv_each, weights, x[0], y, bn, bk, warps, stages)
+                variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}"] = launch
+        bytes_read = out_f * in_f * 2
+        result[name] = {"bytes": bytes_read}
+        for variant, fn in variants.items():
+            seconds = graph_seconds(fn) / copies
+            result[name][variant] = {"us": seconds * 1e6, "bytes_per_s": bytes_read / seconds}
+        del weights, transposed
+    return result
+
+
+def _each(op, x, weights, vector=None) -> None:
+    for w in weights:
+        if vector is not None:
+            op(w, vector)
+        else:
+            op(x, w)
+
+
+def _gemv_in_major_each(transposed, x, y, bn, bk, warps, stages, split) -> None:
+    for wt in transposed:
+        if split > 1:
+            y.zero_()
+        _gemv_in_major_kernel[(triton.cdiv(wt.shape[1], bn), split)](
+            wt, x, y, wt.shape[1], wt.shape[0], wt.stride(0), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            num_warps=warps, num_stages=stages)
+
+
+def _gemv_each(weights, x, y, bn, bk, warps, stages) -> None:
+    for w in weights:
+        _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, w.shape[0], w.shape[1], w.stride(0), BLOCK_N=bn,
+                                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="llama-3.2-1b,llama-2-7b,llama-2-13b")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
+    for shape in args.shapes.split(","):
+        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows) for rows in (1, 64)}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
+    for name, bw in report["read_bytes_per_s"].items():
+        print(f"read {name}: {bw / 1e12:.2f} TB/s")
+    for shape, by_rows in report["gemm"].items():
+        for rows, gemms in by_rows.items():
+            for name, g in gemms.items():
+                timings = {k: v for k, v in g.items() if k != "bytes"}
+                best = min(timings, key=lambda k: timings[k]["us"])
+                in_major = [k for k in timings if k.startswith("triton_in_major")]
+                best_in_major = min(in_major, key=lambda k: timings[k]["us"]) if in_major else None
+                cells = ", ".join(f"{k} {v['us']:.1f}" for k, v in timings.items() if not k.startswith("triton")
+                                  or k in (best, best_in_major))
+                print(f"{shape} rows={rows} {name} ({g['bytes'] / 1e6:.0f} MB): {cells} us; best {best} "
+                      f"{timings[best]['bytes_per_s'] / 1e12:.2f} TB/s")
+
+if __name__ == "__main__":
+    main()
