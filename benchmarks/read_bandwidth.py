@@ -77,6 +77,28 @@ def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.con
         tl.atomic_add(y_ptr + cols, y, mask=cols < n)
 
 
+@triton.jit
+def _skinny_gemm_kernel(x_ptr, w_ptr, y_ptr, m, n, stride_x, stride_w, stride_y, K: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in): each program streams BLOCK_N rows
+    of W once, on the tensor cores."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], mask=offs_m[:, None] < m, other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=offs_n[:, None] < n,
+                    other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < m) & (offs_n[None, :] < n))
+
+
+SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3), (128, 64, 4, 5),
+                  (128, 128, 8, 3), (16, 256, 4, 4))
+
+
 IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), (32, 128, 4, 4, 1), (32, 512, 8, 3, 1),
                     (64, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 8))
 
@@ -145,6 +167,13 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[st
         variants = {"linear": functools.partial(_each, torch.nn.functional.linear, x, weights)}
         transposed = [w.t().contiguous() for w in weights]
         variants["x_at_w_kn"] = functools.partial(_each, torch.matmul, x, transposed)
+        if rows > 1:
+            y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
+            for bn, bk, warps, stages in SKINNY_CONFIGS:
+                if in_f % bk:
+                    continue
+                launch = functools.partial(_skinny_each, x, weights, y, bn, bk, warps, stages)
+                variants[f"triton_skinny_{bn}x{bk}_w{warps}_s{stages}"] = launch
         if rows == 1:
             variants["mv"] = functools.partial(_each, torch.mv, None, weights, x[0])
             y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
@@ -185,6 +214,14 @@ def _gemv_in_major_each(transposed, x, y, bn, bk, warps, stages, split) -> None:
             num_warps=warps, num_stages=stages)
 
 
+def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
+    for w in weights:
+        _skinny_gemm_kernel[(triton.cdiv(w.shape[0], bn),)](
+            x, w, y, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
+            BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            num_stages=stages)
+
+
 def _gemv_each(weights, x, y, bn, bk, warps, stages) -> None:
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, w.shape[0], w.shape[1], w.stride(0), BLOCK_N=bn,
@@ -194,12 +231,14 @@ def _gemv_each(weights, x, y, bn, bk, warps, stages) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="llama-3.2-1b,llama-2-7b,llama-2-13b")
+    p.add_argument("--rows", default="1,64")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
+    rows_measured = [int(r) for r in args.rows.split(",")]
     for shape in args.shapes.split(","):
-        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows) for rows in (1, 64)}
+        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows) for rows in rows_measured}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
     for name, bw in report["read_bytes_per_s"].items():
@@ -209,10 +248,13 @@ def main() -> None:
             for name, g in gemms.items():
                 timings = {k: v for k, v in g.items() if k != "bytes"}
                 best = min(timings, key=lambda k: timings[k]["us"])
-                in_major = [k for k in timings if k.startswith("triton_in_major")]
-                best_in_major = min(in_major, key=lambda k: timings[k]["us"]) if in_major else None
+                bests = []
+                for family in ("triton_in_major", "triton_skinny"):
+                    members = [k for k in timings if k.startswith(family)]
+                    if members:
+                        bests.append(min(members, key=lambda k: timings[k]["us"]))
                 cells = ", ".join(f"{k} {v['us']:.1f}" for k, v in timings.items() if not k.startswith("triton")
-                                  or k in (best, best_in_major))
+                                  or k == best or k in bests)
                 print(f"{shape} rows={rows} {name} ({g['bytes'] / 1e6:.0f} MB): {cells} us; best {best} "
                       f"{timings[best]['bytes_per_s'] / 1e12:.2f} TB/s")
 

@@ -122,9 +122,10 @@ class TritonOps(TorchOps):
 
 
 def gemv_suits(linear: nn.Linear) -> bool:
-    """Where the GEMV beat cuBLAS for one row on the H200 (bf16, `benchmarks/read_bandwidth.py`): whole 512-wide
-    steps over the input and at least half as many outputs as inputs (qkv, o, gate/up, LM head: 5-11% faster;
-    the long-input down projections of the 1B and 7B shapes were 14-25% slower)."""
+    """Where the GEMV beats cuBLAS for one row on the H200 (bf16, `benchmarks/read_bandwidth.py`): whole 512-wide
+    steps over the input and at least half as many outputs as inputs. qkv, o, gate/up and LM head of the 1B, 7B
+    and 13B shapes: 4-14% faster, but for two within 2.5% either way (1B gate/up, 13B qkv); the down projections
+    of the 1B and 7B shapes, which this rule leaves to cuBLAS, were 14-25% slower."""
     return linear.in_features % GEMV_BLOCK_K == 0 and 2 * linear.out_features >= linear.in_features
 
 
