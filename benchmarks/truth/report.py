@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -151,6 +152,55 @@ def ttft_split(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, A
     return "\n".join(lines) + "\n"
 
 
+def delivery_floor(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
+    """The loopback's own part of our error: per event, the server's kernel send stamp to our kernel receive
+    stamp, and the change of that delay between consecutive events of a request, which is the ITL error a reader
+    of the socket makes however exactly it stamps; x5 below the best other client's ITL p99 needs the best other
+    at least 5x above this floor."""
+    lines = ["", "## The loopback's delivery under our errors", "",
+             "Per event: the server's kernel send stamp to our client's kernel receive stamp (p50 / p99, us), and "
+             "the p99 of its change between consecutive events of a request (us): the ITL error of a perfect "
+             "reader of the socket. Last column: the best other client's ITL p99 over that floor (x5 needs 5).", "",
+             "| schedule | streams | ours: delivery | ours: ITL floor | busy-poll: delivery | busy-poll: ITL floor | "
+             "best other ITL p99 / busy-poll floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (schedule, conc), runs in points.items():
+        cells, floor = [], None
+        for client in OURS:
+            delays, changes = _delivery(folder, runs.get(client), client)
+            cells += [_pair(delays), _f(float(np.percentile(changes, 99)), 1) if changes else "–"]
+            floor = float(np.percentile(changes, 99)) if changes else None
+        others = [runs[c]["itl_p99_ms"] for c in OTHERS if c in runs and runs[c].get("itl_p99_ms") is not None
+                  and per_gap_itl(c)]
+        ratio = "–" if not others or not floor else f"{min(others) * 1e3 / floor:.1f}"
+        lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def _delivery(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[float], list[float]]:
+    """(send -> receive per event, |change between consecutive events|) in us, token-carrying events only."""
+    if run is None or "raw" not in run:
+        return [], []
+    raw = folder / run["raw"]
+    try:
+        server = {e["request_id"]: e for e in _jsonl(raw / f"{client}.server-events.jsonl.gz")}
+        records = _jsonl(raw / f"{client}.requests.jsonl.gz")
+    except OSError:
+        return [], []
+    delays, changes = [], []
+    for r in records:
+        entry = server.get(r["request_id"])
+        if r["warmup"] or entry is None:
+            continue
+        sent = [e[0] for e in entry["events"] if e[1] > 0]
+        received = [r["t0_monotonic"] + e[0] for e in r["events"] if e[1] > 0]
+        if len(sent) != len(received):
+            continue
+        d = [(a - b) * 1e6 for a, b in zip(received, sent, strict=True)]
+        delays += d
+        changes += [abs(b - a) for a, b in itertools.pairwise(d)]
+    return delays, changes
+
+
 def _pair(values: list[float]) -> str:
     if not values:
         return "–"
@@ -251,7 +301,8 @@ def main() -> None:
     if args.prune:
         prune(folder, points)
     text = ("## Summary: largest p99 |error| over the six schedules, ms (TTFT / TPOT / ITL)\n\n"
-            + summary_table(points) + "\n" + tables(meta, points) + ttft_split(folder, points))
+            + summary_table(points) + "\n" + tables(meta, points) + ttft_split(folder, points)
+            + delivery_floor(folder, points))
     (folder / "tables.md").write_text(text)
     readme = folder / "README.md"
     if readme.exists():  # the generated part of the README sits between two markers
