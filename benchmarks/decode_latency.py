@@ -77,7 +77,7 @@ def run_reference(shape: str, mode: str, batches: list[int], repeats: int) -> li
     rows = []
     for batch in batches:
         ttfts, tpots = [], []
-        for r in range(repeats):
+        for r in range(repeats + 1):  # the first round warms up this batch's prefill shape (first-use costs)
             prompts = random_prompts(batch, spec.vocab_size, 1000 * batch + r)
             first, last, final = {}, {}, {}
             torch.cuda.synchronize()
@@ -91,6 +91,8 @@ def run_reference(shape: str, mode: str, batches: list[int], repeats: int) -> li
                     last[o.request_id] = now
                     if o.finished:
                         final[o.request_id] = o.token_ids
+            if r == 0:
+                continue
             ttfts += [t - submitted for t in first.values()]
             tpots += [(last[i] - first[i]) / (NEW_TOKENS - 1) for i in first]
         rows.append(dict(backend="reference", mode=mode, shape=shape, batch=batch,
