@@ -178,11 +178,11 @@ def delivery_floor(folder: Path, points: dict[tuple[str, int], dict[str, dict[st
 
 def _delivery(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[float], list[float]]:
     """(send -> receive per event, |change between consecutive events|) in us, token-carrying events only."""
-    if run is None or "raw" not in run:
+    raw = _kept_raw(folder, run)
+    if raw is None:
         return [], []
-    raw = folder / run["raw"]
     try:
-        server = {e["request_id"]: e for e in _jsonl(raw / f"{client}.server-events.jsonl.gz")}
+        server = _server_events(raw, client)
         records = _jsonl(raw / f"{client}.requests.jsonl.gz")
     except OSError:
         return [], []
@@ -209,11 +209,11 @@ def _pair(values: list[float]) -> str:
 
 def _split(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[float], list[float]]:
     """(start -> received, write -> arrival) per request in ms, from the kept run's raw files."""
-    if run is None or "raw" not in run:
+    raw = _kept_raw(folder, run)
+    if raw is None:
         return [], []
-    raw = folder / run["raw"]
     try:
-        server = {e["request_id"]: e for e in _jsonl(raw / f"{client}.server-events.jsonl.gz")}
+        server = _server_events(raw, client)
         if client == "ours":
             starts = []
             for r in _jsonl(raw / "ours.requests.jsonl.gz"):
@@ -237,6 +237,15 @@ def _split(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[
         up.append((entry["received_s"] - start) * 1e3)
         down.append((arrival - written[0]) * 1e3)
     return up, down
+
+
+def _kept_raw(folder: Path, run: dict[str, Any] | None) -> Path | None:
+    return None if run is None or "raw" not in run else folder / run["raw"]
+
+
+def _server_events(raw: Path, client: str) -> dict[str, dict[str, Any]]:
+    """The scripted server's log of one client's run, by request id."""
+    return {e["request_id"]: e for e in _jsonl(raw / f"{client}.server-events.jsonl.gz")}
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
