@@ -33,7 +33,8 @@ def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> l
 
 @dataclass
 class CaptureReport:
-    seconds_per_bucket: dict[int, float] = field(default_factory=dict)
+    warmup_seconds: float = 0.0  # eager steps at the largest and smallest size first: kernel compiles, cuBLAS
+    seconds_per_bucket: dict[int, float] = field(default_factory=dict)  # each bucket's own warm-up step + capture
     pool_bytes_per_bucket: dict[int, int] = field(default_factory=dict)  # pool growth when capturing each
     total_seconds: float = 0.0
     pool_bytes: int = 0
@@ -83,6 +84,13 @@ class CUDAGraphRunner:
         self._alloc(max(sizes))
         pool = torch.cuda.graph_pool_handle()
         start = time.perf_counter()
+        # First use of every kernel (Triton compiles or loads them, cuBLAS sets up) is start-up work of its own,
+        # measured apart so that a bucket's time is what that bucket costs. The smallest size too: one row runs
+        # kernels of its own (the single-row GEMV).
+        for size in sorted({max(sizes), min(sizes)}, reverse=True):
+            self._forward(size)
+        torch.cuda.synchronize(self.device)
+        self.report.warmup_seconds = time.perf_counter() - start
         for size in sorted(sizes, reverse=True):
             t0 = time.perf_counter()
             torch.cuda.empty_cache()  # what stays reserved after this is the graphs' pool (and their outputs)

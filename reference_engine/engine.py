@@ -49,6 +49,7 @@ class SetupReport:
     kv_cache_bytes: int = 0
     weights_bytes: int = 0
     cuda_graph_buckets: list[int] = field(default_factory=list)
+    cuda_graph_warmup_seconds: float = 0.0
     cuda_graph_capture_seconds: dict[int, float] = field(default_factory=dict)
     cuda_graph_pool_bytes: int = 0
     device: str = ""
@@ -124,11 +125,14 @@ class Engine:
         if self.device.type == "cuda" and not config.enforce_eager:
             report = self.runner.capture_cuda_graphs(config.max_num_seqs, config.cuda_graph_batch_sizes)
             self.setup.cuda_graph_buckets = sorted(report.seconds_per_bucket)
+            self.setup.cuda_graph_warmup_seconds = report.warmup_seconds
             self.setup.cuda_graph_capture_seconds = dict(report.seconds_per_bucket)
             self.setup.cuda_graph_pool_bytes = report.pool_bytes
             self._phase("capture_cuda_graphs", report.total_seconds,
                         f"CUDA graphs captured: {len(report.seconds_per_bucket)} buckets "
                         f"{self.setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB")
+            log.info("CUDA graphs: first-use warm-up %.3f s, then per bucket %s", report.warmup_seconds,
+                     ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()))
         self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)

@@ -96,14 +96,6 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs: CUDAGraphRunner | None = None
 
-    @property
-    def num_graph_buckets(self) -> int:
-        return len(self.graphs.graphs) if self.graphs else 0
-
-    @property
-    def graph_pool_bytes(self) -> int:
-        return self.graphs.report.pool_bytes if self.graphs else 0
-
     def kv_bytes_per_block(self) -> int:
         return self.spec.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8) * self.block_size
 

@@ -161,9 +161,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
-    runner = state.engine.runner
-    body = state.metrics.render(state.async_engine, getattr(runner, "num_graph_buckets", 0),
-                                getattr(runner, "graph_pool_bytes", 0))
+    body = state.metrics.render(state.async_engine)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

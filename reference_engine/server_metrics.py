@@ -27,6 +27,11 @@ class ServerMetrics:
         self.cache_usage = gauge("reference:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
         self.graph_buckets = gauge("reference:cuda_graph_buckets", "Decode batch sizes captured as CUDA graphs.")
         self.graph_pool_bytes = gauge("reference:cuda_graph_pool_bytes", "Device memory held by CUDA graphs.")
+        self.graph_warmup_seconds = gauge("reference:cuda_graph_warmup_seconds",
+                                          "Start-up seconds of the eager step before capture (first use of kernels).")
+        self.graph_capture_seconds = Gauge("reference:cuda_graph_capture_seconds",
+                                           "Start-up seconds of each CUDA-graph bucket (its warm-up step and capture).",
+                                           [*labels, "batch_size"], registry=r)
         self.prefix_queries = Counter("reference:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                                       labels, registry=r)
         self.prefix_hits = Counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
@@ -51,17 +56,21 @@ class ServerMetrics:
         self._seen_preemptions = 0
         self._seen_aborted = 0
 
-    def render(self, async_engine: AsyncEngine, graph_buckets: int = 0, graph_pool_bytes: int = 0) -> bytes:
-        """Refresh the gauges from the engine's live state, then serialise everything."""
+    def render(self, async_engine: AsyncEngine) -> bytes:
+        """Refresh the gauges from the engine's live state and its start-up report, then serialise everything."""
         stats = async_engine.engine.stats()
+        setup = async_engine.engine.setup
         m = self.model
         self.running.labels(m).set(stats.running)
         self.waiting.labels(m).set(async_engine.num_waiting)
         self.blocks_used.labels(m).set(stats.kv_blocks_used)
         self.blocks_free.labels(m).set(stats.kv_blocks_free)
         self.cache_usage.labels(m).set(stats.kv_blocks_used / max(1, stats.kv_blocks_total))
-        self.graph_buckets.labels(m).set(graph_buckets)
-        self.graph_pool_bytes.labels(m).set(graph_pool_bytes)
+        self.graph_buckets.labels(m).set(len(setup.cuda_graph_buckets))
+        self.graph_pool_bytes.labels(m).set(setup.cuda_graph_pool_bytes)
+        self.graph_warmup_seconds.labels(m).set(setup.cuda_graph_warmup_seconds)
+        for size, seconds in setup.cuda_graph_capture_seconds.items():
+            self.graph_capture_seconds.labels(m, str(size)).set(seconds)
         self.prefix_queries.labels(m).inc(stats.prefix_queried_tokens - self._seen_queries)
         self.prefix_hits.labels(m).inc(stats.prefix_hit_tokens - self._seen_hits)
         self.preemptions.labels(m).inc(stats.preemptions - self._seen_preemptions)

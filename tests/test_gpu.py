@@ -6,8 +6,11 @@ import random
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from reference_engine import Engine, EngineConfig, SamplingParams
+from reference_engine.async_engine import AsyncEngine
+from reference_engine.server_metrics import ServerMetrics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -72,8 +75,17 @@ def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
                                  max_model_len=512, num_kv_blocks=1024, cuda_graph_batch_sizes=[1, 2, 4]))
     setup = engine.setup
     assert setup.cuda_graph_buckets == [1, 2, 4]
-    assert all(t > 0 for t in setup.cuda_graph_capture_seconds.values())
-    assert setup.phases["capture_cuda_graphs"] > 0 and setup.cuda_graph_pool_bytes >= 0
+    assert all(t > 0 for t in setup.cuda_graph_capture_seconds.values()) and setup.cuda_graph_warmup_seconds > 0
+    assert setup.phases["capture_cuda_graphs"] >= setup.cuda_graph_warmup_seconds + sum(
+        setup.cuda_graph_capture_seconds.values())
+    assert setup.cuda_graph_pool_bytes >= 0
+    text = ServerMetrics("m").render(AsyncEngine(engine)).decode()
+    samples = {(s.name, s.labels.get("batch_size")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    for size, seconds in setup.cuda_graph_capture_seconds.items():
+        assert samples["reference:cuda_graph_capture_seconds", str(size)] == pytest.approx(seconds)
+    assert samples["reference:cuda_graph_warmup_seconds", None] == pytest.approx(setup.cuda_graph_warmup_seconds)
+    assert samples["reference:cuda_graph_buckets", None] == 3
     prompts = [[random.randrange(3, 300) for _ in range(20)] for _ in range(8)]  # 8 > largest bucket: eager
     outs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert all(len(o.token_ids) == 16 for o in outs)
