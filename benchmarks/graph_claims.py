@@ -1,13 +1,18 @@
 """Check published claims about CUDA graphs in LLM serving against our H200 measurements, and tabulate the
 decode-latency results, from the JSON lines that benchmarks/decode_latency.py wrote.
 
-    python benchmarks/graph_claims.py benchmarks/results/h200 > benchmarks/results/h200/README.md
+    python benchmarks/graph_claims.py benchmarks/results/h200
+
+writes its part of that folder's README.md, between two markers; what follows them (later measurements,
+written by hand) is kept.
 
 Each claim gets our engine's and vLLM's numbers and a plain verdict. E2E at batch 1 = TTFT + 127 x TPOT.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -124,8 +129,20 @@ def claims(ours: dict, ours_prev: dict, vllm: dict) -> list[str]:
     return out
 
 
+START, END = "<!-- graph_claims:start -->", "<!-- graph_claims:end -->"
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/h200")
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        write_tables(folder)
+    readme = folder / "README.md"
+    rest = readme.read_text().split(END, 1)[1] if readme.exists() and END in readme.read_text() else "\n"
+    readme.write_text(f"{START}\n{text.getvalue()}{END}{rest}")
+
+
+def write_tables(folder: Path) -> None:
     ours = index(load(folder, f"reference-{OURS}.jsonl"))
     ours_prev = index(load(folder, f"reference-{PREV}.jsonl"))
     attention = load(folder, f"decode-attention-{OURS}.jsonl")
@@ -145,7 +162,7 @@ def main() -> None:
           "--out decode-attention-<commit>.jsonl")
     print("python benchmarks/decode_attention.py --sweep default --label <commit> --out decode-attention-<commit>.jsonl")
     print("python benchmarks/profile_decode.py --shape llama-2-7b --batches 1,64 > profile-<commit>.txt")
-    print("python benchmarks/graph_claims.py benchmarks/results/h200 > benchmarks/results/h200/README.md\n```\n")
+    print("python benchmarks/graph_claims.py benchmarks/results/h200\n```\n")
     print("The sweep of launch settings that chose the decode attention's defaults (`python "
           "benchmarks/decode_attention.py --batches 1,64`, at commit ca0eed7) is in "
           "`decode-attention-ca0eed7.jsonl`.\n")
