@@ -65,14 +65,18 @@ def per_gap_itl(client: str) -> bool:
 def ratios(runs: dict[str, dict[str, Any]], mine: str = "ours") -> dict[str, float | None]:
     """Best other client's p99 |error| over ours (`mine`: ours or ours-poll), per metric (own definitions).
     ITL: per-gap clients only."""
-    ours = runs.get(mine, {})
     out: dict[str, float | None] = {}
     for m in METRICS:
-        others = [runs[c].get(f"{m}_p99_ms") for c in OTHERS if c in runs and (m != "itl" or per_gap_itl(c))]
-        others = [v for v in others if v is not None]
-        mine = ours.get(f"{m}_p99_ms")
-        out[m] = min(others) / mine if others and mine else None
+        best, ours = best_other_p99(runs, m), runs.get(mine, {}).get(f"{m}_p99_ms")
+        out[m] = best / ours if best is not None and ours else None
     return out
+
+
+def best_other_p99(runs: dict[str, dict[str, Any]], metric: str) -> float | None:
+    """The smallest p99 |error| of the other clients on `metric` (ITL: per-gap clients only), ms."""
+    values = [runs[c].get(f"{metric}_p99_ms") for c in OTHERS if c in runs and (metric != "itl" or per_gap_itl(c))]
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
 
 
 def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
@@ -165,13 +169,12 @@ def delivery_floor(folder: Path, points: dict[tuple[str, int], dict[str, dict[st
              "best other ITL p99 / busy-poll floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for (schedule, conc), runs in points.items():
         cells, floor = [], None
-        for client in OURS:
+        for client in OURS:  # ours-poll last: its floor is the one the ratio uses
             delays, changes = _delivery(folder, runs.get(client), client)
-            cells += [_pair(delays), _f(float(np.percentile(changes, 99)), 1) if changes else "–"]
             floor = float(np.percentile(changes, 99)) if changes else None
-        others = [runs[c]["itl_p99_ms"] for c in OTHERS if c in runs and runs[c].get("itl_p99_ms") is not None
-                  and per_gap_itl(c)]
-        ratio = "–" if not others or not floor else f"{min(others) * 1e3 / floor:.1f}"
+            cells += [_pair(delays), "–" if floor is None else _f(floor, 1)]
+        best = best_other_p99(runs, "itl")
+        ratio = "–" if best is None or not floor else f"{best * 1e3 / floor:.1f}"
         lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} | {ratio} |")
     return "\n".join(lines) + "\n"
 
