@@ -88,11 +88,10 @@ class ModelRunner:
             self.packed_linears = pack_linears(self.model)
             if tied:  # the LM head's packed copy is memory the dense embedding does not share
                 self.weights_bytes += self.model.lm_head.weight_bytes
-        self.gemv_linears = 0
         if self.ops.name == "triton" and device.type == "cuda":
             from reference_engine.triton_ops import use_gemv_for_single_rows
 
-            self.gemv_linears = use_gemv_for_single_rows(self.model)
+            use_gemv_for_single_rows(self.model)
         self.num_blocks = 0
         self.graphs: CUDAGraphRunner | None = None
 
