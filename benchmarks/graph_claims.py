@@ -138,7 +138,8 @@ def main() -> None:
     with contextlib.redirect_stdout(text):
         write_tables(folder)
     readme = folder / "README.md"
-    rest = readme.read_text().split(END, 1)[1] if readme.exists() and END in readme.read_text() else "\n"
+    old = readme.read_text() if readme.exists() else ""
+    rest = old.split(END, 1)[1] if END in old else "\n"
     readme.write_text(f"{START}\n{text.getvalue()}{END}{rest}")
 
 
