@@ -5,10 +5,15 @@ under a memory-bound decode step, to set beside its TPOT.
 
 - copy: device-to-device copy, bytes read + written per second (the roofline's bandwidth in decode_latency);
 - read: a Triton kernel that only reads (sums a 4 GiB buffer), and torch.sum over the same buffer;
-- gemm: y = x @ W.T in bf16 for each linear of the Llama-3.2-1B, Llama-2-7B and Llama-2-13B shapes at 1 and 64
-  rows, weights read per second: cuBLAS as the model calls it, cuBLAS on the transposed layout, and at one row
-  torch.mv and a plain Triton GEMV over a few tilings; eight copies of each weight in turn, so that none is served from L2, captured
-  in a CUDA graph as a decode step is.
+- gemm: y = x @ W.T in bf16 for each linear of the Llama-3.2-1B, Llama-2-7B and Llama-2-13B shapes at the rows
+  asked (1 and 64 by default), weights read per second: cuBLAS as the model calls it, cuBLAS on the transposed
+  layout; at one row torch.mv, the engine's GEMV and a GEMV for the transposed layout over a few tilings; above
+  one row a Triton skinny GEMM. Eight copies of each weight in turn, so that none is served from L2, captured in
+  a CUDA graph as a decode step is.
+
+The committed results (benchmarks/results/h200/read-bandwidth*.json) were measured by this script as it was in
+commits bbe4cb2 and bb4c48b, whose GEMV was a copy of the engine's with the input length a run-time argument; it now
+launches the engine's kernel itself.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth
 
 from reference_engine.model_config import named_shape
+from reference_engine.triton_kernels import _gemv_kernel
 
 
 @triton.jit
@@ -41,18 +47,6 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
         acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _gemv_kernel(w_ptr, x_ptr, y_ptr, n, k, stride_w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y = W x for one row x: each program reads BLOCK_N whole rows of W (a probe of what a plain GEMV reaches)."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, k, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :], mask=rows[:, None] < n, other=0.0)
-        acc += w.to(tl.float32) * tl.load(x_ptr + cols).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=rows < n)
 
 
 @triton.jit
@@ -158,15 +152,14 @@ def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
 
 
 def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[str, float]]:
-    """Per linear: cuBLAS as the model calls it (F.linear, W stored [out, in]), cuBLAS on W stored [in, out]
-    (x @ W), and at one row torch.mv and the best of a few Triton GEMV tilings."""
+    """Per linear and variant (see the module's docstring): GPU time and weights read per second."""
     result = {}
     for name, (out_f, in_f) in linear_shapes(shape).items():
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
-        variants = {"linear": functools.partial(_each, torch.nn.functional.linear, x, weights)}
+        variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)}
         transposed = [w.t().contiguous() for w in weights]
-        variants["x_at_w_kn"] = functools.partial(_each, torch.matmul, x, transposed)
+        variants["x_at_w_kn"] = functools.partial(_each, functools.partial(torch.matmul, x), transposed)
         if rows > 1:
             y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
             for bn, bk, warps, stages in SKINNY_CONFIGS:
@@ -175,14 +168,13 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[st
                 launch = functools.partial(_skinny_each, x, weights, y, bn, bk, warps, stages)
                 variants[f"triton_skinny_{bn}x{bk}_w{warps}_s{stages}"] = launch
         if rows == 1:
-            variants["mv"] = functools.partial(_each, torch.mv, None, weights, x[0])
+            variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
             y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
-            y16 = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
+            y = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
             for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
-                launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y16,
+                launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y,
                                            bn, bk, warps, stages, split)
                 variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
-            y = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
             for bn, bk, warps, stages in GEMV_CONFIGS:
                 if in_f % bk:
                     continue
@@ -197,12 +189,9 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[st
     return result
 
 
-def _each(op, x, weights, vector=None) -> None:
+def _each(fn, weights) -> None:
     for w in weights:
-        if vector is not None:
-            op(w, vector)
-        else:
-            op(x, w)
+        fn(w)
 
 
 def _gemv_in_major_each(transposed, x, y, bn, bk, warps, stages, split) -> None:
@@ -223,9 +212,11 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
 
 
 def _gemv_each(weights, x, y, bn, bk, warps, stages) -> None:
+    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling."""
     for w in weights:
-        _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, w.shape[0], w.shape[1], w.stride(0), BLOCK_N=bn,
-                                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
+                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                                     num_stages=stages)
 
 
 def main() -> None:
