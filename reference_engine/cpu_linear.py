@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from reference_engine.model import replace_linears
+
 
 def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Packed oneDNN linears are used for float32 on a CPU whose torch build has oneDNN."""
@@ -49,9 +51,4 @@ class PackedLinear(nn.Module):
 def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear; returns how many were replaced. A tied LM head
     gets a packed copy of the embedding (the embedding itself stays dense for its row lookups)."""
-    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(module))
-    return len(targets)
+    return replace_linears(model, PackedLinear)

@@ -12,6 +12,7 @@ from torch import nn
 
 from reference_engine import attention, triton_kernels
 from reference_engine.attention import AttentionBatch
+from reference_engine.model import replace_linears
 from reference_engine.ops import TorchOps
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -156,10 +157,4 @@ class GemvLinear(nn.Module):
 def use_gemv_for_single_rows(model: nn.Module) -> int:
     """Wrap each nn.Linear that `gemv_suits` in a GemvLinear (parameters shared: a tied LM head stays tied);
     returns how many."""
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and gemv_suits(module)]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, GemvLinear(module))
-    return len(targets)
+    return replace_linears(model, GemvLinear, gemv_suits)
