@@ -4,6 +4,7 @@ the GPU; it reads the whole context, cached prefix included, back from the paged
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,12 +22,34 @@ MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
-GEMV_BLOCK_N, GEMV_BLOCK_K, GEMV_NUM_WARPS, GEMV_NUM_STAGES = 8, 512, 4, 3
+GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
+GEMV_PREFETCH = 2048  # bytes of each row of W asked into L2 before the GEMV waits for its input (PDL only)
+USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
+ATTENTION_PDL = False  # not for decode attention: it made the kernel 4-40% slower on the H200 (decode_attention.py)
+
+
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
+    """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper or
+    later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
+    Triton's launch option."""
+    on = allowed and USE_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
+        t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return {"PDL": on, "launch_pdl": on}
+
+
+MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200)
 
 
 def _query_rows(group: int) -> int:
     """Query rows per decode program: 1 for MHA (a vector kernel), else the GQA group padded to tl.dot's 16."""
-    return 1 if group == 1 else max(16, triton.next_power_of_2(group))
+    if group == 1 and not MHA_TENSOR_CORES:
+        return 1
+    return max(16, triton.next_power_of_2(group))
 
 
 def decode_partition(max_context: int) -> int:
@@ -44,7 +67,8 @@ class TritonOps(TorchOps):
         out = torch.empty_like(x)
         rows, cols = x.shape
         triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), cols,
-                                                 eps, HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(cols))
+                                                 eps, HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(cols),
+                                                 **_pdl(x))
         return out
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -54,7 +78,7 @@ class TritonOps(TorchOps):
         rows, cols = x.shape
         triton_kernels._rms_norm_kernel[(rows,)](x, residual, weight, out, x.stride(0), residual.stride(0),
                                                  out.stride(0), cols, eps, HAS_RESIDUAL=True,
-                                                 BLOCK=triton.next_power_of_2(cols))
+                                                 BLOCK=triton.next_power_of_2(cols), **_pdl(x))
         return out, residual
 
     def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -68,7 +92,7 @@ class TritonOps(TorchOps):
             qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             k_cache.stride(2), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
             HEADS_P2=triton.next_power_of_2(num_heads), KV_HEADS_P2=triton.next_power_of_2(num_kv_heads),
-            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1])
+            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], **_pdl(qkv))
         return q
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
@@ -105,12 +129,12 @@ class TritonOps(TorchOps):
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
             PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-            num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES)
+            num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **_pdl(q, ATTENTION_PDL))
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts))
+                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **_pdl(q, ATTENTION_PDL))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape
@@ -118,16 +142,22 @@ class TritonOps(TorchOps):
         out = torch.empty(rows, cols, dtype=gate_up.dtype, device=gate_up.device)
         block = 1024
         triton_kernels._silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block)
+            gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block, **_pdl(gate_up))
         return out
 
 
 def gemv_suits(linear: nn.Linear) -> bool:
-    """Where the GEMV beats cuBLAS for one row on the H200 (bf16, `benchmarks/read_bandwidth.py`): whole 512-wide
-    steps over the input and at least half as many outputs as inputs. qkv, o, gate/up and LM head of the 1B, 7B
-    and 13B shapes: 4-14% faster, but for two within 2.5% either way (1B gate/up, 13B qkv); the down projections
-    of the 1B and 7B shapes, which this rule leaves to cuBLAS, were 14-25% slower."""
-    return linear.in_features % GEMV_BLOCK_K == 0 and 2 * linear.out_features >= linear.in_features
+    """Every single-row linear of the 1B, 7B and 13B shapes runs faster on the GEMV than on cuBLAS on the H200
+    (bf16, `benchmarks/read_bandwidth.py --gemv-only --rows 1`: 3-35% with PDL, at the tilings of `gemv_tiling`);
+    rows of whole 16-byte multiples, long enough for a 512-wide step."""
+    return linear.in_features >= 512 and linear.in_features % 8 == 0
+
+
+def gemv_tiling(in_features: int) -> tuple[int, int]:
+    """(rows of W per program, columns a step): 2 x 1024 where whole 1024-column steps cover the input (qkv, o,
+    gate/up, LM head, the 1B's down), else 4 x 512 (the 7B and 13B down projections, 11008 and 13824 wide),
+    the fastest of the tilings measured for each of those products."""
+    return (2, 1024) if in_features % 1024 == 0 else (4, 512)
 
 
 class GemvLinear(nn.Module):
@@ -137,6 +167,7 @@ class GemvLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self.block_n, self.block_k = gemv_tiling(linear.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1 or x.dim() != 2:
@@ -144,14 +175,27 @@ class GemvLinear(nn.Module):
         x = x.contiguous()
         y = torch.empty(1, self.out_features, dtype=x.dtype, device=x.device)
         bias = self.bias if self.bias is not None else y
-        triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, GEMV_BLOCK_N),)](
+        pdl = _pdl(x)
+        triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
             self.weight, x, bias, y, self.out_features, self.weight.stride(0), K=self.in_features,
-            HAS_BIAS=self.bias is not None, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, num_warps=GEMV_NUM_WARPS,
-            num_stages=GEMV_NUM_STAGES)
+            HAS_BIAS=self.bias is not None, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
+            PREFETCH=self._prefetch_bytes if pdl["PDL"] else 0, num_warps=GEMV_NUM_WARPS,
+            num_stages=GEMV_NUM_STAGES, **pdl)
         return y
 
+    @property
+    def _prefetch_bytes(self) -> int:
+        """Bytes of each row to ask into L2 early: GEMV_PREFETCH, within the row; 0 where the bulk prefetch's
+        16-byte alignment does not hold."""
+        w = self.weight
+        row_bytes, stride_bytes = w.shape[1] * w.element_size(), w.stride(0) * w.element_size()
+        if stride_bytes % 16 or w.data_ptr() % 16:
+            return 0
+        return min(GEMV_PREFETCH, row_bytes) // 16 * 16
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row "
+                f"({self.block_n} x {self.block_k})")
 
 
 def use_gemv_for_single_rows(model: nn.Module) -> int:

@@ -128,23 +128,26 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_single_row_gemv_matches_linear(dtype, bias):
-    """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, a tied-style shared weight,
-    and more than one row handed back to cuBLAS."""
+    """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of its
+    column step, a tied-style shared weight, and more than one row handed back to cuBLAS."""
     from reference_engine.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
 
-    out_f, in_f = random.choice([(1000, 1024), (3072, 2048), (517, 512)])
-    linear = torch.nn.Linear(in_f, out_f, bias=bias, device=DEVICE, dtype=dtype)
-    with torch.no_grad():
-        linear.weight.normal_(0, 0.02)
-        if bias:
-            linear.bias.normal_(0, 0.1)
-    assert gemv_suits(linear)
-    gemv = GemvLinear(linear)
-    x = torch.randn(1, in_f, device=DEVICE, dtype=dtype)
-    want = torch.nn.functional.linear(x.double(), linear.weight.double(), None if not bias else linear.bias.double())
-    assert rel_err(gemv(x), want) < TOL[dtype]
-    rows = torch.randn(3, in_f, device=DEVICE, dtype=dtype)
-    assert torch.equal(gemv(rows), linear(rows))
-    model = torch.nn.Sequential(linear, torch.nn.Linear(4 * in_f, in_f, bias=False, device=DEVICE, dtype=dtype))
-    assert use_gemv_for_single_rows(model) == 1  # the second's long input stays on cuBLAS
+    for out_f, in_f in [(1000, 1024), (3072, 2048), (517, 512), (333, 1040), (255, 2600)]:
+        linear = torch.nn.Linear(in_f, out_f, bias=bias, device=DEVICE, dtype=dtype)
+        with torch.no_grad():
+            linear.weight.normal_(0, 0.02)
+            if bias:
+                linear.bias.normal_(0, 0.1)
+        assert gemv_suits(linear)
+        gemv = GemvLinear(linear)
+        x = torch.randn(1, in_f, device=DEVICE, dtype=dtype)
+        want = torch.nn.functional.linear(x.double(), linear.weight.double(),
+                                          None if not bias else linear.bias.double())
+        assert rel_err(gemv(x), want) < TOL[dtype], (out_f, in_f)
+        rows = torch.randn(3, in_f, device=DEVICE, dtype=dtype)
+        assert torch.equal(gemv(rows), linear(rows))
+    model = torch.nn.Sequential(linear, torch.nn.Linear(in_f, 100, bias=False, device=DEVICE, dtype=dtype),
+                                torch.nn.Linear(100, 100, device=DEVICE, dtype=dtype))
+    assert use_gemv_for_single_rows(model) == 2  # the last's 100-long rows stay on cuBLAS
     assert isinstance(model[0], GemvLinear) and model[0].weight is linear.weight
+    assert not isinstance(model[2], GemvLinear)
