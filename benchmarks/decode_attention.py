@@ -24,7 +24,7 @@ SHAPES = {  # heads, kv heads, head dim (Llama-3.2-1B, Llama-2-7B, Llama-2-13B)
     "llama-2-7b": (32, 32, 128),
     "llama-2-13b": (40, 40, 128),
 }
-KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
+KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES", "ATTENTION_PDL")
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--impl-root", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--sweep", default="full", choices=["full", "default"])
+    p.add_argument("--sweep", default="full", choices=["full", "default", "launch"])
     p.add_argument("--label", default="current")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -51,6 +51,12 @@ def main() -> None:
     if args.sweep == "full":
         grid = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 2, 2), (64, 32, 2, 2), (128, 128, 4, 2), (128, 128, 8, 2),
                 (128, 64, 4, 3), (256, 128, 4, 3), (32, 32, 2, 2), (32, 32, 4, 2)]
+        grid = [(*knobs, False, False) for knobs in grid]
+    elif args.sweep == "launch":  # MHA on the tensor cores, and programmatic dependent launch, on and off
+        grid = [(64, 64, 2, 2, False, False), (128, 64, 4, 2, True, False), (128, 64, 4, 3, True, False),
+                (128, 128, 4, 2, True, False), (256, 64, 4, 2, True, False), (256, 64, 4, 3, True, False),
+                (128, 32, 4, 2, True, False), (128, 64, 2, 2, True, False), (64, 64, 4, 2, True, False),
+                (128, 64, 4, 2, False, False), (128, 64, 4, 2, True, True)]
     else:
         grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
     dev = torch.device("cuda")

@@ -97,8 +97,12 @@ IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), 
                     (64, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 8))
 
 
-GEMV_CONFIGS = ((8, 512, 4, 3), (16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 256, 8, 4), (64, 128, 4, 4),
-                (8, 1024, 4, 2), (4, 1024, 4, 3))
+# (rows, columns a step, warps, stages, launch): launch "plain", "pdl" (programmatic dependent launch) or
+# "pdl_prefetch" (PDL, and each program's rows asked into L2 before it waits for the kernel before it).
+GEMV_TILINGS = ((8, 512, 4, 3), (4, 512, 4, 3), (2, 1024, 4, 3), (16, 512, 4, 3))
+GEMV_CONFIGS = (*((*tiling, launch) for tiling in GEMV_TILINGS for launch in ("plain", "pdl", "pdl_prefetch")),
+                (8, 512, 4, 3, "pdl_prefetch_whole"))
+GEMV_PREFETCH_BYTES = 2048  # of each row, in "pdl_prefetch"
 
 
 def gpu_seconds(fn, repeats: int = 30, warmup: int = 5) -> float:
@@ -151,16 +155,18 @@ def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
     }
 
 
-def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[str, float]]:
-    """Per linear and variant (see the module's docstring): GPU time and weights read per second."""
+def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = False) -> dict[str, dict[str, float]]:
+    """Per linear and variant (see the module's docstring): GPU time and weights read per second; `gemv_only`
+    measures only cuBLAS as called and the engine's GEMV."""
     result = {}
     for name, (out_f, in_f) in linear_shapes(shape).items():
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
         variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)}
-        transposed = [w.t().contiguous() for w in weights]
-        variants["x_at_w_kn"] = functools.partial(_each, functools.partial(torch.matmul, x), transposed)
-        if rows > 1:
+        transposed = [] if gemv_only else [w.t().contiguous() for w in weights]
+        if not gemv_only:
+            variants["x_at_w_kn"] = functools.partial(_each, functools.partial(torch.matmul, x), transposed)
+        if rows > 1 and not gemv_only:
             y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
             for bn, bk, warps, stages in SKINNY_CONFIGS:
                 if in_f % bk:
@@ -168,18 +174,18 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8) -> dict[str, dict[st
                 launch = functools.partial(_skinny_each, x, weights, y, bn, bk, warps, stages)
                 variants[f"triton_skinny_{bn}x{bk}_w{warps}_s{stages}"] = launch
         if rows == 1:
-            variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
             y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
             y = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
-            for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
+            for bn, bk, warps, stages, split in () if gemv_only else IN_MAJOR_CONFIGS:
                 launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y,
                                            bn, bk, warps, stages, split)
                 variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
-            for bn, bk, warps, stages in GEMV_CONFIGS:
-                if in_f % bk:
-                    continue
-                launch = functools.partial(_gemv_each, weights, x[0], y, bn, bk, warps, stages)
-                variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}"] = launch
+            if not gemv_only:
+                variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
+            for bn, bk, warps, stages, launch_mode in GEMV_CONFIGS:
+                launch = functools.partial(_gemv_each, weights, x[0], y, bn, bk, warps, stages, launch_mode)
+                suffix = "" if launch_mode == "plain" else f"_{launch_mode}"
+                variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}{suffix}"] = launch
         bytes_read = out_f * in_f * 2
         result[name] = {"bytes": bytes_read}
         for variant, fn in variants.items():
@@ -211,12 +217,15 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
             num_stages=stages)
 
 
-def _gemv_each(weights, x, y, bn, bk, warps, stages) -> None:
-    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling."""
+def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
+    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode."""
+    pdl = launch_mode != "plain"
+    prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": weights[0].shape[1] * 2}.get(launch_mode, 0)
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
-                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                                                     num_stages=stages)
+                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+                                                     PREFETCH=prefetch, launch_pdl=pdl,
+                                                     num_warps=warps, num_stages=stages)
 
 
 def main() -> None:
@@ -224,12 +233,13 @@ def main() -> None:
     p.add_argument("--shapes", default="llama-3.2-1b,llama-2-7b,llama-2-13b")
     p.add_argument("--rows", default="1,64")
     p.add_argument("--out", required=True)
+    p.add_argument("--gemv-only", action="store_true", help="cuBLAS as called and the engine's GEMV only")
     args = p.parse_args()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
     rows_measured = [int(r) for r in args.rows.split(",")]
     for shape in args.shapes.split(","):
-        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows) for rows in rows_measured}
+        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only) for rows in rows_measured}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
     for name, bw in report["read_bytes_per_s"].items():
