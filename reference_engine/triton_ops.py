@@ -147,16 +147,18 @@ class TritonOps(TorchOps):
 
 
 def gemv_suits(linear: nn.Linear) -> bool:
-    """Every single-row linear of the 1B, 7B and 13B shapes runs faster on the GEMV than on cuBLAS on the H200
-    (bf16, `benchmarks/read_bandwidth.py --gemv-only --rows 1`: 3-35% with PDL, at the tilings of `gemv_tiling`);
-    rows of whole 16-byte multiples, long enough for a 512-wide step."""
+    """Single-row linears of the 1B, 7B and 13B shapes ran 5-34% faster on the GEMV (PDL, L2 prefetch, the
+    tilings of `gemv_tiling`) than on cuBLAS on the H200, but for the 1B's LM head, 1% slower
+    (`benchmarks/read_bandwidth.py --gemv-only --rows 1`). Rows must be whole 16-byte multiples, long enough
+    for a 512-wide step."""
     return linear.in_features >= 512 and linear.in_features % 8 == 0
 
 
 def gemv_tiling(in_features: int) -> tuple[int, int]:
     """(rows of W per program, columns a step): 2 x 1024 where whole 1024-column steps cover the input (qkv, o,
-    gate/up, LM head, the 1B's down), else 4 x 512 (the 7B and 13B down projections, 11008 and 13824 wide),
-    the fastest of the tilings measured for each of those products."""
+    gate/up, LM head, the 1B's down), else 4 x 512 (the 7B and 13B down projections, 11008 and 13824 wide).
+    Of the tilings measured, this was the fastest or within 2% of it for every product of the three shapes but
+    the 1B's LM head, where the prefetch makes it 7% slower than 2 x 1024 without one."""
     return (2, 1024) if in_features % 1024 == 0 else (4, 512)
 
 
