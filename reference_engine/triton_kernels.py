@@ -11,11 +11,11 @@
 - SiLU(gate) * up;
 - y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W.
 
-Programmatic dependent launch (PDL, Hopper and later): with PDL set, each kernel may be launched while the
-kernel before it in the stream is still running; it waits (`gdc_wait`) before it reads anything an earlier
-kernel wrote or writes anything, then lets the next kernel launch. The GEMV first asks the L2 to fetch its rows
-of W, which no kernel of the step writes: the weights of the next product stream in during the tail of the
-kernel before it instead of after it, which is where a batch-1 step lost 4-5 us a matrix product.
+Programmatic dependent launch (PDL, Hopper and later; not for decode attention, which it slowed): with PDL
+set, a kernel may be launched while the kernel before it in the stream is still running; it waits (`gdc_wait`)
+before it reads anything an earlier kernel wrote or writes anything, then lets the next kernel launch. The GEMV
+first asks the L2 for the start of its rows of W, which no kernel of the step writes, so the next product's
+weights start streaming during the tail of the kernel before it.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.
@@ -25,7 +25,14 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # Triton 3.4 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_PDL = True
+except ImportError:  # the PDL branches below are compiled out (PDL is a constexpr, and False then)
+    gdc_launch_dependents = gdc_wait = None
+    HAS_PDL = False
 
 
 @triton.jit

@@ -37,9 +37,9 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
     """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper or
     later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
     Triton's launch option."""
-    on = allowed and USE_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
+    on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
         t.device.index if t.device.index is not None else torch.cuda.current_device())
-    return {"PDL": on, "launch_pdl": on}
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200)
