@@ -2,18 +2,21 @@
 under a memory-bound decode step, to set beside its TPOT.
 
     python benchmarks/read_bandwidth.py --out read-bandwidth.json
+    python benchmarks/read_bandwidth.py --gemv-only --rows 1 --out read-bandwidth-gemv-pdl.json
 
 - copy: device-to-device copy, bytes read + written per second (the roofline's bandwidth in decode_latency);
 - read: a Triton kernel that only reads (sums a 4 GiB buffer), and torch.sum over the same buffer;
 - gemm: y = x @ W.T in bf16 for each linear of the Llama-3.2-1B, Llama-2-7B and Llama-2-13B shapes at the rows
   asked (1 and 64 by default), weights read per second: cuBLAS as the model calls it, cuBLAS on the transposed
-  layout; at one row torch.mv, the engine's GEMV and a GEMV for the transposed layout over a few tilings; above
-  one row a Triton skinny GEMM. Eight copies of each weight in turn, so that none is served from L2, captured in
-  a CUDA graph as a decode step is.
+  layout; at one row torch.mv, the engine's GEMV over a few tilings, each launched plainly, with programmatic
+  dependent launch (PDL), and with PDL and the first 2 KB (or the whole) of each row asked into L2 before the
+  wait, and a GEMV for the transposed layout; above one row a Triton skinny GEMM (`--gemv-only`: cuBLAS as
+  called and the engine's GEMV only). Eight copies of each weight in turn, so that none is served from L2,
+  captured in a CUDA graph as a decode step is (so each GEMV launch follows another, as in a step).
 
-The committed results (benchmarks/results/h200/read-bandwidth*.json) were measured by this script as it was in
-commits bbe4cb2 and bb4c48b, whose GEMV was a copy of the engine's with the input length a run-time argument; it now
-launches the engine's kernel itself.
+read-bandwidth.json and read-bandwidth-rows16-64.json (benchmarks/results/h200) were measured by this script as
+it was in commits bbe4cb2 and bb4c48b, whose GEMV was a copy of the engine's with the input length a run-time
+argument; it now launches the engine's kernel itself (read-bandwidth-gemv-pdl.json, at 1579df6).
 """
 
 from __future__ import annotations

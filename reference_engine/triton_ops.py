@@ -162,6 +162,15 @@ def gemv_tiling(in_features: int) -> tuple[int, int]:
     return (2, 1024) if in_features % 1024 == 0 else (4, 512)
 
 
+def _prefetch_bytes(weight: torch.Tensor) -> int:
+    """Bytes of each row to ask into L2 early: GEMV_PREFETCH, within the row; 0 where the bulk prefetch's
+    16-byte alignment does not hold."""
+    row_bytes, stride_bytes = weight.shape[1] * weight.element_size(), weight.stride(0) * weight.element_size()
+    if stride_bytes % 16 or weight.data_ptr() % 16:
+        return 0
+    return min(GEMV_PREFETCH, row_bytes) // 16 * 16
+
+
 class GemvLinear(nn.Module):
     """An nn.Linear (same parameters) whose single-row calls run the Triton GEMV; more rows go to cuBLAS."""
 
@@ -170,6 +179,7 @@ class GemvLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.block_n, self.block_k = gemv_tiling(linear.in_features)
+        self.prefetch_bytes = _prefetch_bytes(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1 or x.dim() != 2:
@@ -181,19 +191,9 @@ class GemvLinear(nn.Module):
         triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
             self.weight, x, bias, y, self.out_features, self.weight.stride(0), K=self.in_features,
             HAS_BIAS=self.bias is not None, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
-            PREFETCH=self._prefetch_bytes if pdl["PDL"] else 0, num_warps=GEMV_NUM_WARPS,
+            PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0, num_warps=GEMV_NUM_WARPS,
             num_stages=GEMV_NUM_STAGES, **pdl)
         return y
-
-    @property
-    def _prefetch_bytes(self) -> int:
-        """Bytes of each row to ask into L2 early: GEMV_PREFETCH, within the row; 0 where the bulk prefetch's
-        16-byte alignment does not hold."""
-        w = self.weight
-        row_bytes, stride_bytes = w.shape[1] * w.element_size(), w.stride(0) * w.element_size()
-        if stride_bytes % 16 or w.data_ptr() % 16:
-            return 0
-        return min(GEMV_PREFETCH, row_bytes) // 16 * 16
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row "
