@@ -23,7 +23,6 @@ DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
-GEMV_PREFETCH = 2048  # bytes of each row of W asked into L2 before the GEMV waits for its input (PDL only)
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
 ATTENTION_PDL = False  # not for decode attention: it made the kernel 4-40% slower on the H200 (decode_attention.py)
 
@@ -147,28 +146,27 @@ class TritonOps(TorchOps):
 
 
 def gemv_suits(linear: nn.Linear) -> bool:
-    """Single-row linears of the 1B, 7B and 13B shapes ran 5-34% faster on the GEMV (PDL, L2 prefetch, the
-    tilings of `gemv_tiling`) than on cuBLAS on the H200, but for the 1B's LM head, 1% slower
-    (`benchmarks/read_bandwidth.py --gemv-only --rows 1`). Rows must be whole 16-byte multiples, long enough
-    for a 512-wide step."""
+    """Single-row linears of the 1B, 7B and 13B shapes ran 5-34% faster on the GEMV (PDL and the tilings of
+    `gemv_tiling`) than on cuBLAS on the H200 (`benchmarks/read_bandwidth.py --gemv-only --rows 1`). Rows must
+    be whole 16-byte multiples, long enough for a 512-wide step."""
     return linear.in_features >= 512 and linear.in_features % 8 == 0
 
 
-def gemv_tiling(in_features: int) -> tuple[int, int]:
-    """(rows of W per program, columns a step): 2 x 1024 where whole 1024-column steps cover the input (qkv, o,
-    gate/up, LM head, the 1B's down), else 4 x 512 (the 7B and 13B down projections, 11008 and 13824 wide).
-    Of the tilings measured, this was the fastest or within 2% of it for every product of the three shapes but
-    the 1B's LM head, where the prefetch makes it 7% slower than 2 x 1024 without one."""
-    return (2, 1024) if in_features % 1024 == 0 else (4, 512)
-
-
-def _prefetch_bytes(weight: torch.Tensor) -> int:
-    """Bytes of each row to ask into L2 early: GEMV_PREFETCH, within the row; 0 where the bulk prefetch's
-    16-byte alignment does not hold."""
-    row_bytes, stride_bytes = weight.shape[1] * weight.element_size(), weight.stride(0) * weight.element_size()
-    if stride_bytes % 16 or weight.data_ptr() % 16:
-        return 0
-    return min(GEMV_PREFETCH, row_bytes) // 16 * 16
+def gemv_tiling(weight: torch.Tensor) -> tuple[int, int, int]:
+    """(rows of W per program, columns a step, bytes of each row asked into L2 before the wait), as measured
+    fastest on the H200 for the three shapes' products (`read-bandwidth-gemv-pdl.json`):
+    - 2 x 1024 where whole 1024-column steps cover the input (qkv, o, gate/up, LM head, the 1B's down), with the
+      first step prefetched where rows are at least 8 KB (7B and 13B: 2-7% faster with it); on the 1B's 4 KB
+      rows it was 2% faster for qkv but 1-3% slower for o, gate/up and down and 7% for the LM head (125.2
+      against 117.1 us), so none there;
+    - 4 x 512 otherwise (the 7B and 13B down projections, 11008 and 13824 wide), without a prefetch (1-2% slower
+      with one)."""
+    in_features, size = weight.shape[1], weight.element_size()
+    if in_features % 1024:
+        return 4, 512, 0
+    aligned = (weight.stride(0) * size) % 16 == 0 and weight.data_ptr() % 16 == 0  # the bulk prefetch needs it
+    prefetch = 1024 * size if aligned and in_features * size >= 8192 else 0
+    return 2, 1024, prefetch
 
 
 class GemvLinear(nn.Module):
@@ -178,8 +176,7 @@ class GemvLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.block_n, self.block_k = gemv_tiling(linear.in_features)
-        self.prefetch_bytes = _prefetch_bytes(linear.weight)
+        self.block_n, self.block_k, self.prefetch_bytes = gemv_tiling(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1 or x.dim() != 2:

@@ -151,3 +151,15 @@ def test_single_row_gemv_matches_linear(dtype, bias):
     assert use_gemv_for_single_rows(model) == 2  # the last's 100-long rows stay on cuBLAS
     assert isinstance(model[0], GemvLinear) and model[0].weight is linear.weight
     assert not isinstance(model[2], GemvLinear)
+
+
+def test_gemv_prefetches_only_aligned_long_rows():
+    """The L2 bulk prefetch faults on addresses that are not 16-byte aligned: a weight at an odd offset gets
+    none, as do rows under 8 KB (where it measured slower) and the 512-wide tiling."""
+    from reference_engine.triton_ops import gemv_tiling
+
+    base = torch.empty(8 * 4096 + 8, dtype=torch.bfloat16)
+    assert gemv_tiling(base[:8 * 4096].view(8, 4096)) == (2, 1024, 2048)
+    assert gemv_tiling(base[1:8 * 4096 + 1].view(8, 4096)) == (2, 1024, 0)
+    assert gemv_tiling(torch.empty(8, 2048, dtype=torch.bfloat16)) == (2, 1024, 0)
+    assert gemv_tiling(torch.empty(8, 11008, dtype=torch.bfloat16)) == (4, 512, 0)
