@@ -24,7 +24,8 @@ SHAPES = {  # heads, kv heads, head dim (Llama-3.2-1B, Llama-2-7B, Llama-2-13B)
     "llama-2-7b": (32, 32, 128),
     "llama-2-13b": (40, 40, 128),
 }
-KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES", "ATTENTION_PDL")
+KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES",
+         "ATTENTION_PDL")
 
 
 def main() -> None:

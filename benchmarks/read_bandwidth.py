@@ -166,27 +166,27 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
         variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)}
-        transposed = [] if gemv_only else [w.t().contiguous() for w in weights]
+        y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
+        transposed = []
         if not gemv_only:
+            transposed = [w.t().contiguous() for w in weights]
             variants["x_at_w_kn"] = functools.partial(_each, functools.partial(torch.matmul, x), transposed)
-        if rows > 1 and not gemv_only:
-            y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
-            for bn, bk, warps, stages in SKINNY_CONFIGS:
-                if in_f % bk:
-                    continue
-                launch = functools.partial(_skinny_each, x, weights, y, bn, bk, warps, stages)
-                variants[f"triton_skinny_{bn}x{bk}_w{warps}_s{stages}"] = launch
-        if rows == 1:
-            y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
-            y = torch.empty(out_f, dtype=torch.bfloat16, device="cuda")
-            for bn, bk, warps, stages, split in () if gemv_only else IN_MAJOR_CONFIGS:
-                launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y,
-                                           bn, bk, warps, stages, split)
-                variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
-            if not gemv_only:
+            if rows > 1:
+                for bn, bk, warps, stages in SKINNY_CONFIGS:
+                    if in_f % bk:
+                        continue
+                    launch = functools.partial(_skinny_each, x, weights, y, bn, bk, warps, stages)
+                    variants[f"triton_skinny_{bn}x{bk}_w{warps}_s{stages}"] = launch
+            else:
                 variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
+                y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
+                for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
+                    launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y[0],
+                                               bn, bk, warps, stages, split)
+                    variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
+        if rows == 1:
             for bn, bk, warps, stages, launch_mode in GEMV_CONFIGS:
-                launch = functools.partial(_gemv_each, weights, x[0], y, bn, bk, warps, stages, launch_mode)
+                launch = functools.partial(_gemv_each, weights, x[0], y[0], bn, bk, warps, stages, launch_mode)
                 suffix = "" if launch_mode == "plain" else f"_{launch_mode}"
                 variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}{suffix}"] = launch
         bytes_read = out_f * in_f * 2
@@ -223,7 +223,8 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
     """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode."""
     pdl = launch_mode != "plain"
-    prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": weights[0].shape[1] * 2}.get(launch_mode, 0)
+    whole_row = weights[0].shape[1] * weights[0].element_size()
+    prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
                                                      HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
@@ -242,7 +243,8 @@ def main() -> None:
               "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
     rows_measured = [int(r) for r in args.rows.split(",")]
     for shape in args.shapes.split(","):
-        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only) for rows in rows_measured}
+        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only)
+                                 for rows in rows_measured}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
     for name, bw in report["read_bytes_per_s"].items():

@@ -255,8 +255,9 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
 def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     """BLOCK_N rows of W (n, K) per program, BLOCK_K columns a step, float32 sums. With PREFETCH > 0 the first
-    PREFETCH bytes of each of the program's rows (16-byte aligned; a multiple of 16, at most a row) are requested into L2 before
-    it waits for the kernel that writes x (whole rows thrash the L2: every resident program asks at once)."""
+    PREFETCH bytes of each of the program's rows (16-byte aligned; a multiple of 16, at most a row) are requested
+    into L2 before it waits for the kernel that writes x (whole rows thrash the L2: every resident program asks
+    at once)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w

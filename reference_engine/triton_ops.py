@@ -22,6 +22,7 @@ MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
+MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200; not kept)
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
 ATTENTION_PDL = False  # not for decode attention: it made the kernel 4-40% slower on the H200 (decode_attention.py)
@@ -39,9 +40,6 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
     on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
         t.device.index if t.device.index is not None else torch.cuda.current_device())
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200)
 
 
 def _query_rows(group: int) -> int:
@@ -120,6 +118,7 @@ class TritonOps(TorchOps):
         single = parts == 1
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
+        launch = _pdl(q, ATTENTION_PDL)
         triton_kernels._decode_partition_kernel[(seqs, kv_heads, parts)](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -128,12 +127,12 @@ class TritonOps(TorchOps):
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
             PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-            num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **_pdl(q, ATTENTION_PDL))
+            num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **_pdl(q, ATTENTION_PDL))
+                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **launch)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape
