@@ -25,7 +25,7 @@ SHAPES = {  # heads, kv heads, head dim (Llama-3.2-1B, Llama-2-7B, Llama-2-13B)
     "llama-2-13b": (40, 40, 128),
 }
 KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES",
-         "ATTENTION_PDL")
+         "ATTENTION_PDL", "DECODE_HEADS_FIRST")
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--impl-root", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--sweep", default="full", choices=["full", "default", "launch"])
+    p.add_argument("--sweep", default="full", choices=["full", "default", "launch", "order"])
     p.add_argument("--label", default="current")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -52,12 +52,16 @@ def main() -> None:
     if args.sweep == "full":
         grid = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 2, 2), (64, 32, 2, 2), (128, 128, 4, 2), (128, 128, 8, 2),
                 (128, 64, 4, 3), (256, 128, 4, 3), (32, 32, 2, 2), (32, 32, 4, 2)]
-        grid = [(*knobs, False, False) for knobs in grid]
+        grid = [(*knobs, False, False, False) for knobs in grid]
     elif args.sweep == "launch":  # MHA on the tensor cores, and programmatic dependent launch, on and off
         grid = [(64, 64, 2, 2, False, False), (128, 64, 4, 2, True, False), (128, 64, 4, 3, True, False),
                 (128, 128, 4, 2, True, False), (256, 64, 4, 2, True, False), (256, 64, 4, 3, True, False),
                 (128, 32, 4, 2, True, False), (128, 64, 2, 2, True, False), (64, 64, 4, 2, True, False),
                 (128, 64, 4, 2, False, False), (128, 64, 4, 2, True, True)]
+        grid = [(*knobs, False) for knobs in grid]
+    elif args.sweep == "order":  # the grid's order (heads fastest or sequences), and PDL triggered at the end
+        grid = [(64, 64, 2, 2, False, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)]
+        grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
     else:
         grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
     dev = torch.device("cuda")

@@ -201,6 +201,24 @@ def run_vllm(shape: str, mode: str, batches: list[int], repeats: int) -> list[di
     return rows
 
 
+def set_knobs(assignments: list[str]) -> dict:
+    """Apply NAME=VALUE settings to reference_engine.triton_ops (same-machine A/B runs of a kernel choice)."""
+    if not assignments:
+        return {}
+    from reference_engine import triton_ops
+
+    knobs = {}
+    for assignment in assignments:
+        name, _, text = assignment.partition("=")
+        if not hasattr(triton_ops, name):
+            raise SystemExit(f"--set: reference_engine.triton_ops has no knob {name!r}")
+        current = getattr(triton_ops, name)
+        value = bool(int(text)) if isinstance(current, bool) else type(current)(text)
+        setattr(triton_ops, name, value)
+        knobs[name] = value
+    return knobs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["reference", "hf", "vllm"], required=True)
@@ -210,7 +228,11 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="set a launch knob of reference_engine.triton_ops first (0/1 for booleans), e.g. "
+                        "ATTENTION_PDL=1; repeatable; recorded in each row")
     args = p.parse_args()
+    knobs = set_knobs(args.set)
     bandwidth = copy_bandwidth()
     machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
                    copy_bandwidth_tb_s=bandwidth / 1e12, command=" ".join(sys.argv),
@@ -229,12 +251,13 @@ def main() -> None:
                 for row in rows:
                     context = PROMPT_LEN + NEW_TOKENS / 2  # mean context over the decode steps
                     floor = roofline_seconds(spec, row["batch"], context, bandwidth)
-                    row.update(roofline_ms=1e3 * floor, roofline_fraction=1e3 * floor / row["tpot_ms"], **machine)
+                    row.update(roofline_ms=1e3 * floor, roofline_fraction=1e3 * floor / row["tpot_ms"], knobs=knobs,
+                               **machine)
                     out.write(json.dumps(row) + "\n")
                     out.flush()
                     print(f"{row['backend']:>12} {row['mode']:>12} {shape:>13} b={row['batch']:<3} "
                           f"TTFT {row['ttft_ms']:8.2f} ms  TPOT {row['tpot_ms']:7.3f} ms  "
-                          f"roofline {row['roofline_fraction']:.0%}", flush=True)
+                          f"roofline {row['roofline_fraction']:.1%} {knobs or ''}", flush=True)
 
 
 if __name__ == "__main__":

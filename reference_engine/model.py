@@ -87,10 +87,10 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        # Rotate q and k, store k and v at each token's cache slot; attention then reads all context there.
-        q = self.ops.rope_and_write_kv(qkv, positions, self.rotary.cos, self.rotary.sin, self.k_cache,
-                                       self.v_cache, batch.slot_mapping, self.num_heads, self.num_kv_heads)
+        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context there.
+        q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
+                                               self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
+                                               self.num_kv_heads)
         out = self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale)
         return self.o_proj(out.view(-1, self.q_size))
 
@@ -103,7 +103,7 @@ class MLP(nn.Module):
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.project_silu_and_mul(self.gate_up_proj, x))
 
 
 class DecoderLayer(nn.Module):

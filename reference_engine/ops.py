@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from reference_engine import attention
 from reference_engine.attention import AttentionBatch
@@ -53,6 +54,13 @@ class TorchOps:
         attention.write_kv(k_cache, v_cache, qk[:, num_heads:], v, slot_mapping)
         return qk[:, :num_heads]
 
+    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
+                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """The qkv projection, then `rope_and_write_kv` (one call so that a kernel may fuse the two)."""
+        return self.rope_and_write_kv(qkv_proj(x), positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+                                      num_kv_heads)
+
     def _rope_rows_for(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows of this step's positions, looked up once per step rather than once per layer."""
@@ -70,6 +78,10 @@ class TorchOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The gate/up projection, then `silu_and_mul` (one call so that a kernel may fuse the two)."""
+        return self.silu_and_mul(gate_up_proj(x))
 
 
 Ops = TorchOps  # the interface every implementation follows

@@ -36,11 +36,25 @@ except ImportError:  # the PDL branches below are compiled out (PDL is a constex
 
 
 @triton.jit
-def _after_earlier_kernels(PDL: tl.constexpr):
-    """With PDL: wait for the kernels before this one, then let the next one launch. A no-op without it."""
+def _wait_for_earlier_kernels(PDL: tl.constexpr):
+    """With PDL: block until the kernels before this one have finished (their writes visible). A no-op without."""
     if PDL:
         gdc_wait()
+
+
+@triton.jit
+def _let_next_kernel_launch(PDL: tl.constexpr):
+    """With PDL: the next kernel may launch now (it still waits for this one before it reads anything)."""
+    if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def _after_earlier_kernels(PDL: tl.constexpr):
+    """Wait for the kernels before this one, then let the next one launch: for kernels whose programs are short
+    enough that the next kernel's programs, resident early, take no room they need."""
+    _wait_for_earlier_kernels(PDL)
+    _let_next_kernel_launch(PDL)
 
 
 @triton.jit
@@ -95,11 +109,17 @@ def _decode_partition_kernel(
     stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
-    _after_earlier_kernels(PDL)
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end, so
+    # that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to run.
+    _wait_for_earlier_kernels(PDL)
+    if HEADS_FIRST:  # neighbouring programs read the neighbouring heads of the same tokens
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1)
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
     part = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
     start = part * PARTITION
@@ -150,6 +170,7 @@ def _decode_partition_kernel(
         else:
             tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
             tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
+    _let_next_kernel_launch(PDL)
 
 
 @triton.jit
@@ -158,7 +179,7 @@ def _merge_partitions_kernel(
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
     HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr, PDL: tl.constexpr,
 ):
-    _after_earlier_kernels(PDL)
+    _wait_for_earlier_kernels(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
@@ -174,6 +195,7 @@ def _merge_partitions_kernel(
                     mask=p_mask[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
+    _let_next_kernel_launch(PDL)
 
 
 @triton.jit
@@ -239,6 +261,14 @@ def _rms_norm_kernel(
 
 
 @triton.jit
+def _silu_times(gate, up):
+    """SiLU(gate) * up in the inputs' dtype, rounded where torch's eager F.silu(gate) * up rounds."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
     _after_earlier_kernels(PDL)
     row = tl.program_id(0)
@@ -246,27 +276,34 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
     mask = col < n_cols
     gate = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_cols + col, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-    tl.store(out_ptr + row * stride_o + col, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+    tl.store(out_ptr + row * stride_o + col, _silu_times(gate, up), mask=mask)
+
+
+# Single-row linears (batch-1 decode): y = W x (+ b) as a GEMV, each program reading whole rows of W (n, K),
+# BLOCK_K columns a step, float32 sums. With PREFETCH > 0 the first PREFETCH bytes of each of the program's rows
+# (16-byte aligned; a multiple of 16, at most a row) are asked into L2 before it waits for the kernel that writes
+# x (whole rows thrash the L2: every resident program asks at once). Two variants fold the op that follows the
+# product into its epilogue, so that at batch 1 that op costs no kernel of its own: SiLU(gate) * up after the
+# gate/up projection, and rotary embedding + KV-cache write after the qkv projection. Each pairs the rows its
+# epilogue combines (gate row i with up row i; rotary element d with d + head_dim / 2) in one program, and rounds
+# the product to the activation dtype first, so the result is the bits of the product followed by the op's own
+# kernel.
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
-    """BLOCK_N rows of W (n, K) per program, BLOCK_K columns a step, float32 sums. With PREFETCH > 0 the first
-    PREFETCH bytes of each of the program's rows (16-byte aligned; a multiple of 16, at most a row) are requested
-    into L2 before it waits for the kernel that writes x (whole rows thrash the L2: every resident program asks
-    at once)."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < n
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
+def _prefetch_rows(w_ptr, first, n, stride_w, ROWS: tl.constexpr, PREFETCH: tl.constexpr):
+    """Ask L2 for the first PREFETCH bytes of rows first .. first + ROWS - 1 (those below n) of W."""
     if PREFETCH > 0:
-        first = tl.program_id(0) * BLOCK_N
-        for r in tl.static_range(BLOCK_N):
+        for r in tl.static_range(ROWS):
             if first + r < n:
                 _prefetch_to_l2(w_ptr + (first + r).to(tl.int64) * stride_w, PREFETCH)
-    _after_earlier_kernels(PDL)
+
+
+@triton.jit
+def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0)."""
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -277,7 +314,89 @@ def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HA
             w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
             xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
         acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
-    y = tl.sum(acc, axis=1)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    """y = W x (+ b): BLOCK_N rows of W per program."""
+    first = tl.program_id(0) * BLOCK_N
+    rows = first + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
+    _after_earlier_kernels(PDL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
+    and the BLOCK_N up rows that pair with them."""
+    first = tl.program_id(0) * BLOCK_N
+    offs = tl.arange(0, 2 * BLOCK_N)
+    out_rows = first + offs // 2
+    rows = out_rows + (offs % 2) * n  # gate row i, up row i, gate row i + 1, ...
+    _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
+    _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
+    _after_earlier_kernels(PDL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K)
+    gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
+    mine = first + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
+
+
+@triton.jit
+def _gemv_rope_write_kv_kernel(
+    w_ptr, x_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
+    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
+    elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,
+    writes q out and k and v into the token's cache slot (slot -1: nowhere)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    per_head: tl.constexpr = half // PAIRS
+    head = tl.program_id(0) // per_head
+    d0 = (tl.program_id(0) % per_head) * PAIRS
+    offs = tl.arange(0, 2 * PAIRS)
+    rows = head * HEAD_DIM + d0 + offs // 2 + (offs % 2) * half  # element d, its partner, d + 1, ...
+    first = head * HEAD_DIM + d0
+    n = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
+    _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
+    _after_earlier_kernels(PDL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows).to(tl.float32)
+    dtype = q_out_ptr.dtype.element_ty
+    lo, hi = tl.split(tl.reshape(y.to(dtype), [PAIRS, 2]))  # elements d (first half) and d + half
+    d = d0 + tl.arange(0, PAIRS)
+    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k: rotate, rounding as `_rope_write_kv_kernel` does
+        pos = tl.load(positions_ptr)
+        cos_lo = tl.load(cos_ptr + pos * stride_cos + d).to(dtype)
+        sin_lo = tl.load(sin_ptr + pos * stride_cos + d).to(dtype)
+        cos_hi = tl.load(cos_ptr + pos * stride_cos + half + d).to(dtype)
+        sin_hi = tl.load(sin_ptr + pos * stride_cos + half + d).to(dtype)
+        new_lo = (lo * cos_lo).to(dtype) + (-hi * sin_lo).to(dtype)  # rotate_half: (-x[d + half], x[d])
+        new_hi = (hi * cos_hi).to(dtype) + (lo * sin_hi).to(dtype)
+        lo, hi = new_lo.to(dtype), new_hi.to(dtype)
+    if head < NUM_HEADS:
+        tl.store(q_out_ptr + head * stride_qh + d, lo)
+        tl.store(q_out_ptr + head * stride_qh + half + d, hi)
+    else:
+        slot = tl.load(slots_ptr)
+        if slot >= 0:
+            dest = (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+            if head < NUM_HEADS + NUM_KV_HEADS:
+                at = k_cache_ptr + dest + (head - NUM_HEADS) * stride_ch
+            else:
+                at = v_cache_ptr + dest + (head - NUM_HEADS - NUM_KV_HEADS) * stride_ch
+            tl.store(at + d, lo)
+            tl.store(at + half + d, hi)

@@ -26,6 +26,8 @@ MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (t
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
 ATTENTION_PDL = False  # not for decode attention: it made the kernel 4-40% slower on the H200 (decode_attention.py)
+DECODE_HEADS_FIRST = False  # decode programs ordered head-fastest (True) or sequence-fastest
+GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
 
 
 @functools.cache
@@ -119,20 +121,36 @@ class TritonOps(TorchOps):
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
-        triton_kernels._decode_partition_kernel[(seqs, kv_heads, parts)](
+        grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
+        triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
             PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
-            PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+            PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", HEADS_FIRST=DECODE_HEADS_FIRST,
             num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **launch)
+
+    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
+                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        if GEMV_EPILOGUES and isinstance(qkv_proj, GemvLinear) and qkv_proj.takes(x):
+            return qkv_proj.rope_and_write_kv(x, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+                                              num_kv_heads)
+        return super().project_rope_and_write_kv(qkv_proj, x, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                                 num_heads, num_kv_heads)
+
+    def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if GEMV_EPILOGUES and isinstance(gate_up_proj, GemvLinear) and gate_up_proj.takes(x) and (
+                gate_up_proj.bias is None):
+            return gate_up_proj.silu_and_mul(x)
+        return super().project_silu_and_mul(gate_up_proj, x)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape
@@ -177,19 +195,55 @@ class GemvLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.block_n, self.block_k, self.prefetch_bytes = gemv_tiling(linear.weight)
 
+    @staticmethod
+    def takes(x: torch.Tensor) -> bool:
+        """The GEMV serves a single row; more rows go to cuBLAS."""
+        return x.dim() == 2 and x.shape[0] == 1
+
+    def _launch(self, x: torch.Tensor) -> dict:
+        """Launch arguments shared by the GEMV kernels: tiling, prefetch (only with PDL, which it serves), PDL."""
+        pdl = _pdl(x)
+        return dict(K=self.in_features, BLOCK_K=self.block_k, PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
+                    num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] != 1 or x.dim() != 2:
+        if not self.takes(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x = x.contiguous()
         y = torch.empty(1, self.out_features, dtype=x.dtype, device=x.device)
         bias = self.bias if self.bias is not None else y
-        pdl = _pdl(x)
         triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
-            self.weight, x, bias, y, self.out_features, self.weight.stride(0), K=self.in_features,
-            HAS_BIAS=self.bias is not None, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
-            PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0, num_warps=GEMV_NUM_WARPS,
-            num_stages=GEMV_NUM_STAGES, **pdl)
+            self.weight, x, bias, y, self.out_features, self.weight.stride(0), HAS_BIAS=self.bias is not None,
+            BLOCK_N=self.block_n, **self._launch(x))
         return y
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of this gate/up projection of one row x, in one kernel."""
+        n = self.out_features // 2
+        x = x.contiguous()
+        y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        rows = max(1, self.block_n // 2)  # gate rows per program (each with its up row)
+        triton_kernels._gemv_silu_and_mul_kernel[(triton.cdiv(n, rows),)](
+            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=rows, **self._launch(x))
+        return y
+
+    def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
+                          num_kv_heads: int) -> torch.Tensor:
+        """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns q."""
+        head_dim = k_cache.shape[-1]
+        pairs = max(1, self.block_n // 2)  # rotary pairs per program
+        if (head_dim // 2) % pairs:
+            pairs = 1
+        x = x.contiguous()
+        q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+        bias = self.bias if self.bias is not None else q
+        triton_kernels._gemv_rope_write_kv_kernel[((num_heads + 2 * num_kv_heads) * (head_dim // 2) // pairs,)](
+            self.weight, x, bias, positions, cos, sin, q, k_cache, v_cache, slot_mapping, self.weight.stride(0),
+            cos.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            HAS_BIAS=self.bias is not None, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+            BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **self._launch(x))
+        return q
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row "

@@ -163,3 +163,52 @@ def test_gemv_prefetches_only_aligned_long_rows():
     assert gemv_tiling(base[1:8 * 4096 + 1].view(8, 4096)) == (2, 1024, 0)
     assert gemv_tiling(torch.empty(8, 2048, dtype=torch.bfloat16)) == (2, 1024, 0)
     assert gemv_tiling(torch.empty(8, 11008, dtype=torch.bfloat16)) == (4, 512, 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,bias", [(1024, False), (1040, True)])  # 2 x 1024 and 4 x 512 tilings (K masked)
+def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias):
+    """At one row the gate/up GEMV applies SiLU * up and the qkv GEMV rotary + cache write in their epilogues:
+    the results must be the bits of the GEMV followed by the separate kernel (and near the torch reference)."""
+    from reference_engine.triton_ops import GemvLinear
+
+    heads, kv_heads, head_dim, block_size, num_blocks, max_len = 6, 2, 32, 16, 4, 64
+    qkv_proj = GemvLinear(torch.nn.Linear(in_f, (heads + 2 * kv_heads) * head_dim, bias=bias, device=DEVICE,
+                                          dtype=dtype))
+    gate_up = GemvLinear(torch.nn.Linear(in_f, 2 * 300, bias=False, device=DEVICE, dtype=dtype))
+    with torch.no_grad():
+        for p in (*qkv_proj.parameters(), *gate_up.parameters()):
+            p.normal_(0, 0.05)
+    x = torch.randn(1, in_f, device=DEVICE, dtype=dtype)
+    fused, separate, ref = TritonOps(), TritonOps(), TorchOps()
+    got = fused.project_silu_and_mul(gate_up, x)
+    assert torch.equal(got, separate.silu_and_mul(gate_up(x)))
+    assert rel_err(got, ref.silu_and_mul(torch.nn.functional.linear(x, gate_up.weight))) < TOL[dtype]
+
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), torch.rand(head_dim // 2))
+    emb = torch.cat((freqs, freqs), dim=-1).to(DEVICE)
+    cos, sin = emb.cos(), emb.sin()
+    position = torch.randint(0, max_len, (1,), device=DEVICE)
+    k_before = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE, dtype=dtype)
+    v_before = torch.randn_like(k_before)
+    for slot in (random.randrange(num_blocks * block_size), -1):  # -1: a padding row writes nowhere
+        slots = torch.tensor([slot], device=DEVICE)
+        caches = {}
+        for name, ops in (("fused", fused), ("separate", separate), ("ref", ref)):
+            k_cache, v_cache = k_before.clone(), v_before.clone()
+            if name == "fused":
+                q = ops.project_rope_and_write_kv(qkv_proj, x, position, cos, sin, k_cache, v_cache, slots, heads,
+                                                  kv_heads)
+            else:
+                qkv = qkv_proj(x) if name == "separate" else torch.nn.functional.linear(
+                    x, qkv_proj.weight, qkv_proj.bias)
+                q = ops.rope_and_write_kv(qkv, position, cos, sin, k_cache, v_cache, slots.clamp(min=0), heads,
+                                          kv_heads)
+                if slot < 0:
+                    k_cache, v_cache = k_before, v_before
+            caches[name] = (q, k_cache, v_cache)
+        for a, b in zip(caches["fused"], caches["separate"], strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(caches["fused"], caches["ref"], strict=True):
+            assert rel_err(a, b) < TOL[dtype]
+        assert torch.equal(caches["fused"][1] != k_before, caches["ref"][1] != k_before)  # the same slot written
