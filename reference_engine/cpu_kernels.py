@@ -163,16 +163,15 @@ class CPUOps(TorchOps):
         self._decode = partial(decode_attention, lib)
         self._prefill = partial(prefill_attention, lib)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, prefetch: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not (_plain(x) and _plain(weight) and x.dim() == 2):
             return super().rms_norm(x, weight, eps)
         out = torch.empty_like(x)
         self.lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
         return out
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                     prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
         if not (_plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2 and x.shape == residual.shape):
             return super().add_rms_norm(x, residual, weight, eps)

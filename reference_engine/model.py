@@ -25,13 +25,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, prefetch: torch.Tensor | None = None
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Normalise x; with `residual`, first add it and also return the sum (the next residual). `prefetch`: the
-        weight of the product that reads the result (a GPU kernel may ask the L2 for its start)."""
+        """Normalise x; with `residual`, first add it and also return the sum (the next residual)."""
         if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps, prefetch)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps, prefetch)
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -107,11 +106,6 @@ class MLP(nn.Module):
         return self.down_proj(self.ops.project_silu_and_mul(self.gate_up_proj, x))
 
 
-def weight_of(linear: nn.Module) -> torch.Tensor | None:
-    """A linear's (out, in) weight, where it keeps one (a CPU-packed linear keeps only its packed form)."""
-    return getattr(linear, "weight", None)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, ops: Ops) -> None:
         super().__init__()
@@ -122,14 +116,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        qkv_weight = weight_of(self.self_attn.qkv_proj)
         if residual is None:
             residual = x
-            x = self.input_layernorm(x, prefetch=qkv_weight)
+            x = self.input_layernorm(x)
         else:
-            x, residual = self.input_layernorm(x, residual, qkv_weight)
+            x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x, batch)
-        x, residual = self.post_attention_layernorm(x, residual, weight_of(self.mlp.gate_up_proj))
+        x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 
@@ -167,7 +160,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
-        x, _ = self.norm(x, residual, weight_of(self.lm_head))
+        x, _ = self.norm(x, residual)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

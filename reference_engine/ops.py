@@ -27,9 +27,7 @@ class TorchOps:
         """Called at the start of every forward pass (and so inside a CUDA-graph capture): drops per-step state."""
         self._rope_rows = None
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, prefetch: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-        """`prefetch`: the weight of the product that follows, which a GPU kernel may start reading early."""
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op; in float32 it is Hugging Face's arithmetic exactly
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         dtype = x.dtype
@@ -37,8 +35,8 @@ class TorchOps:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(dtype)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                     prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
         summed = x + residual
         return self.rms_norm(summed, weight, eps), summed

@@ -239,26 +239,10 @@ def _rope_write_kv_kernel(
 
 
 @triton.jit
-def _prefetch_row_starts(w_ptr, n_rows, stride_w, NBYTES: tl.constexpr, CHUNK: tl.constexpr):
-    """Ask L2 for the first NBYTES of this program's share of W's rows (every thread its own rows), so that the
-    matrix product launched next starts on weights already streaming in."""
-    per_program = tl.cdiv(n_rows, tl.num_programs(0))
-    first = tl.program_id(0) * per_program
-    for r0 in range(first, tl.minimum(first + per_program, n_rows), CHUNK):
-        rows = r0 + tl.arange(0, CHUNK)
-        ptrs = w_ptr + tl.where(rows < tl.minimum(first + per_program, n_rows), rows, first).to(tl.int64) * stride_w
-        tl.inline_asm_elementwise("{ cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-                                  [ptrs.to(tl.int64, bitcast=True), NBYTES], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_r, stride_o, n_cols, eps,
-    next_w_ptr, next_rows, next_stride,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PREFETCH_NEXT > 0:  # the next product's weights: no kernel of the step writes them, so before the wait
-        _prefetch_row_starts(next_w_ptr, next_rows, next_stride, PREFETCH_NEXT, 128)
     _after_earlier_kernels(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)

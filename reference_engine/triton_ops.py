@@ -25,10 +25,11 @@ DECODE_NUM_STAGES = 2
 MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200; not kept)
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
-ATTENTION_PDL = False  # not for decode attention: it made the kernel 4-40% slower on the H200 (decode_attention.py)
+# Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its start
+# (4-40% per call, decode_attention.py) and at its end (batch 64 +2%, 1B batch 1 +2%; attention-pdl-end.jsonl).
+ATTENTION_PDL = False
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
-NORM_PREFETCH_BYTES = 0  # >0: at several rows, each norm asks L2 for this many bytes of every row of the next weight
 
 
 @functools.cache
@@ -43,17 +44,6 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
     on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
         t.device.index if t.device.index is not None else torch.cuda.current_device())
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-def _next_weight(x: torch.Tensor, weight: torch.Tensor | None) -> tuple[tuple, int]:
-    """The norm kernel's arguments for asking L2 for the start of the next product's weight rows: only with PDL
-    (Hopper: the bulk prefetch), several rows (one row's GEMV prefetches for itself), NORM_PREFETCH_BYTES > 0 and
-    16-byte aligned rows; else nothing to prefetch."""
-    size = weight.element_size() if weight is not None else 0
-    if (weight is None or NORM_PREFETCH_BYTES <= 0 or x.shape[0] == 1 or not _pdl(x)["PDL"]
-            or weight.data_ptr() % 16 or (weight.stride(0) * size) % 16):
-        return (x, 0, 0), 0
-    return (weight, weight.shape[0], weight.stride(0)), min(NORM_PREFETCH_BYTES, weight.shape[1] * size) // 16 * 16
 
 
 def _query_rows(group: int) -> int:
@@ -74,25 +64,22 @@ def decode_partition(max_context: int) -> int:
 class TritonOps(TorchOps):
     name = "triton"
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, prefetch: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
         rows, cols = x.shape
-        next_weight, nbytes = _next_weight(x, prefetch)
         triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), cols,
-                                                 eps, *next_weight, HAS_RESIDUAL=False,
-                                                 BLOCK=triton.next_power_of_2(cols), PREFETCH_NEXT=nbytes, **_pdl(x))
+                                                 eps, HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(cols),
+                                                 **_pdl(x))
         return out
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                     prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
         out = torch.empty_like(x)
         rows, cols = x.shape
-        next_weight, nbytes = _next_weight(x, prefetch)
         triton_kernels._rms_norm_kernel[(rows,)](x, residual, weight, out, x.stride(0), residual.stride(0),
-                                                 out.stride(0), cols, eps, *next_weight, HAS_RESIDUAL=True,
-                                                 BLOCK=triton.next_power_of_2(cols), PREFETCH_NEXT=nbytes, **_pdl(x))
+                                                 out.stride(0), cols, eps, HAS_RESIDUAL=True,
+                                                 BLOCK=triton.next_power_of_2(cols), **_pdl(x))
         return out, residual
 
     def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
