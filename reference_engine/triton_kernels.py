@@ -9,11 +9,13 @@
   slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
 - RMSNorm, with the residual add fused in;
 - SiLU(gate) * up;
-- y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W.
+- y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W; two
+  variants apply SiLU * up (gate/up projection) and rotary + KV-cache write (qkv projection) in their epilogue.
 
 Programmatic dependent launch (PDL, Hopper and later; not for decode attention, which it slowed): with PDL
 set, a kernel may be launched while the kernel before it in the stream is still running; it waits (`gdc_wait`)
-before it reads anything an earlier kernel wrote or writes anything, then lets the next kernel launch. The GEMV
+before it reads anything an earlier kernel wrote or writes anything, then lets the next kernel launch (decode
+attention, if asked to use PDL, lets it launch only at its end). The GEMV
 first asks the L2 for the start of its rows of W, which no kernel of the step writes, so the next product's
 weights start streaming during the tail of the kernel before it.
 
