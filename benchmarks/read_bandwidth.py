@@ -227,7 +227,7 @@ def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
     prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
-                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, UNROLL=False, PDL=pdl,
                                                      PREFETCH=prefetch, launch_pdl=pdl,
                                                      num_warps=warps, num_stages=stages)
 

@@ -302,33 +302,46 @@ def _prefetch_rows(w_ptr, first, n, stride_w, ROWS: tl.constexpr, PREFETCH: tl.c
 
 
 @triton.jit
+def _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked)."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    if K % BLOCK_K == 0:
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
+        xk = tl.load(x_ptr + cols)
+    else:
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
+        xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    return acc + w.to(tl.float32) * xk.to(tl.float32)[None, :]
+
+
+@triton.jit
 def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0)."""
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). UNROLL
+    writes out every step of the loop over K, so that the compiler may issue the loads of several steps before
+    the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread)."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        if K % BLOCK_K == 0:
-            w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
-            xk = tl.load(x_ptr + cols)
-        else:
-            w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
-            xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-        acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+    if UNROLL:
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
 def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr):
     """y = W x (+ b): BLOCK_N rows of W per program."""
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K)
+    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
@@ -336,7 +349,8 @@ def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HA
 
 @triton.jit
 def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                              BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+                              PREFETCH: tl.constexpr):
     """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
     and the BLOCK_N up rows that pair with them."""
     first = tl.program_id(0) * BLOCK_N
@@ -346,7 +360,7 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr,
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K)
+    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL)
     gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
     mine = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
@@ -358,7 +372,7 @@ def _gemv_rope_write_kv_kernel(
     stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
     elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,
@@ -374,7 +388,7 @@ def _gemv_rope_write_kv_kernel(
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K)
+    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty

@@ -30,6 +30,7 @@ USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or 
 ATTENTION_PDL = False
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
+GEMV_UNROLL = False  # the GEMV's loop over the input written out step by step
 
 
 @functools.cache
@@ -205,7 +206,8 @@ class GemvLinear(nn.Module):
     def _launch(self, x: torch.Tensor) -> dict:
         """Launch arguments shared by the GEMV kernels: tiling, prefetch (only with PDL, which it serves), PDL."""
         pdl = _pdl(x)
-        return dict(K=self.in_features, BLOCK_K=self.block_k, PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
+        return dict(K=self.in_features, BLOCK_K=self.block_k, UNROLL=GEMV_UNROLL,
+                    PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
                     num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -127,10 +127,15 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_single_row_gemv_matches_linear(dtype, bias):
+@pytest.mark.parametrize("unroll", [False, True])
+def test_single_row_gemv_matches_linear(dtype, bias, unroll, monkeypatch):
     """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of its
-    column step, a tied-style shared weight, and more than one row handed back to cuBLAS."""
+    column step, a tied-style shared weight, and more than one row handed back to cuBLAS; its loop over the
+    input compiled as a loop or written out."""
+    from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
+
+    monkeypatch.setattr(triton_ops, "GEMV_UNROLL", unroll)
 
     for out_f, in_f in [(1000, 1024), (3072, 2048), (517, 512), (333, 1040), (255, 2600)]:
         linear = torch.nn.Linear(in_f, out_f, bias=bias, device=DEVICE, dtype=dtype)
