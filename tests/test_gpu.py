@@ -72,10 +72,12 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs Hopper or later")
-def test_programmatic_dependent_launch_changes_no_bit(monkeypatch):
+@pytest.mark.parametrize("knob", ["USE_PDL", "GEMV_EPILOGUES"])
+def test_launch_choices_change_no_bit(monkeypatch, knob):
     """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
     (and the GEMV prefetches only weights). A missing wait would read stale activations: logits must be the
-    bits of the same engine launched without PDL, at batch 1 (every linear on the GEMV) and at a batch of 5."""
+    bits of the same engine launched without PDL, at batch 1 (every linear on the GEMV) and at a batch of 5.
+    Likewise the GEMV epilogues (SiLU * up, rotary + cache write) give the bits of the separate kernels."""
     from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear
 
@@ -83,18 +85,18 @@ def test_programmatic_dependent_launch_changes_no_bit(monkeypatch):
     prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(5)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     logits = {}
-    for pdl in (True, False):
-        monkeypatch.setattr(triton_ops, "USE_PDL", pdl)
+    for on in (True, False):
+        monkeypatch.setattr(triton_ops, knob, on)
         engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16", max_num_seqs=8,
                                      max_model_len=512, num_kv_blocks=256, async_scheduling=False, seed=1234))
         assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 16 * 4 + 1
         engine.sampler = LogitRecorder(engine.sampler)
         outs = [engine.generate(prompts[:1], params), engine.generate(prompts, params)]
-        logits[pdl] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
+        logits[on] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
         del engine
         torch.cuda.empty_cache()
-    for with_pdl, without in zip(logits[True], logits[False], strict=True):
-        assert torch.equal(with_pdl, without)
+    for with_it, without in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(with_it, without)
 
 
 def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
