@@ -15,9 +15,9 @@
 Programmatic dependent launch (PDL, Hopper and later; not for decode attention, which it slowed): with PDL
 set, a kernel may be launched while the kernel before it in the stream is still running; it waits (`gdc_wait`)
 before it reads anything an earlier kernel wrote or writes anything, then lets the next kernel launch (decode
-attention, if asked to use PDL, lets it launch only at its end). The GEMV
-first asks the L2 for the start of its rows of W, which no kernel of the step writes, so the next product's
-weights start streaming during the tail of the kernel before it.
+attention, if asked to use PDL, lets it launch only at its end). The GEMV first asks the L2 for the start of its
+rows of W, which no kernel of the step writes, so the next product's weights start streaming during the tail of
+the kernel before it.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.
@@ -201,6 +201,20 @@ def _merge_partitions_kernel(
 
 
 @triton.jit
+def _rotary(x, partner, cos, sin):
+    """x * cos + partner * sin, partner being rotate_half's signed element (-x[d + half] in the first half of a
+    head, x[d - half] in the second): each product and the sum rounded to x's dtype, as torch's ops round."""
+    dtype = x.dtype
+    return ((x * cos).to(dtype) + (partner * sin).to(dtype)).to(dtype)
+
+
+@triton.jit
+def _slot_offset(slot, BLOCK_SIZE: tl.constexpr, stride_cb, stride_ct):
+    """Offset of a cache slot (block * BLOCK_SIZE + position in the block) in a [blocks, block_size, ...] cache."""
+    return (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+
+
+@triton.jit
 def _rope_write_kv_kernel(
     qkv_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
     stride_qkv, stride_cos, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch,
@@ -223,19 +237,19 @@ def _rope_write_kv_kernel(
     h_mask = offs_h[:, None] < NUM_HEADS
     q = tl.load(row + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=h_mask, other=0.0)
     q_rot = tl.load(row + offs_h[:, None] * HEAD_DIM + rot_d[None, :], mask=h_mask, other=0.0)
-    q_new = (q * cos[None, :]).to(dtype) + ((q_rot * sign[None, :]).to(dtype) * sin[None, :]).to(dtype)
-    tl.store(q_out_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], q_new.to(dtype), mask=h_mask)
+    q_new = _rotary(q, (q_rot * sign[None, :]).to(dtype), cos[None, :], sin[None, :])
+    tl.store(q_out_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], q_new, mask=h_mask)
     slot = tl.load(slots_ptr + t)
     if slot >= 0:
-        dest = (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+        dest = _slot_offset(slot, BLOCK_SIZE, stride_cb, stride_ct)
         offs_k = tl.arange(0, KV_HEADS_P2)
         k_mask = offs_k[:, None] < NUM_KV_HEADS
         k_base = row + NUM_HEADS * HEAD_DIM
         k = tl.load(k_base + offs_k[:, None] * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
         k_rot = tl.load(k_base + offs_k[:, None] * HEAD_DIM + rot_d[None, :], mask=k_mask, other=0.0)
-        k_new = (k * cos[None, :]).to(dtype) + ((k_rot * sign[None, :]).to(dtype) * sin[None, :]).to(dtype)
+        k_new = _rotary(k, (k_rot * sign[None, :]).to(dtype), cos[None, :], sin[None, :])
         cache_off = dest + offs_k[:, None] * stride_ch + offs_d[None, :]
-        tl.store(k_cache_ptr + cache_off, k_new.to(dtype), mask=k_mask)
+        tl.store(k_cache_ptr + cache_off, k_new, mask=k_mask)
         v = tl.load(k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
         tl.store(v_cache_ptr + cache_off, v, mask=k_mask)
 
@@ -381,9 +395,9 @@ def _gemv_rope_write_kv_kernel(
     per_head: tl.constexpr = half // PAIRS
     head = tl.program_id(0) // per_head
     d0 = (tl.program_id(0) % per_head) * PAIRS
-    offs = tl.arange(0, 2 * PAIRS)
-    rows = head * HEAD_DIM + d0 + offs // 2 + (offs % 2) * half  # element d, its partner, d + 1, ...
     first = head * HEAD_DIM + d0
+    offs = tl.arange(0, 2 * PAIRS)
+    rows = first + offs // 2 + (offs % 2) * half  # element d, its partner, d + 1, ...
     n = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
@@ -400,16 +414,14 @@ def _gemv_rope_write_kv_kernel(
         sin_lo = tl.load(sin_ptr + pos * stride_cos + d).to(dtype)
         cos_hi = tl.load(cos_ptr + pos * stride_cos + half + d).to(dtype)
         sin_hi = tl.load(sin_ptr + pos * stride_cos + half + d).to(dtype)
-        new_lo = (lo * cos_lo).to(dtype) + (-hi * sin_lo).to(dtype)  # rotate_half: (-x[d + half], x[d])
-        new_hi = (hi * cos_hi).to(dtype) + (lo * sin_hi).to(dtype)
-        lo, hi = new_lo.to(dtype), new_hi.to(dtype)
+        lo, hi = _rotary(lo, -hi, cos_lo, sin_lo), _rotary(hi, lo, cos_hi, sin_hi)
     if head < NUM_HEADS:
         tl.store(q_out_ptr + head * stride_qh + d, lo)
         tl.store(q_out_ptr + head * stride_qh + half + d, hi)
     else:
         slot = tl.load(slots_ptr)
         if slot >= 0:
-            dest = (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+            dest = _slot_offset(slot, BLOCK_SIZE, stride_cb, stride_ct)
             if head < NUM_HEADS + NUM_KV_HEADS:
                 at = k_cache_ptr + dest + (head - NUM_HEADS) * stride_ch
             else:

@@ -199,6 +199,9 @@ class GemvLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.block_n, self.block_k, self.prefetch_bytes = gemv_tiling(linear.weight)
+        # The epilogue kernels take rows in pairs (gate with up, rotary partners): block_n // 2 pairs keep the
+        # plain GEMV's tile, and with it its order of summation and its bits.
+        self.pairs = self.block_n // 2
 
     @staticmethod
     def takes(x: torch.Tensor) -> bool:
@@ -228,9 +231,8 @@ class GemvLinear(nn.Module):
         n = self.out_features // 2
         x = x.contiguous()
         y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-        rows = max(1, self.block_n // 2)  # gate rows per program (each with its up row)
-        triton_kernels._gemv_silu_and_mul_kernel[(triton.cdiv(n, rows),)](
-            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=rows, **self._launch(x))
+        triton_kernels._gemv_silu_and_mul_kernel[(triton.cdiv(n, self.pairs),)](
+            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=self.pairs, **self._launch(x))
         return y
 
     def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -238,9 +240,7 @@ class GemvLinear(nn.Module):
                           num_kv_heads: int) -> torch.Tensor:
         """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns q."""
         head_dim = k_cache.shape[-1]
-        pairs = max(1, self.block_n // 2)  # rotary pairs per program
-        if (head_dim // 2) % pairs:
-            pairs = 1
+        pairs = self.pairs if (head_dim // 2) % self.pairs == 0 else 1  # a program's pairs lie in one head
         x = x.contiguous()
         q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
         bias = self.bias if self.bias is not None else q
