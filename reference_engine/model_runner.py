@@ -83,15 +83,15 @@ class ModelRunner:
         self.model = build_model(resolved, max_model_len, device, dtype, self.ops, seed)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.packed_linears = 0
-        if cpu_linear == "onednn" and onednn_linear_available(device, dtype):
+        if self.ops.name == "triton":  # on CUDA, or under Triton's interpreter on the CPU (tests)
+            from reference_engine.triton_ops import use_gemv_for_single_rows
+
+            use_gemv_for_single_rows(self.model)
+        elif cpu_linear == "onednn" and onednn_linear_available(device, dtype):
             tied = self.model.lm_head.weight is self.model.embed_tokens.weight
             self.packed_linears = pack_linears(self.model)
             if tied:  # the LM head's packed copy is memory the dense embedding does not share
                 self.weights_bytes += self.model.lm_head.weight_bytes
-        if self.ops.name == "triton" and device.type == "cuda":
-            from reference_engine.triton_ops import use_gemv_for_single_rows
-
-            use_gemv_for_single_rows(self.model)
         self.num_blocks = 0
         self.graphs: CUDAGraphRunner | None = None
 

@@ -111,11 +111,14 @@ def _decode_partition_kernel(
     stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
-    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr, MERGE_EARLY: tl.constexpr,
 ):
     # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end, so
     # that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to run.
+    # MERGE_EARLY (for a kernel launched without PDL, so never early itself): the merge may launch as soon as
+    # every program of this kernel has started, and waits for its end; at most one wave of it is then left.
     _wait_for_earlier_kernels(PDL)
+    _let_next_kernel_launch(MERGE_EARLY)
     if HEADS_FIRST:  # neighbouring programs read the neighbouring heads of the same tokens
         kv_head = tl.program_id(0)
         seq = tl.program_id(1)
@@ -181,7 +184,7 @@ def _merge_partitions_kernel(
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
     HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr, PDL: tl.constexpr,
 ):
-    _wait_for_earlier_kernels(PDL)
+    _after_earlier_kernels(PDL)  # one short wave: the next kernel may start its prologue beside it
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
@@ -197,7 +200,6 @@ def _merge_partitions_kernel(
                     mask=p_mask[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
-    _let_next_kernel_launch(PDL)
 
 
 @triton.jit
@@ -316,55 +318,79 @@ def _prefetch_rows(w_ptr, first, n, stride_w, ROWS: tl.constexpr, PREFETCH: tl.c
 
 
 @triton.jit
-def _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked)."""
+def _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K: tl.constexpr, BLOCK_K: tl.constexpr,
+               NORM: tl.constexpr):
+    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked). With NORM, x is the residual
+    stream h and the product takes g * h instead (g the norm's weight), while ss gathers h * h for the norm's
+    scale."""
     cols = k0 + tl.arange(0, BLOCK_K)
     if K % BLOCK_K == 0:
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
-        xk = tl.load(x_ptr + cols)
+        xk = tl.load(x_ptr + cols).to(tl.float32)
+        if NORM:
+            gk = tl.load(g_ptr + cols).to(tl.float32)
     else:
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
-        xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-    return acc + w.to(tl.float32) * xk.to(tl.float32)[None, :]
+        col_mask = cols < K
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        xk = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if NORM:
+            gk = tl.load(g_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if NORM:
+        ss += xk * xk
+        xk = xk * gk
+    return acc + w.to(tl.float32) * xk[None, :], ss
 
 
 @triton.jit
-def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
-    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). UNROLL
-    writes out every step of the loop over K, so that the compiler may issue the loads of several steps before
-    the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread)."""
+def _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, NORM: tl.constexpr):
+    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). With NORM,
+    x is RMSNorm(h) * g, folded in: sum_k W[rows, k] * g[k] * h[k], times rsqrt(mean(h * h) + eps) at the end
+    (the mean gathered in the same loop, so the norm adds no pass over h and no wait before the first weights).
+    UNROLL writes out every step of the loop over K, so that the compiler may issue the loads of several steps
+    before the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread).
+    The compiler writes out loops of up to 5 steps itself, but not once the norm is in them: with NORM (whose
+    input is the hidden size, 2-5 steps of 1024 for the 1B, 7B and 13B) the steps are always written out."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    if UNROLL:
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    if UNROLL or NORM:
         for k0 in tl.static_range(0, K, BLOCK_K):
-            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
+            acc, ss = _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K, BLOCK_K, NORM)
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
-    return tl.sum(acc, axis=1)
+            acc, ss = _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K, BLOCK_K, NORM)
+    y = tl.sum(acc, axis=1)
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    return y
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
-    """y = W x (+ b): BLOCK_N rows of W per program."""
+def _gemv_kernel(w_ptr, x_ptr, g_ptr, bias_ptr, y_ptr, n, stride_w, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 ADD_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+                 NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    """y = W x (+ b): BLOCK_N rows of W per program. With ADD_RESIDUAL, y_ptr is the residual stream h, and
+    h + y is written over it (each program reads and writes only its own rows of h)."""
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL, NORM)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
-    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
+    y = y.to(y_ptr.dtype.element_ty)
+    if ADD_RESIDUAL:  # rounded as the norm kernel's residual add rounds: the bits of GEMV, then that add
+        h = tl.load(y_ptr + rows, mask=row_mask, other=0.0)
+        y = (y.to(tl.float32) + h.to(tl.float32)).to(h.dtype)
+    tl.store(y_ptr + rows, y, mask=row_mask)
 
 
 @triton.jit
-def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                              PREFETCH: tl.constexpr):
+def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, g_ptr, y_ptr, n, stride_w, eps, K: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+                              NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
     and the BLOCK_N up rows that pair with them."""
     first = tl.program_id(0) * BLOCK_N
@@ -374,7 +400,7 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr,
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL, NORM)
     gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
     mine = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
@@ -382,11 +408,11 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr,
 
 @triton.jit
 def _gemv_rope_write_kv_kernel(
-    w_ptr, x_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
+    w_ptr, x_ptr, g_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
+    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch, eps,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
     elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,
@@ -402,7 +428,7 @@ def _gemv_rope_write_kv_kernel(
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL, NORM)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty

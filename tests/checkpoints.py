@@ -37,8 +37,9 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 384):
     return fast
 
 
-def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: bool = False) -> Path:
-    """Save a tiny random checkpoint of `family` (llama, qwen2 or mistral) with its tokenizer."""
+def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: bool = False, **overrides) -> Path:
+    """Save a tiny random checkpoint of `family` (llama, qwen2 or mistral) with its tokenizer; `overrides` replace
+    config fields (hidden_size, intermediate_size, num_hidden_layers, ...)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -49,6 +50,7 @@ def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: 
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                   rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
+    common.update(overrides)
     if family == "llama":
         # Llama 3 style: GQA, large theta, llama3 rope scaling (with a short original context so it bites).
         config = LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
