@@ -15,7 +15,7 @@ from torch import nn
 
 from reference_engine.attention import AttentionBatch
 from reference_engine.model_config import ModelSpec
-from reference_engine.ops import Ops, PendingNorm
+from reference_engine.ops import Ops
 
 
 class RMSNorm(nn.Module):
@@ -25,18 +25,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor | None, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add x into the residual stream and normalise the sum; returns (norm, sum). x None: the stream holds the
-        sum already (a projection added it)."""
-        if x is None:
-            return self.ops.rms_norm(residual, self.weight, self.eps), residual
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
-
-    def as_projection_input(self, x: torch.Tensor | None, residual: torch.Tensor
-                            ) -> tuple[torch.Tensor | PendingNorm, torch.Tensor]:
-        """`forward` for a norm whose output only feeds a `project_*` op, which may fold it into its product."""
-        if x is None:
-            return self.ops.norm_input(residual, self.weight, self.eps), residual
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normalise x; with `residual`, first add it and also return the sum (the next residual)."""
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -93,14 +86,13 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
         self.v_cache = torch.empty(0)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor | PendingNorm, residual: torch.Tensor,
-                batch: AttentionBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context there.
         q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
                                                self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
                                                self.num_kv_heads)
         out = self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale)
-        return self.ops.project_and_add(self.o_proj, out.view(-1, self.q_size), residual)
+        return self.o_proj(out.view(-1, self.q_size))
 
 
 class MLP(nn.Module):
@@ -110,8 +102,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
         self.ops = ops
 
-    def forward(self, x: torch.Tensor | PendingNorm, residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        return self.ops.project_and_add(self.down_proj, self.ops.project_silu_and_mul(self.gate_up_proj, x), residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.project_silu_and_mul(self.gate_up_proj, x))
 
 
 class DecoderLayer(nn.Module):
@@ -122,14 +114,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
         self.mlp = MLP(spec, ops)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor | None, residual: torch.Tensor,
-                batch: AttentionBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """x: the last layer's output, still to be added into the residual stream (None: it is in it already).
-        Returns the same pair for the next layer."""
-        x, residual = self.input_layernorm.as_projection_input(x, residual)
-        x, residual = self.self_attn(positions, x, residual, batch)
-        x, residual = self.post_attention_layernorm.as_projection_input(x, residual)
-        return self.mlp(x, residual)
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
@@ -162,7 +156,8 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         self.ops.begin_step()
-        x, residual = None, self.embed_tokens(input_ids)  # the residual stream starts as the embeddings
+        x = self.embed_tokens(input_ids)
+        residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
         x, _ = self.norm(x, residual)

@@ -7,24 +7,12 @@ float32 cast to the activation dtype), so logits agree with transformers to roun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from reference_engine import attention
 from reference_engine.attention import AttentionBatch
-
-
-@dataclass(frozen=True)
-class PendingNorm:
-    """RMSNorm(hidden) * weight, not computed yet: what `TritonOps.norm_input` hands a projection of one row, whose
-    GEMV folds the norm into its loop. Only the `project_*` ops take it."""
-
-    hidden: torch.Tensor
-    weight: torch.Tensor
-    eps: float
 
 
 class TorchOps:
@@ -52,17 +40,6 @@ class TorchOps:
         """(norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
         summed = x + residual
         return self.rms_norm(summed, weight, eps), summed
-
-    def norm_input(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | PendingNorm:
-        """The norm of the residual stream as the input of a `project_*` op (a kernel may fold it into that
-        projection; here it is computed)."""
-        return self.rms_norm(hidden, weight, eps)
-
-    def project_and_add(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor
-                        ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """proj(x) on its way into the residual stream: returned, for the next norm to add (`add_rms_norm`), or
-        added here (a kernel may do it in the projection's epilogue), and then None."""
-        return proj(x), residual
 
     def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,

@@ -318,79 +318,55 @@ def _prefetch_rows(w_ptr, first, n, stride_w, ROWS: tl.constexpr, PREFETCH: tl.c
 
 
 @triton.jit
-def _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K: tl.constexpr, BLOCK_K: tl.constexpr,
-               NORM: tl.constexpr):
-    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked). With NORM, x is the residual
-    stream h and the product takes g * h instead (g the norm's weight), while ss gathers h * h for the norm's
-    scale."""
+def _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked)."""
     cols = k0 + tl.arange(0, BLOCK_K)
     if K % BLOCK_K == 0:
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
-        xk = tl.load(x_ptr + cols).to(tl.float32)
-        if NORM:
-            gk = tl.load(g_ptr + cols).to(tl.float32)
+        xk = tl.load(x_ptr + cols)
     else:
-        col_mask = cols < K
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        xk = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if NORM:
-            gk = tl.load(g_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if NORM:
-        ss += xk * xk
-        xk = xk * gk
-    return acc + w.to(tl.float32) * xk[None, :], ss
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
+        xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    return acc + w.to(tl.float32) * xk.to(tl.float32)[None, :]
 
 
 @triton.jit
-def _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, NORM: tl.constexpr):
-    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). With NORM,
-    x is RMSNorm(h) * g, folded in: sum_k W[rows, k] * g[k] * h[k], times rsqrt(mean(h * h) + eps) at the end
-    (the mean gathered in the same loop, so the norm adds no pass over h and no wait before the first weights).
-    UNROLL writes out every step of the loop over K, so that the compiler may issue the loads of several steps
-    before the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread).
-    The compiler writes out loops of up to 5 steps itself, but not once the norm is in them: with NORM (whose
-    input is the hidden size, 2-5 steps of 1024 for the 1B, 7B and 13B) the steps are always written out."""
+def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). UNROLL
+    writes out every step of the loop over K, so that the compiler may issue the loads of several steps before
+    the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread)."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    if UNROLL or NORM:
+    if UNROLL:
         for k0 in tl.static_range(0, K, BLOCK_K):
-            acc, ss = _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K, BLOCK_K, NORM)
+            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc, ss = _gemv_step(w_rows, x_ptr, g_ptr, row_mask, k0, acc, ss, K, BLOCK_K, NORM)
-    y = tl.sum(acc, axis=1)
-    if NORM:
-        y = y * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-    return y
+            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, g_ptr, bias_ptr, y_ptr, n, stride_w, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 ADD_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-                 NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
-    """y = W x (+ b): BLOCK_N rows of W per program. With ADD_RESIDUAL, y_ptr is the residual stream h, and
-    h + y is written over it (each program reads and writes only its own rows of h)."""
+def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """y = W x (+ b): BLOCK_N rows of W per program."""
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL, NORM)
+    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
-    y = y.to(y_ptr.dtype.element_ty)
-    if ADD_RESIDUAL:  # rounded as the norm kernel's residual add rounds: the bits of GEMV, then that add
-        h = tl.load(y_ptr + rows, mask=row_mask, other=0.0)
-        y = (y.to(tl.float32) + h.to(tl.float32)).to(h.dtype)
-    tl.store(y_ptr + rows, y, mask=row_mask)
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
-def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, g_ptr, y_ptr, n, stride_w, eps, K: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-                              NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+                              PREFETCH: tl.constexpr):
     """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
     and the BLOCK_N up rows that pair with them."""
     first = tl.program_id(0) * BLOCK_N
@@ -400,7 +376,7 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, g_ptr, y_ptr, n, stride_w, eps, K: t
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL, NORM)
+    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL)
     gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
     mine = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
@@ -408,11 +384,11 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, g_ptr, y_ptr, n, stride_w, eps, K: t
 
 @triton.jit
 def _gemv_rope_write_kv_kernel(
-    w_ptr, x_ptr, g_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch, eps,
+    w_ptr, x_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
+    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
     elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,
@@ -428,7 +404,7 @@ def _gemv_rope_write_kv_kernel(
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
     _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, g_ptr, eps, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL, NORM)
+    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty

@@ -14,7 +14,7 @@ from torch import nn
 from reference_engine import attention, triton_kernels
 from reference_engine.attention import AttentionBatch
 from reference_engine.model import replace_linears
-from reference_engine.ops import PendingNorm, TorchOps
+from reference_engine.ops import TorchOps
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DECODE_PARTITION = 64  # context tokens per decode program (at least; see decode_partition)
@@ -33,9 +33,6 @@ ATTENTION_PDL = False
 MERGE_PDL = True
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
-# At one row, the RMSNorm before the qkv and gate/up projections runs inside their GEMV, and the residual add
-# inside the o and down projections' GEMV: two kernels a layer fewer (see `_gemv_rows` for its rounding).
-FOLD_NORMS = True
 # The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled, one
 # step of loads in flight): batch-1 TPOT 1B -0.6%, 7B +4%, 13B +2.4% on the H200 (gemv-unroll.jsonl). Not kept.
 GEMV_UNROLL = False
@@ -90,19 +87,6 @@ class TritonOps(TorchOps):
                                                  out.stride(0), cols, eps, HAS_RESIDUAL=True,
                                                  BLOCK=triton.next_power_of_2(cols), **_pdl(x))
         return out, residual
-
-    def norm_input(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | PendingNorm:
-        """At one row the norm is left to the GEMV of the projection it feeds."""
-        if FOLD_NORMS and GEMV_EPILOGUES and GemvLinear.takes(hidden):
-            return PendingNorm(hidden, weight, eps)
-        return self.rms_norm(hidden, weight, eps)
-
-    def project_and_add(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor
-                        ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        if FOLD_NORMS and isinstance(proj, GemvLinear) and proj.takes(x):
-            proj.add_into(x, residual)
-            return None, residual
-        return super().project_and_add(proj, x, residual)
 
     def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -164,24 +148,20 @@ class TritonOps(TorchOps):
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **launch)
 
-    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor | PendingNorm, positions: torch.Tensor,
+    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
                                   cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         if GEMV_EPILOGUES and isinstance(qkv_proj, GemvLinear) and qkv_proj.takes(x):
             return qkv_proj.rope_and_write_kv(x, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
                                               num_kv_heads)
-        return super().project_rope_and_write_kv(qkv_proj, self.computed(x), positions, cos, sin, k_cache, v_cache,
-                                                 slot_mapping, num_heads, num_kv_heads)
+        return super().project_rope_and_write_kv(qkv_proj, x, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                                 num_heads, num_kv_heads)
 
-    def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if GEMV_EPILOGUES and isinstance(gate_up_proj, GemvLinear) and gate_up_proj.takes(x) and (
                 gate_up_proj.bias is None):
             return gate_up_proj.silu_and_mul(x)
-        return super().project_silu_and_mul(gate_up_proj, self.computed(x))
-
-    def computed(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
-        """x itself, or the norm it stands for, computed by the norm kernel (for a projection off the GEMV)."""
-        return self.rms_norm(x.hidden, x.weight, x.eps) if isinstance(x, PendingNorm) else x
+        return super().project_silu_and_mul(gate_up_proj, x)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         rows, double = gate_up.shape
@@ -230,66 +210,51 @@ class GemvLinear(nn.Module):
         self.pairs = self.block_n // 2
 
     @staticmethod
-    def takes(x: torch.Tensor | PendingNorm) -> bool:
-        """The GEMV serves a single row (or the pending norm of one); more rows go to cuBLAS."""
-        row = x.hidden if isinstance(x, PendingNorm) else x
-        return row.dim() == 2 and row.shape[0] == 1
+    def takes(x: torch.Tensor) -> bool:
+        """The GEMV serves a single row; more rows go to cuBLAS."""
+        return x.dim() == 2 and x.shape[0] == 1
 
-    def _launch(self, x: torch.Tensor | PendingNorm) -> tuple[torch.Tensor, dict]:
-        """The input row, and the launch arguments shared by the GEMV kernels: the norm folded in (or none),
-        tiling, prefetch (only with PDL, which it serves), PDL."""
-        norm = x if isinstance(x, PendingNorm) else None
-        row = (x.hidden if norm else x).contiguous()
-        pdl = _pdl(row)
-        return row, dict(g_ptr=norm.weight if norm else row, eps=norm.eps if norm else 0.0, NORM=norm is not None,
-                         K=self.in_features, BLOCK_K=self.block_k, UNROLL=GEMV_UNROLL,
-                         PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
-                         num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
-
-    def _gemv(self, x: torch.Tensor, y: torch.Tensor, add_residual: bool) -> None:
-        row, launch = self._launch(x)
-        bias = self.bias if self.bias is not None else y
-        triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
-            self.weight, row, bias_ptr=bias, y_ptr=y, n=self.out_features, stride_w=self.weight.stride(0),
-            HAS_BIAS=self.bias is not None, ADD_RESIDUAL=add_residual, BLOCK_N=self.block_n, **launch)
+    def _launch(self, x: torch.Tensor) -> dict:
+        """Launch arguments shared by the GEMV kernels: tiling, prefetch (only with PDL, which it serves), PDL."""
+        pdl = _pdl(x)
+        return dict(K=self.in_features, BLOCK_K=self.block_k, UNROLL=GEMV_UNROLL,
+                    PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
+                    num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.takes(x):
             return nn.functional.linear(x, self.weight, self.bias)
+        x = x.contiguous()
         y = torch.empty(1, self.out_features, dtype=x.dtype, device=x.device)
-        self._gemv(x, y, add_residual=False)
+        bias = self.bias if self.bias is not None else y
+        triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
+            self.weight, x, bias, y, self.out_features, self.weight.stride(0), HAS_BIAS=self.bias is not None,
+            BLOCK_N=self.block_n, **self._launch(x))
         return y
 
-    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        """residual += this projection of one row x, in one kernel (the add rounded as the norm kernel's)."""
-        if residual.shape != (1, self.out_features) or not residual.is_contiguous():
-            raise ValueError(f"residual must be one contiguous row of {self.out_features}, got {tuple(residual.shape)}")
-        self._gemv(x, residual, add_residual=True)
-
-    def silu_and_mul(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SiLU(gate) * up of this gate/up projection of one row x, in one kernel."""
         n = self.out_features // 2
-        row, launch = self._launch(x)
-        y = torch.empty(1, n, dtype=row.dtype, device=row.device)
+        x = x.contiguous()
+        y = torch.empty(1, n, dtype=x.dtype, device=x.device)
         triton_kernels._gemv_silu_and_mul_kernel[(triton.cdiv(n, self.pairs),)](
-            self.weight, row, y_ptr=y, n=n, stride_w=self.weight.stride(0), BLOCK_N=self.pairs, **launch)
+            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=self.pairs, **self._launch(x))
         return y
 
-    def rope_and_write_kv(self, x: torch.Tensor | PendingNorm, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
+                          num_kv_heads: int) -> torch.Tensor:
         """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns q."""
         head_dim = k_cache.shape[-1]
         pairs = self.pairs if (head_dim // 2) % self.pairs == 0 else 1  # a program's pairs lie in one head
-        row, launch = self._launch(x)
-        q = torch.empty(1, num_heads, head_dim, dtype=row.dtype, device=row.device)
+        x = x.contiguous()
+        q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+        bias = self.bias if self.bias is not None else q
         triton_kernels._gemv_rope_write_kv_kernel[((num_heads + 2 * num_kv_heads) * (head_dim // 2) // pairs,)](
-            self.weight, row, bias_ptr=self.bias if self.bias is not None else q, positions_ptr=positions,
-            cos_ptr=cos, sin_ptr=sin, q_out_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, slots_ptr=slot_mapping,
-            stride_w=self.weight.stride(0), stride_cos=cos.stride(0), stride_qh=q.stride(1),
-            stride_cb=k_cache.stride(0), stride_ct=k_cache.stride(1), stride_ch=k_cache.stride(2),
+            self.weight, x, bias, positions, cos, sin, q, k_cache, v_cache, slot_mapping, self.weight.stride(0),
+            cos.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             HAS_BIAS=self.bias is not None, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-            BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **launch)
+            BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **self._launch(x))
         return q
 
     def extra_repr(self) -> str:

@@ -91,10 +91,9 @@ def test_engine_with_triton_kernels_matches_torch_kernels(llama_dir):
 
 
 def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
-    """A model wide enough for the single-row GEMV (hidden 512), one sequence so that every decode step is one
-    row: the norms folded into the qkv and gate/up GEMVs, the residual added in the down projection's GEMV (its
-    o projection, 128 wide, stays off the GEMV and hands its output to the norm kernel's add): the torch path's
-    greedy tokens."""
+    """A model wide enough for the single-row GEMV (hidden 512; its o projection, 128 wide, stays on torch), one
+    sequence so that every decode step is one row, each qkv and gate/up GEMV with its epilogue (rotary + cache
+    write, SiLU * up): the torch path's greedy tokens."""
     from checkpoints import make_checkpoint
 
     from reference_engine import Engine, EngineConfig, SamplingParams
@@ -113,57 +112,6 @@ def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
             assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 2 * 3 + 1
         outs[kernels] = engine.generate([prompt], params)[0].token_ids
     assert outs["triton"] == outs["torch"]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_f,bias", [(1024, False), (1040, True)])  # 2 x 1024 and 4 x 512 tilings (K masked)
-def test_gemv_folds_the_norm_before_and_the_residual_add_after(dtype, in_f, bias):
-    """At one row the qkv and gate/up GEMVs apply the RMSNorm of the residual stream inside their loop, and the
-    o and down GEMVs add their product into the residual stream: the add gives the bits of the norm kernel's add;
-    the folded norm scales the product instead of the input (one rounding fewer), so it is compared with the
-    torch reference within the dtype's tolerance."""
-    from reference_engine.ops import PendingNorm
-    from reference_engine.triton_ops import GemvLinear
-
-    heads, kv_heads, head_dim, block_size, num_blocks, max_len, eps = 6, 2, 32, 16, 4, 64, 1e-5
-    qkv_proj = GemvLinear(torch.nn.Linear(in_f, (heads + 2 * kv_heads) * head_dim, bias=bias, device=DEVICE,
-                                          dtype=dtype))
-    gate_up = GemvLinear(torch.nn.Linear(in_f, 2 * 300, bias=False, device=DEVICE, dtype=dtype))
-    down = GemvLinear(torch.nn.Linear(300, in_f, bias=bias, device=DEVICE, dtype=dtype)) if in_f == 1040 else None
-    down = down or GemvLinear(torch.nn.Linear(1024, in_f, bias=bias, device=DEVICE, dtype=dtype))
-    with torch.no_grad():
-        for p in (*qkv_proj.parameters(), *gate_up.parameters(), *down.parameters()):
-            p.normal_(0, 0.05)
-    hidden = 3 * torch.randn(1, in_f, device=DEVICE, dtype=dtype)
-    weight = (1 + 0.3 * torch.randn(in_f, device=DEVICE)).to(dtype)
-    tri, ref = TritonOps(), TorchOps()
-    pending = tri.norm_input(hidden, weight, eps)
-    assert isinstance(pending, PendingNorm)
-    normed = ref.rms_norm(hidden, weight, eps)
-
-    got = tri.project_silu_and_mul(gate_up, pending)
-    assert rel_err(got, ref.silu_and_mul(torch.nn.functional.linear(normed, gate_up.weight))) < TOL[dtype]
-
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), torch.rand(head_dim // 2))
-    emb = torch.cat((freqs, freqs), dim=-1).to(DEVICE)
-    cos, sin = emb.cos(), emb.sin()
-    position = torch.randint(0, max_len, (1,), device=DEVICE)
-    slots = torch.tensor([random.randrange(num_blocks * block_size)], device=DEVICE)
-    k_before = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE, dtype=dtype)
-    results = {}
-    for name, ops, x in (("folded", tri, pending), ("ref", ref, normed)):
-        k_cache, v_cache = k_before.clone(), k_before.clone()
-        q = ops.project_rope_and_write_kv(qkv_proj if name == "folded" else qkv_proj.forward, x, position, cos, sin,
-                                          k_cache, v_cache, slots, heads, kv_heads)
-        results[name] = (q, k_cache, v_cache)
-    for a, b in zip(results["folded"], results["ref"], strict=True):
-        assert rel_err(a, b) < TOL[dtype]
-
-    act = torch.randn(1, down.in_features, device=DEVICE, dtype=dtype)
-    residual = hidden.clone()
-    x, summed = tri.project_and_add(down, act, residual)
-    assert x is None and summed is residual  # added in place, in the GEMV's epilogue
-    assert torch.equal(summed, tri.add_rms_norm(down(act), hidden.clone(), weight, eps)[1])
 
 
 @pytest.mark.parametrize("partition", [16, 1024])
