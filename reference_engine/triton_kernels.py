@@ -183,8 +183,11 @@ def _merge_partitions_kernel(
     part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
     HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr, PDL: tl.constexpr,
+    NEXT_EARLY: tl.constexpr,
 ):
-    _after_earlier_kernels(PDL)  # one short wave: the next kernel may start its prologue beside it
+    # With PDL it waits here, and lets the next kernel launch at its end, or with NEXT_EARLY at once.
+    _wait_for_earlier_kernels(PDL)
+    _let_next_kernel_launch(NEXT_EARLY)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
@@ -200,6 +203,7 @@ def _merge_partitions_kernel(
                     mask=p_mask[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
+    _let_next_kernel_launch(PDL and not NEXT_EARLY)
 
 
 @triton.jit

@@ -28,9 +28,10 @@ USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or 
 # Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its start
 # (4-40% per call, decode_attention.py) and at its end (batch 64 +2%, 1B batch 1 +2%; attention-pdl-end.jsonl).
 ATTENTION_PDL = False
-# The partition kernel, launched without PDL, lets the merge launch (with PDL) once all its programs have started;
-# the merge lets the next kernel (the o projection's GEMV at one row) launch at its start.
+# Batch 1: the partition kernel, launched without PDL, lets the merge launch (with PDL) once all its programs have
+# started; MERGE_LETS_NEXT_START: the merge lets the next kernel (the o projection's GEMV) launch at its start.
 MERGE_PDL = True
+MERGE_LETS_NEXT_START = False
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
 # The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled, one
@@ -129,7 +130,7 @@ class TritonOps(TorchOps):
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
-        merge_early = not single and MERGE_PDL and not launch["PDL"] and _pdl(q)["PDL"]
+        merge_early = seqs == 1 and not single and MERGE_PDL and not launch["PDL"] and _pdl(q)["PDL"]
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
@@ -146,7 +147,8 @@ class TritonOps(TorchOps):
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts), **launch)
+                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts),
+                NEXT_EARLY=launch["PDL"] and MERGE_LETS_NEXT_START, **launch)
 
     def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
                                   cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

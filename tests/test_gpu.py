@@ -93,7 +93,7 @@ def _logits_with_knob(monkeypatch, knob: str, prompts: list[list[int]]) -> dict[
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs Hopper or later")
-@pytest.mark.parametrize("knob", ["USE_PDL", "MERGE_PDL", "GEMV_EPILOGUES"])
+@pytest.mark.parametrize("knob", ["USE_PDL", "MERGE_PDL", "MERGE_LETS_NEXT_START", "GEMV_EPILOGUES"])
 def test_launch_choices_change_no_bit(monkeypatch, knob):
     """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
     (and the GEMV prefetches only weights). A missing wait would read stale activations: logits must be the
