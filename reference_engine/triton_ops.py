@@ -28,10 +28,12 @@ USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or 
 # Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its start
 # (4-40% per call, decode_attention.py) and at its end (batch 64 +2%, 1B batch 1 +2%; attention-pdl-end.jsonl).
 ATTENTION_PDL = False
-# Batch 1: the partition kernel, launched without PDL, lets the merge launch (with PDL) once all its programs have
-# started; MERGE_LETS_NEXT_START: the merge lets the next kernel (the o projection's GEMV) launch at its start.
+# Batch 1 with GQA: the partition kernel, launched without PDL, lets the merge launch (with PDL) once all its
+# programs have started, and the merge lets the next kernel (the o projection's GEMV) launch at its start
+# (MERGE_LETS_NEXT_START). On the H200 (merge-pdl*.jsonl) the 1B's TPOT fell 2% (0.878 -> 0.858 ms); with MHA the
+# 7B's and 13B's rose 2.6-4%, and at batch 64 every shape's rose 1.4-2.3%: hence one sequence and GQA only.
 MERGE_PDL = True
-MERGE_LETS_NEXT_START = False
+MERGE_LETS_NEXT_START = True
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
 # The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled, one
@@ -130,7 +132,7 @@ class TritonOps(TorchOps):
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
-        merge_early = seqs == 1 and not single and MERGE_PDL and not launch["PDL"] and _pdl(q)["PDL"]
+        merge_early = seqs == 1 and group > 1 and not single and MERGE_PDL and not launch["PDL"] and _pdl(q)["PDL"]
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
