@@ -12,12 +12,12 @@
 - y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W; two
   variants apply SiLU * up (gate/up projection) and rotary + KV-cache write (qkv projection) in their epilogue.
 
-Programmatic dependent launch (PDL, Hopper and later; not for decode attention, which it slowed): with PDL
-set, a kernel may be launched while the kernel before it in the stream is still running; it waits (`gdc_wait`)
-before it reads anything an earlier kernel wrote or writes anything, then lets the next kernel launch (decode
-attention, if asked to use PDL, lets it launch only at its end). The GEMV first asks the L2 for the start of its
-rows of W, which no kernel of the step writes, so the next product's weights start streaming during the tail of
-the kernel before it.
+Programmatic dependent launch (PDL, Hopper and later; not for decode attention's partition kernel, which it
+slowed, and for its merge only at batch 1 with GQA): with PDL set, a kernel may be launched while the kernel
+before it in the stream is still running; it waits (`gdc_wait`) before it reads anything an earlier kernel wrote
+or writes anything, then lets the next kernel launch (the partition kernel, if asked to use PDL, lets it launch
+only at its end). The GEMV first asks the L2 for the start of its rows of W, which no kernel of the step writes,
+so the next product's weights start streaming during the tail of the kernel before it.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.

@@ -70,12 +70,20 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
         assert engine.stats().kv_blocks_used == 0
 
 
-def _logits_with_knob(monkeypatch, knob: str, prompts: list[list[int]]) -> dict[bool, list[torch.Tensor]]:
-    """Each step's logits of one prompt alone (batch 1: every linear on the GEMV), then of all the prompts as one
-    batch, on the bf16 1B model, with the `triton_ops` knob on and off."""
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs Hopper or later")
+@pytest.mark.parametrize("knob", ["USE_PDL", "MERGE_PDL", "MERGE_LETS_NEXT_START", "GEMV_EPILOGUES"])
+def test_launch_choices_change_no_bit(monkeypatch, knob):
+    """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
+    (and the GEMV prefetches only weights). A missing wait would read stale activations: logits must be the
+    bits of the same engine launched without PDL (or without the attention merge's early launch, which the 1B's
+    GQA takes at batch 1), at batch 1 (every linear on the GEMV) and at a batch of 5. Likewise the GEMV
+    epilogues (SiLU * up, rotary + cache write) give the bits of the separate kernels."""
     from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear
 
+    rng = random.Random()
+    prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(5)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     logits = {}
     for on in (True, False):
@@ -88,21 +96,6 @@ def _logits_with_knob(monkeypatch, knob: str, prompts: list[list[int]]) -> dict[
         logits[on] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
         del engine
         torch.cuda.empty_cache()
-    return logits
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="programmatic dependent launch needs Hopper or later")
-@pytest.mark.parametrize("knob", ["USE_PDL", "MERGE_PDL", "MERGE_LETS_NEXT_START", "GEMV_EPILOGUES"])
-def test_launch_choices_change_no_bit(monkeypatch, knob):
-    """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
-    (and the GEMV prefetches only weights). A missing wait would read stale activations: logits must be the
-    bits of the same engine launched without PDL (or without the merge's early launch), at batch 1 and at a
-    batch of 5. Likewise the GEMV epilogues (SiLU * up, rotary + cache write) give the bits of the separate
-    kernels."""
-    rng = random.Random()
-    prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(5)]
-    logits = _logits_with_knob(monkeypatch, knob, prompts)
     for with_it, without in zip(logits[True], logits[False], strict=True):
         assert torch.equal(with_it, without)
 
