@@ -84,9 +84,10 @@ class ModelRunner:
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.packed_linears = 0
         if self.ops.name == "triton":  # on CUDA, or under Triton's interpreter on the CPU (tests)
-            from reference_engine.triton_ops import use_gemv_for_single_rows
+            from reference_engine.triton_ops import choose_blas_library, use_gemv_for_single_rows
 
             use_gemv_for_single_rows(self.model)
+            choose_blas_library(self.spec.hidden_size)
         elif cpu_linear == "onednn" and onednn_linear_available(device, dtype):
             tied = self.model.lm_head.weight is self.model.embed_tokens.weight
             self.packed_linears = pack_linears(self.model)
