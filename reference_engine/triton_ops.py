@@ -136,7 +136,8 @@ class TritonOps(TorchOps):
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
-        merge_early = seqs == 1 and group > 1 and not single and MERGE_PDL and not launch["PDL"] and _pdl(q)["PDL"]
+        merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not single))
+        merge_early = merge_launch["PDL"] and not launch["PDL"]  # the partition kernel lets it launch at its start
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
@@ -147,14 +148,12 @@ class TritonOps(TorchOps):
             PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", HEADS_FIRST=DECODE_HEADS_FIRST,
             MERGE_EARLY=merge_early, num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
-        if merge_early:
-            launch = _pdl(q)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts),
-                NEXT_EARLY=launch["PDL"] and MERGE_LETS_NEXT_START, **launch)
+                NEXT_EARLY=merge_launch["PDL"] and MERGE_LETS_NEXT_START, **merge_launch)
 
     def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
                                   cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
