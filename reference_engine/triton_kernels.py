@@ -322,46 +322,59 @@ def _prefetch_rows(w_ptr, first, n, stride_w, ROWS: tl.constexpr, PREFETCH: tl.c
 
 
 @triton.jit
-def _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += W[rows, k0:k0 + BLOCK_K] * x[k0:k0 + BLOCK_K] (columns past K masked)."""
+def _gemv_load_w(w_rows, row_mask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[rows, k0:k0 + BLOCK_K] (columns past K masked)."""
     cols = k0 + tl.arange(0, BLOCK_K)
     if K % BLOCK_K == 0:
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
-        xk = tl.load(x_ptr + cols)
-    else:
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
-        xk = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+        return tl.load(w_rows + cols[None, :], mask=row_mask[:, None], other=0.0)
+    return tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _gemv_add(w, x_ptr, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += w * x[k0:k0 + BLOCK_K], w a loaded tile of W."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    xk = tl.load(x_ptr + cols) if K % BLOCK_K == 0 else tl.load(x_ptr + cols, mask=cols < K, other=0.0)
     return acc + w.to(tl.float32) * xk.to(tl.float32)[None, :]
 
 
 @triton.jit
 def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
-    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0). UNROLL
-    writes out every step of the loop over K, so that the compiler may issue the loads of several steps before
-    the first one arrives (compiled as a loop, a long row keeps one step of loads in flight per thread)."""
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
+    """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0), once the
+    kernels before this one have finished (they write x). PRELOAD loads the first step's tile of W before that
+    wait (no kernel writes W), so that its memory latency overlaps the previous kernel's tail; the sums are the
+    same in the same order. UNROLL writes out every step of the loop over K, so that the compiler may issue the
+    loads of several steps before the first one arrives (compiled as a loop, a long row keeps one step of loads
+    in flight per thread)."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    if UNROLL:
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
+    first_step: tl.constexpr = BLOCK_K if PRELOAD else 0
+    if PRELOAD:
+        w = _gemv_load_w(w_rows, row_mask, 0, K, BLOCK_K)
+        _after_earlier_kernels(PDL)
+        acc = _gemv_add(w, x_ptr, 0, acc, K, BLOCK_K)
     else:
-        for k0 in range(0, K, BLOCK_K):
-            acc = _gemv_step(w_rows, x_ptr, row_mask, k0, acc, K, BLOCK_K)
+        _after_earlier_kernels(PDL)
+    if UNROLL:
+        for k0 in tl.static_range(first_step, K, BLOCK_K):
+            acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
+    else:
+        for k0 in range(first_step, K, BLOCK_K):
+            acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
 def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 PREFETCH: tl.constexpr, PRELOAD: tl.constexpr):
     """y = W x (+ b): BLOCK_N rows of W per program."""
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
-    _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL, PDL, PRELOAD)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
@@ -370,7 +383,7 @@ def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HA
 @triton.jit
 def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                              PREFETCH: tl.constexpr):
+                              PREFETCH: tl.constexpr, PRELOAD: tl.constexpr):
     """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
     and the BLOCK_N up rows that pair with them."""
     first = tl.program_id(0) * BLOCK_N
@@ -379,8 +392,7 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr,
     rows = out_rows + (offs % 2) * n  # gate row i, up row i, gate row i + 1, ...
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
-    _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL, PDL, PRELOAD)
     gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
     mine = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
@@ -392,7 +404,7 @@ def _gemv_rope_write_kv_kernel(
     stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
     elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,
@@ -407,8 +419,7 @@ def _gemv_rope_write_kv_kernel(
     n = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
-    _after_earlier_kernels(PDL)
-    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL)
+    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL, PDL, PRELOAD)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty

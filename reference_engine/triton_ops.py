@@ -43,6 +43,10 @@ CUBLASLT_MIN_HIDDEN = 4096
 # The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled, one
 # step of loads in flight): batch-1 TPOT 1B -0.6%, 7B +4%, 13B +2.4% on the H200 (gemv-unroll.jsonl). Not kept.
 GEMV_UNROLL = False
+# The GEMV loads its first step's tile of W before it waits for the kernel before it (with PDL, during that
+# kernel's tail) where its rows are at least this long: on the H200 (gemv-preload.jsonl) batch-1 TPOT fell 0.5%
+# for the 7B and 0.6% for the 13B (8-10 KB rows) and rose 0.5% for the 1B (4 KB rows, every product preloaded).
+GEMV_PRELOAD_MIN_ROW_BYTES = 8192
 
 
 @functools.cache
@@ -222,10 +226,12 @@ class GemvLinear(nn.Module):
         return x.dim() == 2 and x.shape[0] == 1
 
     def _launch(self, x: torch.Tensor) -> dict:
-        """Launch arguments shared by the GEMV kernels: tiling, prefetch (only with PDL, which it serves), PDL."""
+        """Launch arguments shared by the GEMV kernels: tiling, prefetch (only with PDL, which it serves), the
+        first tile's early load, PDL."""
         pdl = _pdl(x)
+        preload = self.in_features * self.weight.element_size() >= GEMV_PRELOAD_MIN_ROW_BYTES
         return dict(K=self.in_features, BLOCK_K=self.block_k, UNROLL=GEMV_UNROLL,
-                    PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
+                    PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0, PRELOAD=preload,
                     num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -72,13 +72,16 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs Hopper or later")
-@pytest.mark.parametrize("knob", ["USE_PDL", "MERGE_PDL", "MERGE_LETS_NEXT_START", "GEMV_EPILOGUES"])
-def test_launch_choices_change_no_bit(monkeypatch, knob):
+@pytest.mark.parametrize("knob, on, off", [("USE_PDL", True, False), ("MERGE_PDL", True, False),
+                                           ("MERGE_LETS_NEXT_START", True, False), ("GEMV_EPILOGUES", True, False),
+                                           ("GEMV_PRELOAD_MIN_ROW_BYTES", 0, 1 << 62)])
+def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
     """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
-    (and the GEMV prefetches only weights). A missing wait would read stale activations: logits must be the
-    bits of the same engine launched without PDL (or without the attention merge's early launch, which the 1B's
-    GQA takes at batch 1), at batch 1 (every linear on the GEMV) and at a batch of 5. Likewise the GEMV
-    epilogues (SiLU * up, rotary + cache write) give the bits of the separate kernels."""
+    (and the GEMV prefetches and preloads only weights). A missing wait would read stale activations: logits
+    must be the bits of the same engine launched without PDL (or without the attention merge's early launch,
+    which the 1B's GQA takes at batch 1, or with no GEMV loading its first tile early), at batch 1 (every linear
+    on the GEMV) and at a batch of 5. Likewise the GEMV epilogues (SiLU * up, rotary + cache write) give the
+    bits of the separate kernels."""
     from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear
 
@@ -86,17 +89,17 @@ def test_launch_choices_change_no_bit(monkeypatch, knob):
     prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(5)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     logits = {}
-    for on in (True, False):
-        monkeypatch.setattr(triton_ops, knob, on)
+    for value in (on, off):
+        monkeypatch.setattr(triton_ops, knob, value)
         engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16", max_num_seqs=8,
                                      max_model_len=512, num_kv_blocks=256, async_scheduling=False, seed=1234))
         assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 16 * 4 + 1
         engine.sampler = LogitRecorder(engine.sampler)
         outs = [engine.generate(prompts[:1], params), engine.generate(prompts, params)]
-        logits[on] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
+        logits[value] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
         del engine
         torch.cuda.empty_cache()
-    for with_it, without in zip(logits[True], logits[False], strict=True):
+    for with_it, without in zip(logits[on], logits[off], strict=True):
         assert torch.equal(with_it, without)
 
 

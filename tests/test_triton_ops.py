@@ -151,15 +151,16 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("unroll", [False, True])
-def test_single_row_gemv_matches_linear(dtype, bias, unroll, monkeypatch):
+@pytest.mark.parametrize("unroll, preload", [(False, False), (True, False), (False, True), (True, True)])
+def test_single_row_gemv_matches_linear(dtype, bias, unroll, preload, monkeypatch):
     """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of its
     column step, a tied-style shared weight, and more than one row handed back to cuBLAS; its loop over the
-    input compiled as a loop or written out."""
+    input compiled as a loop or written out; its first tile loaded in the loop or ahead of it."""
     from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
 
     monkeypatch.setattr(triton_ops, "GEMV_UNROLL", unroll)
+    monkeypatch.setattr(triton_ops, "GEMV_PRELOAD_MIN_ROW_BYTES", 0 if preload else 1 << 62)
 
     for out_f, in_f in [(1000, 1024), (3072, 2048), (517, 512), (333, 1040), (255, 2600)]:
         linear = torch.nn.Linear(in_f, out_f, bias=bias, device=DEVICE, dtype=dtype)
@@ -196,10 +197,15 @@ def test_gemv_prefetches_only_aligned_long_rows():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,bias", [(1024, False), (1040, True)])  # 2 x 1024 and 4 x 512 tilings (K masked)
-def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias):
+@pytest.mark.parametrize("preload", [False, True])
+def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, preload, monkeypatch):
     """At one row the gate/up GEMV applies SiLU * up and the qkv GEMV rotary + cache write in their epilogues:
-    the results must be the bits of the GEMV followed by the separate kernel (and near the torch reference)."""
+    the results must be the bits of the GEMV followed by the separate kernel (and near the torch reference),
+    with the GEMVs' first tile loaded in their loop or ahead of it."""
+    from reference_engine import triton_ops
     from reference_engine.triton_ops import GemvLinear
+
+    monkeypatch.setattr(triton_ops, "GEMV_PRELOAD_MIN_ROW_BYTES", 0 if preload else 1 << 62)
 
     heads, kv_heads, head_dim, block_size, num_blocks, max_len = 6, 2, 32, 16, 4, 64
     qkv_proj = GemvLinear(torch.nn.Linear(in_f, (heads + 2 * kv_heads) * head_dim, bias=bias, device=DEVICE,
