@@ -91,7 +91,7 @@ class Attention(nn.Module):
         q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
                                                self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
                                                self.num_kv_heads)
-        out = self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale, next_proj=self.o_proj)
+        out = self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale)
         return self.o_proj(out.view(-1, self.q_size))
 
 

@@ -72,9 +72,7 @@ class TorchOps:
         return cached[2], cached[3]
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float, next_proj: nn.Module | None = None) -> torch.Tensor:
-        """Attention over the paged cache. `next_proj` is the projection that reads attention's output: a GPU
-        kernel may ask the L2 for its weight meanwhile (here it is unused)."""
+               scale: float) -> torch.Tensor:
         return attention.paged_attention(q, k_cache, v_cache, batch, scale)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

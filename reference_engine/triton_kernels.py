@@ -60,31 +60,12 @@ def _after_earlier_kernels(PDL: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_address_to_l2(address, nbytes):
-    """One thread of the program asks for `nbytes` (a multiple of 16) from byte `address` (16-byte aligned, an
-    int64) into L2: Hopper's bulk prefetch, which returns at once and moves no data into the program."""
+def _prefetch_to_l2(ptr, nbytes):
+    """One thread of the program asks for `nbytes` (a multiple of 16) from `ptr` into L2 (Hopper's bulk prefetch)."""
     tl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [address, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_to_l2(ptr, nbytes):
-    """`_prefetch_address_to_l2` from a pointer."""
-    _prefetch_address_to_l2(ptr.to(tl.int64, bitcast=True), nbytes)
-
-
-@triton.jit
-def _prefetch_share_to_l2(ptr, total, i, sharers, PIECE: tl.constexpr):
-    """The i-th of `sharers` equal shares (16-byte multiples) of the first `total` bytes at `ptr` (a multiple
-    of 16), asked into L2 in pieces of at most PIECE bytes."""
-    share = tl.cdiv(tl.cdiv(total, sharers), 16) * 16
-    begin = i.to(tl.int64) * share
-    end = tl.minimum(begin + share, total)
-    base = ptr.to(tl.int64, bitcast=True)
-    for offset in range(begin, end, PIECE):
-        _prefetch_address_to_l2(base + offset, tl.minimum(end - offset, PIECE).to(tl.int32))
+        "=r,l,r", [ptr.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -121,7 +102,7 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
 @triton.jit
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
-    next_ptr, next_bytes, scale,
+    scale,
     stride_qt, stride_qh,
     stride_cb, stride_ct, stride_ch,
     stride_bt,
@@ -131,7 +112,6 @@ def _decode_partition_kernel(
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
     PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr, MERGE_EARLY: tl.constexpr,
-    PREFETCH_NEXT: tl.constexpr, PREFETCH_PIECE: tl.constexpr,
 ):
     # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end, so
     # that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to run.
@@ -195,16 +175,6 @@ def _decode_partition_kernel(
         else:
             tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
             tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
-        # PREFETCH_NEXT: once its own reads are done, each program with context asks the L2 for its share of the
-        # first next_bytes of the weight the op after attention reads (no kernel of the step writes it); each
-        # sequence's programs share 1 / seqs of it. The memory, which attention leaves mostly idle at small
-        # batches, fetches it while the last programs and the merge run.
-        if PREFETCH_NEXT:
-            seqs = tl.num_programs(1) if HEADS_FIRST else tl.num_programs(0)
-            kv_heads = tl.num_programs(0) if HEADS_FIRST else tl.num_programs(1)
-            parts = tl.cdiv(ctx, PARTITION)
-            _prefetch_share_to_l2(next_ptr, next_bytes, (seq * parts + part) * kv_heads + kv_head,
-                                  seqs * parts * kv_heads, PREFETCH_PIECE)
     _let_next_kernel_launch(PDL)
 
 

@@ -34,12 +34,6 @@ ATTENTION_PDL = False
 # 7B's and 13B's rose 2.6-4%, and at batch 64 every shape's rose 1.4-2.3%: hence one sequence and GQA only.
 MERGE_PDL = True
 MERGE_LETS_NEXT_START = True
-# While decode attention runs for at most this many sequences, its programs ask the L2 for the first
-# ATTENTION_PREFETCH_BYTES of the o projection's weight (in pieces of ATTENTION_PREFETCH_PIECE bytes): at small
-# batches attention is bound by latency, not by the memory, which can fetch the next product's weights meanwhile.
-ATTENTION_PREFETCH_BYTES = 64 << 20
-ATTENTION_PREFETCH_MAX_SEQS = 1
-ATTENTION_PREFETCH_PIECE = 16384
 DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
 # Products of more than one row through cuBLASLt rather than cuBLAS's default choice, for models at least this
@@ -64,15 +58,9 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
     """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper or
     later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
     Triton's launch option."""
-    on = allowed and USE_PDL and _hopper_compiled(t)
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-def _hopper_compiled(t: torch.Tensor) -> bool:
-    """Kernels over t run compiled (not under Triton's interpreter) on Hopper or later, with this Triton's PDL
-    helpers: PDL and the L2 bulk prefetch are there."""
-    return triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
+    on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
         t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 def _query_rows(group: int) -> int:
@@ -126,12 +114,12 @@ class TritonOps(TorchOps):
         return q
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float, next_proj: nn.Module | None = None) -> torch.Tensor:
+               scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = batch.num_decode
         if nd:
             self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
-                                  batch.decode_max_context, scale, out[:nd], getattr(next_proj, "weight", None))
+                                  batch.decode_max_context, scale, out[:nd])
         for chunk in batch.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
             out[rows] = attention.prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
@@ -139,11 +127,9 @@ class TritonOps(TorchOps):
 
     @staticmethod
     def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, max_context: int, scale: float, out: torch.Tensor,
-                         next_weight: torch.Tensor | None = None) -> None:
+                         context_lens: torch.Tensor, max_context: int, scale: float, out: torch.Tensor) -> None:
         """One query token per sequence over its paged context; `max_context` bounds the partitions launched
-        (a CUDA graph passes max_model_len, so one capture serves every length). `next_weight`, the weight the
-        op after attention reads, is asked into L2 meanwhile where `_prefetch_bytes` says so."""
+        (a CUDA graph passes max_model_len, so one capture serves every length)."""
         seqs, heads, head_dim = q.shape
         kv_heads = k_cache.shape[2]
         group = heads // kv_heads
@@ -157,18 +143,15 @@ class TritonOps(TorchOps):
         merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not single))
         merge_early = merge_launch["PDL"] and not launch["PDL"]  # the partition kernel lets it launch at its start
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
-        prefetch = _prefetch_bytes(next_weight, seqs) if _hopper_compiled(q) else 0
         triton_kernels._decode_partition_kernel[grid](
-            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out,
-            next_weight if prefetch else q, prefetch, scale,
+            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
             PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", HEADS_FIRST=DECODE_HEADS_FIRST,
-            MERGE_EARLY=merge_early, PREFETCH_NEXT=prefetch > 0, PREFETCH_PIECE=ATTENTION_PREFETCH_PIECE,
-            num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
+            MERGE_EARLY=merge_early, num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -199,14 +182,6 @@ class TritonOps(TorchOps):
         triton_kernels._silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](
             gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block, **_pdl(gate_up))
         return out
-
-
-def _prefetch_bytes(weight: torch.Tensor | None, seqs: int) -> int:
-    """Bytes of `weight` that decode attention asks into L2 while it runs: the first ATTENTION_PREFETCH_BYTES
-    (a multiple of 16) for at most ATTENTION_PREFETCH_MAX_SEQS sequences; 0 otherwise."""
-    if weight is None or seqs > ATTENTION_PREFETCH_MAX_SEQS or not weight.is_contiguous() or weight.data_ptr() % 16:
-        return 0
-    return min(weight.numel() * weight.element_size(), ATTENTION_PREFETCH_BYTES) // 16 * 16
 
 
 def gemv_suits(linear: nn.Linear) -> bool:
