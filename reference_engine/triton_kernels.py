@@ -17,7 +17,8 @@ slowed, and for its merge only at batch 1 with GQA): with PDL set, a kernel may 
 before it in the stream is still running; it waits (`gdc_wait`) before it reads anything an earlier kernel wrote
 or writes anything, then lets the next kernel launch (the partition kernel, if asked to use PDL, lets it launch
 only at its end). The GEMV first asks the L2 for the start of its rows of W, which no kernel of the step writes,
-so the next product's weights start streaming during the tail of the kernel before it.
+and on long rows loads its first tile of W, so the next product's weights start streaming during the tail of
+the kernel before it.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.
