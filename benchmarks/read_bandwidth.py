@@ -221,14 +221,15 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
 
 
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
-    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode."""
+    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode, without
+    the early load of its first tile (PRELOAD; measured end to end in gemv-preload.jsonl)."""
     pdl = launch_mode != "plain"
     whole_row = weights[0].shape[1] * weights[0].element_size()
     prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
                                                      HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, UNROLL=False, PDL=pdl,
-                                                     PREFETCH=prefetch, launch_pdl=pdl,
+                                                     PREFETCH=prefetch, PRELOAD=False, launch_pdl=pdl,
                                                      num_warps=warps, num_stages=stages)
 
 
