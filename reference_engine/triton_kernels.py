@@ -353,10 +353,9 @@ def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N:
     first_step: tl.constexpr = BLOCK_K if PRELOAD else 0
     if PRELOAD:
         w = _gemv_load_w(w_rows, row_mask, 0, K, BLOCK_K)
-        _after_earlier_kernels(PDL)
+    _after_earlier_kernels(PDL)
+    if PRELOAD:
         acc = _gemv_add(w, x_ptr, 0, acc, K, BLOCK_K)
-    else:
-        _after_earlier_kernels(PDL)
     if UNROLL:
         for k0 in tl.static_range(first_step, K, BLOCK_K):
             acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
