@@ -27,9 +27,7 @@ SHAPES = {  # heads, kv heads, head dim (Llama-3.2-1B, Llama-2-7B, Llama-2-13B)
     "llama-2-13b": (40, 40, 128),
 }
 KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES",
-         "ATTENTION_PDL", "DECODE_HEADS_FIRST", "DECODE_WHOLE_MIN_PROGRAMS", "DECODE_WHOLE_NUM_WARPS",
-         "DECODE_WHOLE_PREFETCH", "DECODE_WHOLE_DOUBLE_BUFFER")
-NEVER = 1 << 62  # DECODE_WHOLE_MIN_PROGRAMS that keeps every batch on partitions + merge
+         "ATTENTION_PDL", "DECODE_HEADS_FIRST")
 
 
 def main() -> None:
@@ -37,7 +35,7 @@ def main() -> None:
     p.add_argument("--impl-root", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--sweep", default="full", choices=["full", "default", "launch", "order", "whole"])
+    p.add_argument("--sweep", default="full", choices=["full", "default", "launch", "order"])
     p.add_argument("--layout", default="shuffled", choices=["in-order", "shuffled"],
                    help="cache blocks of each sequence consecutive, as the engine's free list hands them out to a "
                         "fresh batch (in-order), or scattered at random over the cache (shuffled)")
@@ -59,24 +57,18 @@ def main() -> None:
     if args.sweep == "full":
         grid = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 2, 2), (64, 32, 2, 2), (128, 128, 4, 2), (128, 128, 8, 2),
                 (128, 64, 4, 3), (256, 128, 4, 3), (32, 32, 2, 2), (32, 32, 4, 2)]
-        grid = [(*knobs, False, False, False, NEVER, None, None, None) for knobs in grid]
+        grid = [(*knobs, False, False, False) for knobs in grid]
     elif args.sweep == "launch":  # MHA on the tensor cores, and programmatic dependent launch, on and off
         grid = [(64, 64, 2, 2, False, False), (128, 64, 4, 2, True, False), (128, 64, 4, 3, True, False),
                 (128, 128, 4, 2, True, False), (256, 64, 4, 2, True, False), (256, 64, 4, 3, True, False),
                 (128, 32, 4, 2, True, False), (128, 64, 2, 2, True, False), (64, 64, 4, 2, True, False),
                 (128, 64, 4, 2, False, False), (128, 64, 4, 2, True, True)]
-        grid = [(*knobs, False, NEVER, None, None, None) for knobs in grid]
+        grid = [(*knobs, False) for knobs in grid]
     elif args.sweep == "order":  # the grid's order (heads fastest or sequences), and PDL triggered at the end
         grid = [(64, 64, 2, 2, False, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)]
         grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
-        grid = [(*knobs, NEVER, None, None, None) for knobs in grid]
-    elif args.sweep == "whole":  # partitions + merge, against one program over each whole context
-        grid = [(*(None,) * 7, NEVER, None, None, None)]
-        grid += [(*(None,) * 7, 0, warps, False, False) for warps in (2, 4)]
-        grid += [(*(None,) * 7, 0, warps, False, True) for warps in (4, 8)]
     else:
         grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
-    defaults = {name: getattr(triton_ops, name) for name in KNOBS}
     dev = torch.device("cuda")
     out = Path(args.out).open("a") if args.out else None  # noqa: SIM115 (closed at exit)
 
@@ -120,9 +112,9 @@ def main() -> None:
                 scale).float()
             kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
             for knobs in grid:
-                for name, value in zip(KNOBS, knobs, strict=True):  # None: the engine's setting
-                    setattr(triton_ops, name, defaults[name] if value is None else value)
-                knobs = tuple(getattr(triton_ops, name) for name in KNOBS)
+                for name, value in zip(KNOBS, knobs, strict=True):
+                    if value is not None:
+                        setattr(triton_ops, name, value)
                 res = torch.full_like(q, float("nan"))
                 triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[0], ctx, max_context, scale, res)
                 err = ((res.float() - ref).norm() / ref.norm()).item()

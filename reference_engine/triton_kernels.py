@@ -70,36 +70,15 @@ def _prefetch_to_l2(ptr, nbytes):
 
 
 @triton.jit
-def _prefetch_tokens_to_l2(offs_n, end, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct,
-                           BLOCK_SIZE: tl.constexpr, ROW_BYTES: tl.constexpr):
-    """Ask the L2 for the K and V rows (one head's, ROW_BYTES each, a multiple of 16) of the tokens `offs_n` below
-    `end`: one bulk prefetch per row, from the thread that holds its token."""
-    n_mask = offs_n < end
-    block = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-    row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + head_offset
-    for ptrs in tl.static_range(2):
-        base = k_cache_ptr if ptrs == 0 else v_cache_ptr
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-            "=r,l,r,r", [(base + row).to(tl.int64, bitcast=True), n_mask.to(tl.int32), tl.full([], ROW_BYTES, tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _load_kv(offs_n, end, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct,
-             BLOCK_SIZE: tl.constexpr, offs_d):
-    """One head's K and V rows of the tokens `offs_n` (zeros at and past `end`), through the block table."""
+def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
+                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """Online-softmax update of (max, sum, weighted values) with one tile of context tokens."""
     n_mask = offs_n < end
     block = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
     row = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + head_offset
     k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
     v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend_kv(k, v, n_mask, q, scale, m_i, l_i, acc, QUERY_ROWS: tl.constexpr, PRECISION: tl.constexpr):
-    """Online-softmax update of (max, sum, weighted values) with one tile of context tokens' K and V."""
     if QUERY_ROWS == 1:  # MHA: q is one vector [HEAD_DIM]; m_i, l_i scalars, acc [HEAD_DIM]
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
         s = tl.where(n_mask, s, float("-inf"))
@@ -122,80 +101,6 @@ def _attend_kv(k, v, n_mask, q, scale, m_i, l_i, acc, QUERY_ROWS: tl.constexpr, 
 
 
 @triton.jit
-def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
-                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """Online-softmax update with one tile of context tokens, loaded here."""
-    k, v = _load_kv(offs_n, end, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, BLOCK_SIZE,
-                    offs_d)
-    return _attend_kv(k, v, offs_n < end, q, scale, m_i, l_i, acc, QUERY_ROWS, PRECISION)
-
-
-@triton.jit
-def _fresh_state(QUERY_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """(max, sum, weighted values) before any token."""
-    if QUERY_ROWS == 1:  # MHA: m_i, l_i scalars, acc [HEAD_DIM]
-        m_i = tl.full([], float("-inf"), tl.float32)
-        l_i = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([HEAD_DIM], tl.float32)
-    else:
-        m_i = tl.full([QUERY_ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([QUERY_ROWS], tl.float32)
-        acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _partition_result(m_i, l_i, acc, QUERY_ROWS: tl.constexpr):
-    """A partition's normalised output and log-sum-exp."""
-    if QUERY_ROWS == 1:
-        return acc / l_i, m_i + tl.log(l_i)
-    else:
-        return acc / l_i[:, None], m_i + tl.log(l_i)
-
-
-@triton.jit
-def _attend_partition(start, ctx, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
-                      offs_d, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, QUERY_ROWS: tl.constexpr,
-                      PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    """The query over one partition of the context, [start, min(start + PARTITION, ctx)): its normalised output
-    and log-sum-exp. Every launch computes a partition through these functions, so a partition's result has
-    the same bits whether its program covers one partition or the whole context."""
-    end = tl.minimum(start + PARTITION, ctx)
-    m_i, l_i, acc = _fresh_state(QUERY_ROWS, HEAD_DIM)
-    if BLOCK_N == PARTITION:  # one step
-        m_i, l_i, acc = _attend_tokens(start + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table_ptr,
-                                       head_offset, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d,
-                                       QUERY_ROWS, PRECISION)
-    elif DYNAMIC_LOOP:  # compiled, the loop stops at the context's end
-        for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_tokens(n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table_ptr,
-                                           head_offset, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE,
-                                           offs_d, QUERY_ROWS, PRECISION)
-    else:  # Triton's interpreter cannot loop to a loaded value: the full length, tokens past `end` masked
-        for n0 in range(0, PARTITION, BLOCK_N):
-            m_i, l_i, acc = _attend_tokens(start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr,
-                                           table_ptr, head_offset, stride_cb, stride_ct, scale, m_i, l_i, acc,
-                                           BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
-    return _partition_result(m_i, l_i, acc, QUERY_ROWS)
-
-
-@triton.jit
-def _fold_partition(o_run, w_run, m_run, o_part, lse_part, valid):
-    """Fold one partition's normalised output and log-sum-exp into a running merge (outputs weighted by
-    exp(lse - running max), and the weights' sum), partitions taken in order. The partition kernel over a whole
-    context and the merge kernel both merge this way, so they give the same bits. An invalid partition leaves the
-    state as it was (exactly, where rather than arithmetic with a zero weight)."""
-    m_new = tl.maximum(m_run, lse_part)
-    a = tl.exp(m_run - m_new)
-    b = tl.exp(lse_part - m_new)
-    o_new = o_run * a + o_part * b
-    w_new = w_run * a + b
-    return tl.where(valid, o_new, o_run), tl.where(valid, w_new, w_run), tl.where(valid, m_new, m_run)
-
-
-@triton.jit
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
     scale,
@@ -206,9 +111,8 @@ def _decode_partition_kernel(
     stride_lt, stride_lh,
     stride_yt, stride_yh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr, MAX_PARTS: tl.constexpr,
-    DYNAMIC_LOOP: tl.constexpr, PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr,
-    MERGE_EARLY: tl.constexpr, PREFETCH_NEXT: tl.constexpr, DOUBLE_BUFFER: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr, MERGE_EARLY: tl.constexpr,
 ):
     # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end, so
     # that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to run.
@@ -222,85 +126,56 @@ def _decode_partition_kernel(
     else:
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
+    part = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    offs_d = tl.arange(0, HEAD_DIM)
-    if QUERY_ROWS == 1:  # MHA: this program's one query head
-        heads = kv_head
-        g_mask = True
-        q = tl.load(q_ptr + seq * stride_qt + heads * stride_qh + offs_d).to(tl.float32)
-    else:  # the GQA group's query heads, padded to QUERY_ROWS rows (masked)
-        offs_g = tl.arange(0, QUERY_ROWS)
-        heads = kv_head * GROUP + offs_g
-        g_mask = offs_g < GROUP
-        q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=g_mask[:, None], other=0.0)
-    table = block_tables_ptr + seq * stride_bt
-    head_offset = kv_head * stride_ch
-    if QUERY_ROWS == 1:
-        o_rows = heads * stride_yh + offs_d
-        p_rows = heads * stride_oh + offs_d
-        o_mask = offs_d < HEAD_DIM
-    else:
-        o_rows = heads[:, None] * stride_yh + offs_d[None, :]
-        p_rows = heads[:, None] * stride_oh + offs_d[None, :]
-        o_mask = g_mask[:, None]
-    if WHOLE:  # this program covers the whole context, partition after partition, and writes the answer
-        if QUERY_ROWS == 1:
-            o_run = tl.zeros([HEAD_DIM], tl.float32)
-            w_run = tl.full([], 0.0, tl.float32)
-            m_run = tl.full([], float("-inf"), tl.float32)
-        else:  # the running weight and max per query row, as columns
-            o_run = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
-            w_run = tl.zeros([QUERY_ROWS, 1], tl.float32)
-            m_run = tl.full([QUERY_ROWS, 1], float("-inf"), tl.float32)
-        if DOUBLE_BUFFER and DYNAMIC_LOOP and BLOCK_N == PARTITION:
-            # The next partition's K and V are loaded (into registers) before this one's are reduced.
-            offs_t = tl.arange(0, BLOCK_N)
-            k_next, v_next = _load_kv(offs_t, ctx, k_cache_ptr, v_cache_ptr, table, head_offset, stride_cb,
-                                      stride_ct, BLOCK_SIZE, offs_d)
-            for start in range(0, ctx, PARTITION):
-                k = k_next
-                v = v_next
-                k_next, v_next = _load_kv(start + PARTITION + offs_t, ctx, k_cache_ptr, v_cache_ptr, table,
-                                          head_offset, stride_cb, stride_ct, BLOCK_SIZE, offs_d)
-                m_i, l_i, acc = _fresh_state(QUERY_ROWS, HEAD_DIM)
-                m_i, l_i, acc = _attend_kv(k, v, start + offs_t < ctx, q, scale, m_i, l_i, acc, QUERY_ROWS,
-                                           PRECISION)
-                o_p, lse_p = _partition_result(m_i, l_i, acc, QUERY_ROWS)
-                if QUERY_ROWS != 1:
-                    lse_p = lse_p[:, None]
-                o_run, w_run, m_run = _fold_partition(o_run, w_run, m_run, o_p, lse_p, True)
-        elif DYNAMIC_LOOP:
-            for start in range(0, ctx, PARTITION):
-                if PREFETCH_NEXT:  # the next partition's rows start for the L2 while this one is read and reduced
-                    _prefetch_tokens_to_l2(start + PARTITION + tl.arange(0, PARTITION), ctx, k_cache_ptr,
-                                           v_cache_ptr, table, head_offset, stride_cb, stride_ct, BLOCK_SIZE,
-                                           HEAD_DIM * k_cache_ptr.dtype.element_ty.primitive_bitwidth // 8)
-                o_p, lse_p = _attend_partition(start, ctx, q, k_cache_ptr, v_cache_ptr, table, head_offset,
-                                               stride_cb, stride_ct, scale, offs_d, BLOCK_SIZE, HEAD_DIM, QUERY_ROWS,
-                                               PARTITION, BLOCK_N, DYNAMIC_LOOP, PRECISION)
-                if QUERY_ROWS != 1:
-                    lse_p = lse_p[:, None]
-                o_run, w_run, m_run = _fold_partition(o_run, w_run, m_run, o_p, lse_p, True)
+    start = part * PARTITION
+    if start < ctx:
+        end = tl.minimum(start + PARTITION, ctx)
+        offs_d = tl.arange(0, HEAD_DIM)
+        if QUERY_ROWS == 1:  # MHA: this program's one query head
+            heads = kv_head
+            g_mask = True
+            q = tl.load(q_ptr + seq * stride_qt + heads * stride_qh + offs_d).to(tl.float32)
+            m_i = tl.full([], float("-inf"), tl.float32)
+            l_i = tl.full([], 0.0, tl.float32)
+            acc = tl.zeros([HEAD_DIM], tl.float32)
+        else:  # the GQA group's query heads, padded to QUERY_ROWS rows (masked)
+            offs_g = tl.arange(0, QUERY_ROWS)
+            heads = kv_head * GROUP + offs_g
+            g_mask = offs_g < GROUP
+            q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                        mask=g_mask[:, None], other=0.0)
+            m_i = tl.full([QUERY_ROWS], float("-inf"), tl.float32)
+            l_i = tl.zeros([QUERY_ROWS], tl.float32)
+            acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
+        table = block_tables_ptr + seq * stride_bt
+        # Compiled, the loop stops at the context's end; Triton's interpreter cannot loop to a loaded value, so
+        # there it runs the partition's full length and masks the tokens past `end`.
+        if DYNAMIC_LOOP:
+            for n0 in range(start, end, BLOCK_N):
+                m_i, l_i, acc = _attend_tokens(
+                    n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
+                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
         else:
-            for start in range(0, MAX_PARTS * PARTITION, PARTITION):
-                if start < ctx:
-                    o_p, lse_p = _attend_partition(start, ctx, q, k_cache_ptr, v_cache_ptr, table, head_offset,
-                                                   stride_cb, stride_ct, scale, offs_d, BLOCK_SIZE, HEAD_DIM,
-                                                   QUERY_ROWS, PARTITION, BLOCK_N, DYNAMIC_LOOP, PRECISION)
-                    if QUERY_ROWS != 1:
-                        lse_p = lse_p[:, None]
-                    o_run, w_run, m_run = _fold_partition(o_run, w_run, m_run, o_p, lse_p, True)
-        tl.store(out_ptr + seq * stride_yt + o_rows, (o_run / w_run).to(out_ptr.dtype.element_ty), mask=o_mask)
-    else:  # one partition; the merge kernel folds them
-        part = tl.program_id(2)
-        start = part * PARTITION
-        if start < ctx:
-            o_p, lse_p = _attend_partition(start, ctx, q, k_cache_ptr, v_cache_ptr, table, head_offset, stride_cb,
-                                           stride_ct, scale, offs_d, BLOCK_SIZE, HEAD_DIM, QUERY_ROWS, PARTITION,
-                                           BLOCK_N, DYNAMIC_LOOP, PRECISION)
-            tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, o_p, mask=o_mask)
-            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, lse_p, mask=g_mask)
+            for n0 in range(0, PARTITION, BLOCK_N):
+                m_i, l_i, acc = _attend_tokens(
+                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
+                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
+        if QUERY_ROWS == 1:
+            out = acc / l_i
+            o_rows = heads * stride_yh + offs_d
+            p_rows = heads * stride_oh + offs_d
+            o_mask = offs_d < HEAD_DIM
+        else:
+            out = acc / l_i[:, None]
+            o_rows = heads[:, None] * stride_yh + offs_d[None, :]
+            p_rows = heads[:, None] * stride_oh + offs_d[None, :]
+            o_mask = g_mask[:, None]
+        if SINGLE:  # one partition covers the context: this is the answer, no merge needed
+            tl.store(out_ptr + seq * stride_yt + o_rows, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
+            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
     _let_next_kernel_launch(PDL)
 
 
@@ -318,18 +193,17 @@ def _merge_partitions_kernel(
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
     n_parts = tl.cdiv(ctx, PARTITION)
+    offs_p = tl.arange(0, MAX_PARTS)
     offs_d = tl.arange(0, HEAD_DIM)
-    parts = part_out_ptr + seq * stride_ot + head * stride_oh
-    lses = part_lse_ptr + seq * stride_lt + head * stride_lh
-    o_run = tl.zeros([HEAD_DIM], tl.float32)
-    w_run = tl.full([], 0.0, tl.float32)
-    m_run = tl.full([], float("-inf"), tl.float32)
-    for i in tl.static_range(MAX_PARTS):  # unrolled: every load can be issued ahead of the folds
-        valid = i < n_parts
-        lse_p = tl.load(lses + i, mask=valid, other=float("-inf"))
-        o_p = tl.load(parts + i * stride_os + offs_d, mask=valid & (offs_d < HEAD_DIM), other=0.0)
-        o_run, w_run, m_run = _fold_partition(o_run, w_run, m_run, o_p, lse_p, valid)
-    tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, (o_run / w_run).to(out_ptr.dtype.element_ty))
+    p_mask = offs_p < n_parts
+    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask, other=float("-inf"))
+    weight = tl.exp(lse - tl.max(lse, axis=0))
+    weight = tl.where(p_mask, weight, 0.0)
+    weight = weight / tl.sum(weight, axis=0)
+    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os + offs_d[None, :],
+                    mask=p_mask[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], axis=0)
+    tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
     _let_next_kernel_launch(PDL and not NEXT_EARLY)
 
 

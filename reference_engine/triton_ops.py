@@ -22,12 +22,6 @@ MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
-# One decode program over a sequence's whole context (its partitions in turn, merged as it goes, no merge kernel)
-# where sequences x KV heads reach this many programs; fewer, and each partition gets its own program.
-DECODE_WHOLE_MIN_PROGRAMS = 1 << 62
-DECODE_WHOLE_NUM_WARPS, DECODE_WHOLE_NUM_STAGES = 2, 2
-DECODE_WHOLE_PREFETCH = False  # ...each partition asking the L2 for the next one's K and V rows first
-DECODE_WHOLE_DOUBLE_BUFFER = False  # ...or loading them into registers before it reduces its own
 MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200; not kept)
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
@@ -142,31 +136,23 @@ class TritonOps(TorchOps):
         block_n = DECODE_BLOCK_N
         partition = decode_partition(max_context)
         parts = triton.cdiv(max_context, partition)
-        # One program over the whole context where the batch alone gives the GPU enough programs (or one partition
-        # covers it); else one per partition and a merge kernel. Both merge in the same order: the same bits.
-        whole = parts == 1 or seqs * kv_heads >= DECODE_WHOLE_MIN_PROGRAMS
-        shape = (1, 1, 1, 1) if whole else (seqs, heads, parts, head_dim)  # the partitions' outputs, merged later
-        part_out = torch.empty(shape, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
+        single = parts == 1
+        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
-        merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not whole))
+        merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not single))
         merge_early = merge_launch["PDL"] and not launch["PDL"]  # the partition kernel lets it launch at its start
-        programs = 1 if whole else parts
-        grid = (kv_heads, seqs, programs) if DECODE_HEADS_FIRST else (seqs, kv_heads, programs)
+        grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
-            PARTITION=partition, BLOCK_N=min(block_n, partition), WHOLE=whole,
-            MAX_PARTS=triton.next_power_of_2(parts) if INTERPRETED else 1, DYNAMIC_LOOP=not INTERPRETED,
+            PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", HEADS_FIRST=DECODE_HEADS_FIRST,
-            MERGE_EARLY=merge_early and not whole, PREFETCH_NEXT=whole and DECODE_WHOLE_PREFETCH and not INTERPRETED,
-            DOUBLE_BUFFER=whole and DECODE_WHOLE_DOUBLE_BUFFER,
-            num_warps=DECODE_WHOLE_NUM_WARPS if whole else DECODE_NUM_WARPS,
-            num_stages=DECODE_WHOLE_NUM_STAGES if whole else DECODE_NUM_STAGES, **launch)
-        if not whole:
+            MERGE_EARLY=merge_early, num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
+        if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
                 part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
