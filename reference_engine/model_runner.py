@@ -104,17 +104,9 @@ class ModelRunner:
         masked-out padding rows can never inject NaN into attention."""
         spec = self.spec
         shape = (num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        head_major = False
-        if self.ops.name == "triton" and self.device.type == "cuda":
-            from reference_engine.triton_ops import KV_CACHE_HEAD_MAJOR as head_major
         for layer in self.model.layers:
-            if head_major:  # each head's tokens side by side in memory; the Triton kernels take any strides
-                layer.self_attn.k_cache, layer.self_attn.v_cache = (torch.zeros(
-                    num_blocks, spec.num_kv_heads, self.block_size, spec.head_dim, dtype=self.dtype,
-                    device=self.device).transpose(1, 2) for _ in range(2))
-            else:
-                layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.num_blocks = num_blocks
 
     @torch.inference_mode()

@@ -47,10 +47,6 @@ GEMV_UNROLL = False
 # kernel's tail) where its rows are at least this long: on the H200 (gemv-preload.jsonl) batch-1 TPOT fell 0.5%
 # for the 7B and 0.6% for the 13B (8-10 KB rows) and rose 0.5% for the 1B (4 KB rows, every product preloaded).
 GEMV_PRELOAD_MIN_ROW_BYTES = 8192
-# The KV cache stored [blocks, kv_heads, block_size, head_dim] (each head's tokens of a block side by side) and
-# viewed as the [blocks, block_size, kv_heads, head_dim] the model indexes: decode attention then reads a
-# block's rows of one head as one span rather than head_dim-long pieces a token's heads apart.
-KV_CACHE_HEAD_MAJOR = False
 
 
 @functools.cache

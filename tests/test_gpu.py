@@ -74,8 +74,7 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
                     reason="programmatic dependent launch needs Hopper or later")
 @pytest.mark.parametrize("knob, on, off", [("USE_PDL", True, False), ("MERGE_PDL", True, False),
                                            ("MERGE_LETS_NEXT_START", True, False), ("GEMV_EPILOGUES", True, False),
-                                           ("GEMV_PRELOAD_MIN_ROW_BYTES", 0, 1 << 62),
-                                           ("KV_CACHE_HEAD_MAJOR", True, False)])
+                                           ("GEMV_PRELOAD_MIN_ROW_BYTES", 0, 1 << 62)])
 def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
     """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
     (and the GEMV prefetches and preloads only weights). A missing wait would read stale activations: logits
