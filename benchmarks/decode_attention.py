@@ -39,6 +39,10 @@ def main() -> None:
     p.add_argument("--layout", default="shuffled", choices=["in-order", "shuffled"],
                    help="cache blocks of each sequence consecutive, as the engine's free list hands them out to a "
                         "fresh batch (in-order), or scattered at random over the cache (shuffled)")
+    p.add_argument("--cache-order", default="token-major", choices=["token-major", "head-major"],
+                   help="within a cache block, each token's heads side by side (the engine's [blocks, block_size, "
+                        "kv_heads, head_dim]) or each head's tokens side by side (a [blocks, kv_heads, block_size, "
+                        "head_dim] tensor, passed to the kernels as its permuted view: they take any strides)")
     p.add_argument("--label", default="current")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -69,6 +73,7 @@ def main() -> None:
         grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
     else:
         grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
+    defaults = {name: getattr(triton_ops, name) for name in KNOBS}
     dev = torch.device("cuda")
     out = Path(args.out).open("a") if args.out else None  # noqa: SIM115 (closed at exit)
 
@@ -90,8 +95,13 @@ def main() -> None:
             lens = torch.randint(512, 641, (batch,), generator=g)
             blocks = [-(-int(n) // block_size) for n in lens]
             per_copy = sum(blocks)
-            k_cache = torch.randn(per_copy * copies, block_size, kv_heads, head_dim, device=dev, dtype=torch.bfloat16)
-            v_cache = torch.randn_like(k_cache)
+            if args.cache_order == "token-major":
+                k_cache = torch.randn(per_copy * copies, block_size, kv_heads, head_dim, device=dev,
+                                      dtype=torch.bfloat16)
+                v_cache = torch.randn_like(k_cache)
+            else:
+                k_cache, v_cache = (torch.randn(per_copy * copies, kv_heads, block_size, head_dim, device=dev,
+                                                dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
             width = max_context // block_size
             tables = []
             for c in range(copies):
@@ -112,14 +122,14 @@ def main() -> None:
                 scale).float()
             kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
             for knobs in grid:
-                for name, value in zip(KNOBS, knobs, strict=True):
-                    if value is not None:
-                        setattr(triton_ops, name, value)
+                for name, value in zip(KNOBS, knobs, strict=True):  # None: the engine's setting
+                    setattr(triton_ops, name, defaults[name] if value is None else value)
+                knobs = tuple(getattr(triton_ops, name) for name in KNOBS)
                 res = torch.full_like(q, float("nan"))
                 triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[0], ctx, max_context, scale, res)
                 err = ((res.float() - ref).norm() / ref.norm()).item()
                 us = graph_time_us(functools.partial(run, q, k_cache, v_cache, tables, ctx, scale, res), copies)
-                row = dict(label=args.label, layout=args.layout, shape=shape, batch=batch,
+                row = dict(label=args.label, layout=args.layout, cache_order=args.cache_order, shape=shape, batch=batch,
                            knobs=dict(zip(KNOBS, knobs, strict=True)),
                            us=us, kv_tb_s=kv_bytes / us / 1e6, rel_err=err)
                 print(f"{args.label:>8} {shape:>13} b={batch:<3} {knobs}  {us:8.1f} us  "
