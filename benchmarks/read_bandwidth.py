@@ -11,7 +11,8 @@ under a memory-bound decode step, to set beside its TPOT.
   layout; at one row torch.mv, the engine's GEMV over a few tilings, each launched plainly, with programmatic
   dependent launch (PDL), and with PDL and the first 2 KB (or the whole) of each row asked into L2 before the
   wait, and a GEMV for the transposed layout; above one row a Triton skinny GEMM (`--gemv-only`: cuBLAS as
-  called and the engine's GEMV only). Eight copies of each weight in turn, so that none is served from L2,
+  called and the engine's GEMV only; `--splitk-only`: cuBLAS as called and a split-K Triton GEMM, checked
+  against a float32 product first). Eight copies of each weight in turn, so that none is served from L2,
   captured in a CUDA graph as a decode step is (so each GEMV launch follows another, as in a step).
 
 read-bandwidth.json and read-bandwidth-rows16-64.json (benchmarks/results/h200) were measured by this script as
@@ -92,6 +93,56 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, y_ptr, m, n, stride_x, stride_w, stride_y,
              mask=(offs_m[:, None] < m) & (offs_n[None, :] < n))
 
 
+@triton.jit
+def _splitk_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x, stride_w, stride_y,
+                        K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """y = x W^T (+ b) for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a
+    multiple of BLOCK_K.
+    Program (tile, split) streams BLOCK_N rows of W over 1/SPLIT_K of the input, so that even a 4096-wide output
+    gives every SM programs. With SPLIT_K > 1 each writes its float32 partial sums; the last of a tile's programs
+    to finish (an atomic count, which it resets) adds them in split order: the same bits whichever finished last,
+    and no second kernel. A row's result does not depend on the other rows (no choice by row count)."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < m
+    n_mask = offs_n < n
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_len: tl.constexpr = (K // BLOCK_K + SPLIT_K - 1) // SPLIT_K * BLOCK_K
+    for k0 in range(0, k_len, BLOCK_K):
+        offs_k = split * k_len + k0 + tl.arange(0, BLOCK_K)
+        if K % (SPLIT_K * BLOCK_K) == 0:  # every split the same length
+            x_mask = m_mask[:, None]
+            w_mask = n_mask[:, None]
+        else:  # the last split is shorter: its steps past K load nothing (and add zeros)
+            x_mask = m_mask[:, None] & (offs_k[None, :] < K)
+            w_mask = n_mask[:, None] & (offs_k[None, :] < K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], mask=x_mask, other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=w_mask, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    y_rows = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
+    y_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        parts = part_ptr + offs_m[:, None] * n + offs_n[None, :]  # [SPLIT_K, BLOCK_M, n], float32
+        tl.store(parts + split * BLOCK_M * n, acc, mask=y_mask)
+        # Publish: every thread's stores, then one release by the counter (the CTA barrier orders the other
+        # threads' stores before it). The program that brings the count to SPLIT_K adds the partial sums.
+        tl.debug_barrier()
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.load(parts, mask=y_mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(parts + s * BLOCK_M * n, mask=y_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_rows, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch (a graph replays the same counters)
+
 SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3), (128, 64, 4, 5),
                   (128, 128, 8, 3), (16, 256, 4, 4))
 
@@ -158,9 +209,16 @@ def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
     }
 
 
-def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = False) -> dict[str, dict[str, float]]:
+# (columns of W a program, input a step, splits of the input, warps, stages) for the split-K GEMM
+SPLITK_CONFIGS = ((64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 4, 6), (64, 128, 8, 4, 4),
+                  (128, 128, 2, 4, 3), (128, 128, 4, 4, 3), (128, 64, 4, 8, 4), (32, 128, 2, 4, 4),
+                  (32, 128, 4, 4, 4))
+
+
+def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = False,
+                    splitk_only: bool = False) -> dict[str, dict[str, float]]:
     """Per linear and variant (see the module's docstring): GPU time and weights read per second; `gemv_only`
-    measures only cuBLAS as called and the engine's GEMV."""
+    measures only cuBLAS as called and the engine's GEMV, `splitk_only` cuBLAS as called and the split-K GEMM."""
     result = {}
     for name, (out_f, in_f) in linear_shapes(shape).items():
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
@@ -168,7 +226,20 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
         variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)}
         y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
         transposed = []
-        if not gemv_only:
+        if splitk_only and rows > 1:
+            block_m = max(16, triton.next_power_of_2(rows))
+            parts = torch.empty(8 * block_m * out_f, dtype=torch.float32, device="cuda")
+            counts = torch.zeros(triton.cdiv(out_f, 32), dtype=torch.int32, device="cuda")
+            reference = torch.nn.functional.linear(x.float(), weights[-1].float())  # the last one launched
+            for bn, bk, split, warps, stages in SPLITK_CONFIGS:
+                if in_f % bk:
+                    continue
+                launch = functools.partial(_splitk_each, x, weights, y, parts, counts, bn, bk, split, warps, stages)
+                launch()
+                err = ((y.float() - reference).norm() / reference.norm()).item()
+                assert err < 1e-2, f"split-K GEMM {bn}x{bk} split {split}: relative error {err:.1e}"
+                variants[f"triton_splitk_{bn}x{bk}_k{split}_w{warps}_s{stages}"] = launch
+        elif not gemv_only:
             transposed = [w.t().contiguous() for w in weights]
             variants["x_at_w_kn"] = functools.partial(_each, functools.partial(torch.matmul, x), transposed)
             if rows > 1:
@@ -220,6 +291,14 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
             num_stages=stages)
 
 
+def _splitk_each(x, weights, y, parts, counts, bn, bk, split, warps, stages) -> None:
+    for w in weights:
+        _splitk_gemm_kernel[(triton.cdiv(w.shape[0], bn), split)](
+            x, w, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
+            HAS_BIAS=False, BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk,
+            SPLIT_K=split, num_warps=warps, num_stages=stages)
+
+
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
     """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode, without
     the early load of its first tile (PRELOAD; measured end to end in gemv-preload.jsonl)."""
@@ -239,12 +318,14 @@ def main() -> None:
     p.add_argument("--rows", default="1,64")
     p.add_argument("--out", required=True)
     p.add_argument("--gemv-only", action="store_true", help="cuBLAS as called and the engine's GEMV only")
+    p.add_argument("--splitk-only", action="store_true", help="cuBLAS as called and the split-K GEMM only")
     args = p.parse_args()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
     rows_measured = [int(r) for r in args.rows.split(",")]
     for shape in args.shapes.split(","):
-        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only)
+        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only,
+                                                              splitk_only=args.splitk_only)
                                  for rows in rows_measured}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
@@ -256,7 +337,7 @@ def main() -> None:
                 timings = {k: v for k, v in g.items() if k != "bytes"}
                 best = min(timings, key=lambda k: timings[k]["us"])
                 bests = []
-                for family in ("triton_in_major", "triton_skinny"):
+                for family in ("triton_in_major", "triton_skinny", "triton_splitk"):
                     members = [k for k in timings if k.startswith(family)]
                     if members:
                         bests.append(min(members, key=lambda k: timings[k]["us"]))
