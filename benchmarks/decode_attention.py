@@ -73,7 +73,7 @@ def main() -> None:
         grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
     else:
         grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
-    defaults = {name: getattr(triton_ops, name) for name in KNOBS}
+    defaults = {name: getattr(triton_ops, name, None) for name in KNOBS}  # None: a knob that version lacks
     dev = torch.device("cuda")
     out = Path(args.out).open("a") if args.out else None  # noqa: SIM115 (closed at exit)
 
@@ -123,8 +123,10 @@ def main() -> None:
             kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
             for knobs in grid:
                 for name, value in zip(KNOBS, knobs, strict=True):  # None: the engine's setting
-                    setattr(triton_ops, name, defaults[name] if value is None else value)
-                knobs = tuple(getattr(triton_ops, name) for name in KNOBS)
+                    value = defaults[name] if value is None else value
+                    if value is not None:
+                        setattr(triton_ops, name, value)
+                knobs = tuple(getattr(triton_ops, name, None) for name in KNOBS)
                 res = torch.full_like(q, float("nan"))
                 triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[0], ctx, max_context, scale, res)
                 err = ((res.float() - ref).norm() / ref.norm()).item()
