@@ -71,8 +71,8 @@ def main() -> None:
     elif args.sweep == "order":  # the grid's order (heads fastest or sequences), and PDL triggered at the end
         grid = [(64, 64, 2, 2, False, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)]
         grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
-    else:
-        grid = [tuple(getattr(triton_ops, k, None) for k in KNOBS)]
+    else:  # every knob at the engine's setting
+        grid = [(None,) * len(KNOBS)]
     defaults = {name: getattr(triton_ops, name, None) for name in KNOBS}  # None: a knob that version lacks
     dev = torch.device("cuda")
     out = Path(args.out).open("a") if args.out else None  # noqa: SIM115 (closed at exit)

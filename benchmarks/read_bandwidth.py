@@ -76,33 +76,15 @@ def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.con
 
 
 @triton.jit
-def _skinny_gemm_kernel(x_ptr, w_ptr, y_ptr, m, n, stride_x, stride_w, stride_y, K: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in): each program streams BLOCK_N rows
-    of W once, on the tensor cores."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], mask=offs_m[:, None] < m, other=0.0)
-        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=offs_n[:, None] < n,
-                    other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < m) & (offs_n[None, :] < n))
-
-
-@triton.jit
-def _splitk_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x, stride_w, stride_y,
-                        K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """y = x W^T (+ b) for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a
-    multiple of BLOCK_K.
-    Program (tile, split) streams BLOCK_N rows of W over 1/SPLIT_K of the input, so that even a 4096-wide output
-    gives every SM programs. With SPLIT_K > 1 each writes its float32 partial sums; the last of a tile's programs
-    to finish (an atomic count, which it resets) adds them in split order: the same bits whichever finished last,
-    and no second kernel. A row's result does not depend on the other rows (no choice by row count)."""
+def _splitk_gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x, stride_w, stride_y,
+                        K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a multiple
+    of BLOCK_K. Program (tile, split) streams BLOCK_N rows of W once, over 1/SPLIT_K of the input, so that even a
+    4096-wide output gives every SM programs (SPLIT_K = 1: the plain skinny GEMM). With SPLIT_K > 1 each writes
+    its float32 partial sums; the last of a tile's programs to finish (an atomic count, which it resets) adds
+    them in split order: the same bits whichever finished last, and no second kernel. A row's result does not
+    depend on the other rows (no choice by row count)."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -125,8 +107,6 @@ def _splitk_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, m, n, s
     y_rows = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     y_mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
         parts = part_ptr + offs_m[:, None] * n + offs_n[None, :]  # [SPLIT_K, BLOCK_M, n], float32
@@ -138,10 +118,9 @@ def _splitk_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, m, n, s
             total = tl.load(parts, mask=y_mask, other=0.0, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
                 total += tl.load(parts + s * BLOCK_M * n, mask=y_mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_rows, total.to(y_ptr.dtype.element_ty), mask=y_mask)
             tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch (a graph replays the same counters)
+
 
 SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3), (128, 64, 4, 5),
                   (128, 128, 8, 3), (16, 256, 4, 4))
@@ -284,19 +263,16 @@ def _gemv_in_major_each(transposed, x, y, bn, bk, warps, stages, split) -> None:
 
 
 def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
-    for w in weights:
-        _skinny_gemm_kernel[(triton.cdiv(w.shape[0], bn),)](
-            x, w, y, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
-            BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-            num_stages=stages)
+    """The split-K GEMM at one split: no partial sums, so y stands in for their buffers."""
+    _splitk_each(x, weights, y, y, y, bn, bk, 1, warps, stages)
 
 
 def _splitk_each(x, weights, y, parts, counts, bn, bk, split, warps, stages) -> None:
     for w in weights:
         _splitk_gemm_kernel[(triton.cdiv(w.shape[0], bn), split)](
-            x, w, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
-            HAS_BIAS=False, BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk,
-            SPLIT_K=split, num_warps=warps, num_stages=stages)
+            x, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
+            BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            num_warps=warps, num_stages=stages)
 
 
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
