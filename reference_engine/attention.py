@@ -22,7 +22,7 @@ class PrefillChunk:
     start: int
     num_tokens: int
     context_len: int  # tokens of context after this chunk (cached prefix + chunk)
-    block_table: torch.Tensor  # [num_blocks] ids, long
+    block_table: torch.Tensor  # [num_blocks] ids, int32 or long
 
 
 @dataclass
@@ -31,8 +31,8 @@ class AttentionBatch:
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each token (block_id * block_size + offset)
     num_decode: int = 0
-    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
-    decode_context_lens: torch.Tensor | None = None  # [num_decode] long (includes the new token)
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] int32
+    decode_context_lens: torch.Tensor | None = None  # [num_decode] int32 or long (includes the new token)
     decode_max_context: int = 0  # longest decode context (host int): bounds the GPU kernel's partitions
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool (torch path)
     prefills: list[PrefillChunk] = field(default_factory=list)

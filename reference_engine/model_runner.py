@@ -13,6 +13,7 @@ import torch
 from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask
 from reference_engine.cpu_linear import onednn_linear_available, pack_linears
 from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
+from reference_engine.host_copy import lists_to_device, to_device
 from reference_engine.loader import ResolvedModel, build_model
 from reference_engine.ops import ops_for
 from reference_engine.sequence import Sequence
@@ -134,9 +135,10 @@ class ModelRunner:
             step.prefills.append((offset, n, n, table))
             step.sample_rows.append(offset + n - 1)
             first += nb
-        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
-                            torch.tensor(step.positions, device=self.device), self.attention_batch(step))
-        self.model.logits(hidden[torch.tensor(step.sample_rows, device=self.device)])
+        ids, positions, slots, sample_rows = lists_to_device(
+            [step.input_ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)
+        hidden = self.model(ids, positions, self.attention_batch(step, slots))
+        self.model.logits(hidden.index_select(0, sample_rows))
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         self.allocate_kv_cache(0)
@@ -160,30 +162,32 @@ class ModelRunner:
                                      step.decode_lens, gather)
             rows = step.sample_rows
             if len(rows) < logits.shape[0]:
-                logits = logits[torch.tensor(rows, device=self.device)]
+                logits = logits[to_device(rows, self.device, torch.long)]
             return logits
-        if gather is not None:
-            assert not step.prefills, "token ids are gathered on the device for decode steps only"
-            input_ids = gather[0].index_select(0, torch.tensor(gather[1], device=self.device))
-        else:
-            input_ids = torch.tensor(step.input_ids, device=self.device)
-        hidden = self.model(input_ids, torch.tensor(step.positions, device=self.device), self.attention_batch(step))
+        assert gather is None or not step.prefills, "token ids are gathered on the device for decode steps only"
+        ids = gather[1] if gather is not None else step.input_ids
+        ids, positions, slots, sample_rows = lists_to_device(
+            [ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)
+        input_ids = gather[0].index_select(0, ids) if gather is not None else ids
+        hidden = self.model(input_ids, positions, self.attention_batch(step, slots))
         if not step.sample_rows:
             return torch.empty(0, self.spec.vocab_size, device=self.device)
-        rows = torch.tensor(step.sample_rows, device=self.device)
-        return self.model.logits(hidden.index_select(0, rows))
+        return self.model.logits(hidden.index_select(0, sample_rows))
 
-    def attention_batch(self, step: StepInputs) -> AttentionBatch:
+    def attention_batch(self, step: StepInputs, slot_mapping: torch.Tensor) -> AttentionBatch:
+        """The step's paging on the device: block tables and context lengths (int32) in one copy."""
         dev = self.device
-        batch = AttentionBatch(slot_mapping=torch.tensor(step.slots, device=dev),
-                               num_decode=len(step.decode_lens),
-                               prefills=[PrefillChunk(start, n, ctx, torch.tensor(table, device=dev))
-                                         for start, n, ctx, table in step.prefills])
+        width = max((len(t) for t in step.decode_tables), default=0)
+        tables = [block for t in step.decode_tables for block in t + [0] * (width - len(t))]
+        prefill_tables = [table for _, _, _, table in step.prefills]
+        tables, decode_lens, *prefill_tables = lists_to_device([tables, step.decode_lens, *prefill_tables], dev,
+                                                               torch.int32)
+        batch = AttentionBatch(slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
+                               prefills=[PrefillChunk(start, n, ctx, table) for (start, n, ctx, _), table
+                                         in zip(step.prefills, prefill_tables, strict=True)])
         if step.decode_lens:
-            width = max(len(t) for t in step.decode_tables)
-            tables = [t + [0] * (width - len(t)) for t in step.decode_tables]
-            batch.decode_block_tables = torch.tensor(tables, device=dev, dtype=torch.int32)
-            batch.decode_context_lens = torch.tensor(step.decode_lens, device=dev, dtype=torch.int32)
+            batch.decode_block_tables = tables.view(len(step.decode_tables), width)
+            batch.decode_context_lens = decode_lens
             batch.decode_max_context = max(step.decode_lens)
             if self.ops.name == "torch":
                 batch.decode_mask = decode_mask(batch.decode_context_lens, width * self.block_size)

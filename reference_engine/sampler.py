@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from reference_engine.host_copy import to_device
 from reference_engine.sequence import Sequence
 
 
@@ -35,7 +36,7 @@ class Sampler:
 
     def logprobs(self, logits: torch.Tensor, chosen: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Log-probabilities of the chosen tokens of `rows` under the raw logits, on the device."""
-        index = _to_device(rows, logits.device, torch.long)
+        index = to_device(rows, logits.device, torch.long)
         picked = chosen.index_select(0, index)
         return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
 
@@ -48,19 +49,19 @@ class Sampler:
             if seq.num_output_tokens < seq.params.min_tokens:
                 banned = self.stop_ids(seq)
                 if banned:
-                    logits[row, banned] = float("-inf")
+                    logits[row].index_fill_(0, to_device(banned, logits.device, torch.long), float("-inf"))
         greedy = [seq.params.greedy for seq in seqs]
         tokens = logits.argmax(dim=-1)
         if all(greedy):
             return tokens
-        rows = _to_device([i for i, g in enumerate(greedy) if not g], logits.device, torch.long)
+        rows = to_device([i for i, g in enumerate(greedy) if not g], logits.device, torch.long)
         picked = [seq for seq, g in zip(seqs, greedy, strict=True) if not g]
         tokens.index_copy_(0, rows, self._sample(logits.index_select(0, rows), picked))
         return tokens
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         device = logits.device
-        temperature = _to_device([s.params.temperature for s in seqs], device, logits.dtype)
+        temperature = to_device([s.params.temperature for s in seqs], device, logits.dtype)
         logits = logits / temperature[:, None]
         top_k = [s.params.top_k for s in seqs]
         top_p = [s.params.top_p for s in seqs]
@@ -75,7 +76,7 @@ class Sampler:
         else:
             q = torch.empty_like(probs)
             if shared:
-                q.index_copy_(0, _to_device(shared, device, torch.long), draws)
+                q.index_copy_(0, to_device(shared, device, torch.long), draws)
         for i, seq in enumerate(seqs):
             if seq.generator is not None:
                 q[i].exponential_(generator=seq.generator)
@@ -87,18 +88,11 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)
-    k = _to_device([t if t > 0 else vocab for t in top_k], logits.device, torch.long)
+    k = to_device([t if t > 0 else vocab for t in top_k], logits.device, torch.long)
     sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
-    p = _to_device(top_p, logits.device, logits.dtype)
+    p = to_device(top_p, logits.device, logits.dtype)
     sorted_probs = sorted_logits.softmax(dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
 
-
-def _to_device(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A small host list on the device without waiting for the device: a plain copy from pageable memory
-    synchronises the stream, which would stall overlapped decode behind the step in flight."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -176,3 +176,33 @@ def test_overlapped_decode_under_preemption_on_graphs(llama_dir):
         runs[overlap] = _drive(engine, prompts, params, late=4)
         assert engine.scheduler.num_preemptions > 0
     assert runs[True] == runs[False]
+
+
+def test_eager_steps_never_wait_for_the_device(llama_dir, monkeypatch):
+    """An eager step (prefill or decode) and the sampler queue their work without synchronising the stream: their
+    host lists reach the device through pinned memory. A synchronising copy would make each step's launches wait
+    for the step before to finish on the GPU, adding host time to GPU time instead of overlapping them."""
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=8,
+                                 max_model_len=512, num_kv_blocks=512, enforce_eager=True, async_scheduling=True))
+    checked = []
+
+    def never_synchronising(fn):
+        def call(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")  # a synchronising CUDA call raises
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                checked.append(fn.__name__)
+        return call
+
+    monkeypatch.setattr(engine.runner, "run", never_synchronising(engine.runner.run))
+    monkeypatch.setattr(engine.sampler, "choose", never_synchronising(engine.sampler.choose))
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(20, 90))] for _ in range(5)]
+    params = [SamplingParams(max_tokens=24, temperature=0.0 if i % 2 else 0.8, seed=i, min_tokens=4,
+                             stop_token_ids=[13] if i % 2 else []) for i in range(len(prompts))]
+    outs = engine.generate(prompts, params)
+    assert all(len(o.token_ids) >= 4 for o in outs)
+    assert checked.count("run") > 20 and checked.count("choose") > 20
+    assert engine.num_overlapped_steps > 10
