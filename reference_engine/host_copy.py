@@ -15,7 +15,7 @@ import torch
 
 def to_device(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A flat list of numbers on `device`, without a stream synchronisation."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not values:
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 

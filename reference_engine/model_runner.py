@@ -1,7 +1,9 @@
 """Turns a scheduled batch into tensors, runs the model over the paged KV cache, and returns the logits to sample.
 
 The flat batch puts single-token steps (decodes) first and prefill chunks after. A decode-only batch that
-fits a captured bucket replays a CUDA graph; everything else runs eagerly.
+fits a captured bucket replays a CUDA graph; everything else runs eagerly. Either way the step's host lists reach
+the device through pinned memory without a stream synchronisation, so the host queues step N+1 while the device
+still runs step N.
 """
 
 from __future__ import annotations
