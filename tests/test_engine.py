@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reference_engine import Engine, EngineConfig, SamplingParams
+from reference_engine.host_copy import lists_to_device
 from reference_engine.model_config import UnsupportedModelError
 from reference_engine.sampler import Sampler
 from reference_engine.sequence import Sequence
@@ -184,3 +185,12 @@ def test_random_shapes_and_synthetic_tokenizer_round_trip():
     assert engine.tokenizer.encode(text) == ids
     out = engine.generate([ids], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 5
+
+
+def test_lists_to_device_keeps_each_list_whole_and_in_order():
+    rng = random.Random(3)
+    lists = [[rng.randrange(-5, 10**6) for _ in range(rng.randint(0, 9))] for _ in range(6)] + [[]]
+    for dtype in (torch.int32, torch.long):
+        views = lists_to_device(lists, torch.device("cpu"), dtype)
+        assert [v.tolist() for v in views] == lists
+        assert all(v.dtype == dtype and v.is_contiguous() for v in views)
