@@ -137,10 +137,7 @@ class ModelRunner:
             step.prefills.append((offset, n, n, table))
             step.sample_rows.append(offset + n - 1)
             first += nb
-        ids, positions, slots, sample_rows = lists_to_device(
-            [step.input_ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)
-        hidden = self.model(ids, positions, self.attention_batch(step, slots))
-        self.model.logits(hidden.index_select(0, sample_rows))
+        self.run(step)  # prefills never replay a graph: the eager step the scheduler may run
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         self.allocate_kv_cache(0)
