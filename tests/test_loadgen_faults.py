@@ -88,13 +88,13 @@ def test_connection_refused():
 def test_server_killed_mid_run(tmp_path):
     """Streams in flight when the server dies end as disconnected/reset; later requests find it refused."""
     out = tmp_path / "requests.jsonl"
-    slow = ScriptedSchedule(ttft_s=0.01, itl_s=0.02)
+    slow = ScriptedSchedule(ttft_s=0.01, itl_s=0.05)  # 200 tokens: 10 s a stream, far longer than the wait
     with scripted_server(default_schedule=slow) as doomed:
-        sent = [RequestSpec(f"k{i}", (1,), "x", 40) for i in range(10)]
+        sent = [RequestSpec(f"k{i}", (1,), "x", 200) for i in range(10)]
 
         async def scenario():
             run = asyncio.create_task(run_load(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out))
-            await asyncio.sleep(0.4)
+            await asyncio.to_thread(doomed.wait_streaming, 4)  # all four streams have tokens: none is connecting
             doomed.kill()
             return await run
 
@@ -104,4 +104,4 @@ def test_server_killed_mid_run(tmp_path):
     assert len(records) == 10 and read_records(out) == records
     assert set(kinds[:4]) <= {ErrorKind.SERVER_DISCONNECTED, ErrorKind.CONNECTION_RESET}
     assert kinds[4:] == [ErrorKind.CONNECTION_REFUSED] * 6
-    assert all(0 < r.event_tokens < 40 for r in records[:4] if r.request_id in {"k0", "k1", "k2", "k3"})
+    assert all(0 < r.event_tokens < 200 for r in records if r.request_id in {"k0", "k1", "k2", "k3"})

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -139,19 +138,19 @@ def test_bad_input_fails_before_sending(server, tmp_path):
 
 def test_cancelling_the_run_records_in_flight_requests(server, tmp_path):
     out = tmp_path / "requests.jsonl"
-    long = {"ttft_s": 0.01, "itl_s": 0.05}
+    long = {"ttft_s": 0.01, "itl_s": 0.05}  # 200 tokens: 10 s a stream, far longer than the wait
 
     async def scenario():
-        task = asyncio.create_task(run_load(server.url, get_adapter("vllm"), make_specs("c", 6, 40, long),
+        task = asyncio.create_task(run_load(server.url, get_adapter("vllm"), make_specs("c", 6, 200, long),
                                             ClosedLoop(3), output_path=out))
-        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.wait_streaming, 3)  # every stream has a token before the cancel
         task.cancel()
         return await task  # returns normally: cancellation is recorded, not raised
 
     with new_runner() as runner:
         records = runner.run(scenario())
     assert [r.error_kind for r in records] == [ErrorKind.CANCELLED] * 3
-    assert all(0 < r.event_tokens < 40 for r in records)
+    assert all(0 < r.event_tokens < 200 for r in records)
     assert read_records(out) == records
     assert read_run_summaries(tmp_path / "runs.jsonl")[0].interrupted
 
@@ -165,7 +164,7 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
         from workloads.schedule import ClosedLoop
         from workloads.spec import RequestSpec
         header = {{"X-Scripted-Schedule": json.dumps({{"itl_s": 0.05}})}}
-        specs = [RequestSpec(f"sig-{{i}}", (1,), "x", 60, extra_headers=header) for i in range(8)]
+        specs = [RequestSpec(f"sig-{{i}}", (1,), "x", 200, extra_headers=header) for i in range(8)]
         print("started", flush=True)
         records = run_load_sync({server.url!r}, get_adapter("vllm"), specs, ClosedLoop(4), output_path={str(out)!r})
         print(json.dumps(sorted(str(r.error_kind) for r in records)), flush=True)
@@ -173,7 +172,7 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "started"
-    time.sleep(1.0)
+    server.wait_streaming(4)  # the four streams are under way (10 s each), however slow the machine
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0

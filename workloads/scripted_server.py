@@ -41,6 +41,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,8 @@ class ScriptedServer:
         self._log: IO[str] | None = event_log.open("a", encoding="utf-8") if event_log else None
         self._ids = itertools.count()
         self.running = 0
+        # ids of the requests that have streamed a token and not ended: tests wait on their count, not on time
+        self._streaming: set[int] = set()
         self.requests_total = 0
         self.tokens_total = 0
 
@@ -207,6 +210,8 @@ class ScriptedServer:
         text = (
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{model_name="{self.model}"}} {self.running}\n'
+            "# TYPE scripted:num_requests_streaming gauge\n"
+            f'scripted:num_requests_streaming{{model_name="{self.model}"}} {len(self._streaming)}\n'
             "# TYPE vllm:request_success_total counter\n"
             f'vllm:request_success_total{{model_name="{self.model}"}} {self.requests_total}\n'
             "# TYPE vllm:generation_tokens_total counter\n"
@@ -328,6 +333,7 @@ class ScriptedServer:
             raise asyncio.CancelledError from None  # ends the handler without aiohttp logging an error
         finally:
             self.running -= 1
+            self._streaming.discard(id(log))
             self.requests_total += 1
             self._write_log(log)
             if self.requests_total % GC_EVERY_REQUESTS == 0:
@@ -416,6 +422,7 @@ class ScriptedServer:
                 role_pending = False
             await write(chunk, [("token", 1)] * k if per_token else [("token", k)])
             self.tokens_total += k
+            self._streaming.add(id(log))
             if schedule.comment_every and (i + 1) % schedule.comment_every == 0:
                 await resp.write(b": keep-alive\n\n")
             due += stalls.get(i + 1, 0.0)
@@ -587,6 +594,22 @@ class ServerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def streaming(self) -> int:
+        """How many requests have streamed a token and not ended, read from the server's /metrics."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        line = next(x for x in text.splitlines() if x.startswith("scripted:num_requests_streaming"))
+        return int(float(line.rsplit(" ", 1)[1]))
+
+    def wait_streaming(self, count: int, timeout_s: float = 60.0) -> None:
+        """Block until at least `count` requests are streaming: a test acts on that state, not after a fixed
+        sleep that a loaded machine can outrun."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.streaming()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{now} of {count} requests streaming after {timeout_s} s")
+            time.sleep(0.01)
 
     def kill(self) -> None:
         """SIGKILL: the server dies mid-run, as a crashed backend would."""
