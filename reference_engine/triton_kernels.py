@@ -100,7 +100,11 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
     return m_new, l_i, acc
 
 
-@triton.jit
+# The block table's row stride and the partition-LSE buffer's strides change with the step (the longest context in
+# an eager batch sets both), and the context lengths sit right after the block tables in one copy, so their
+# address is 16-byte aligned or not with the tables' size: specialising on them (Triton does on 1, multiples of 16
+# and aligned pointers) compiled new variants at serving time. Only scalars are loaded through them.
+@triton.jit(do_not_specialize=["block_tables_ptr", "context_lens_ptr", "stride_bt", "stride_lt", "stride_lh"])
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
     scale,
@@ -179,7 +183,7 @@ def _decode_partition_kernel(
     _let_next_kernel_launch(PDL)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["context_lens_ptr", "stride_lt", "stride_lh"])
 def _merge_partitions_kernel(
     part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
