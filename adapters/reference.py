@@ -34,6 +34,8 @@ REFERENCE_STARTUP = [
             r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
     pattern("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
             r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool"),
+    pattern("warmed_up", r"eager steps warmed up: (?P<steps>\d+) step shapes in (?P<seconds>[\d.]+) s",
+            phase="compile", detail="every eager step shape run once (kernel compiles, allocator growth)"),
     pattern("server_ready", r"server ready at (?P<url>\S+) in (?P<seconds>[\d.]+) s", ready=True),
 ]
 REFERENCE_CLOCK = clock(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", "%Y-%m-%d %H:%M:%S,%f")

@@ -53,6 +53,9 @@ class EngineConfig:
     # before reading step N's tokens, so the GPU does not wait for the host between steps. None: on for
     # CUDA, off on a CPU, where the model runs in the calling thread and nothing could overlap.
     async_scheduling: bool | None = None
+    # Run every kind of eager step once before serving (kernel compiles, allocator growth): None means on for
+    # CUDA, where first sight costs up to seconds, off on a CPU, where there is nothing to compile.
+    warm_up: bool | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_linear not in ("onednn", "torch"):

@@ -133,6 +133,10 @@ class Engine:
                         f"{self.setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB")
             log.info("CUDA graphs: first-use warm-up %.3f s, then per bucket %s", report.warmup_seconds,
                      ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()))
+        if config.warm_up if config.warm_up is not None else self.device.type == "cuda":
+            t4 = time.perf_counter()
+            steps = self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)
+            self._phase("warm_up", time.perf_counter() - t4, f"eager steps warmed up: {steps} step shapes")
         self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)

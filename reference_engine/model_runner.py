@@ -20,6 +20,8 @@ from reference_engine.loader import ResolvedModel, build_model
 from reference_engine.ops import ops_for
 from reference_engine.sequence import Sequence
 
+DECODE_WARM_CONTEXT = 64  # decode attention's partition: contexts 64 * 2^k reach every partition count it compiles
+
 
 @dataclass
 class StepInputs:
@@ -143,6 +145,68 @@ class ModelRunner:
         self.allocate_kv_cache(0)
         torch.cuda.empty_cache()
         return peak
+
+    @torch.inference_mode()
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+        """Run each kind of eager step the scheduler can make once, before serving, so that no request pays
+        for a kernel compiled on first sight: without it the first mixed steps served on the H200 took 0.7-1.8 s
+        (Triton compiling decode attention for eager batches). Decode attention compiles a variant per number
+        of partitions of the longest context (a power of two) and for one sequence or several; the token count's
+        parity moves the positions' alignment; prefill chunks start a sequence (causal) or continue it
+        (masked). The largest step leaves the allocator holding the memory such steps need. The cache's
+        contents are zeroed again afterwards. Returns the number of steps run."""
+        bs = self.block_size
+        limit = min(self.max_model_len, self.num_blocks * bs)
+        contexts = sorted({min(DECODE_WARM_CONTEXT << k, limit) for k in range(limit.bit_length())} - {0})
+        chunk = min(16, limit // 2)
+        prefills = [(0, chunk), (chunk, chunk)] if chunk else []
+        shapes: list[tuple[int, int, list[tuple[int, int]]]] = []  # (decode rows, their context, prefills)
+        if prefills:
+            shapes.append((0, 0, prefills))
+        for ctx in contexts:
+            for rows in (1, 2):
+                shapes.append((rows, ctx, []))
+                if prefills:
+                    shapes.append((rows, ctx, prefills))
+        rows = max(1, min(max_num_seqs - 1, max_num_batched_tokens // 2))
+        rest = min(max_num_batched_tokens - rows, limit)
+        if rest > 1:
+            shapes.append((rows, limit, [(0, rest)]))
+            shapes.append((0, 0, [(0, rest)]))
+            if limit - rest > 0:
+                shapes.append((rows, limit, [(limit - rest, rest)]))
+        graphs, self.graphs = self.graphs, None  # eager steps only: graph replays were warmed at capture
+        try:
+            for decodes, ctx, prefills in shapes:
+                self.run(self._synthetic_step(decodes, ctx, prefills))
+        finally:
+            self.graphs = graphs
+        for layer in self.model.layers:
+            layer.self_attn.k_cache.zero_()
+            layer.self_attn.v_cache.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(shapes)
+
+    def _synthetic_step(self, decodes: int, context: int, prefills: list[tuple[int, int]]) -> StepInputs:
+        """A step of `decodes` sequences at `context` tokens and prefill chunks (start, tokens), every sequence
+        on the cache's first blocks; token ids drawn at random."""
+        bs = self.block_size
+        step = StepInputs()
+        rows = [(context - 1, 1)] * decodes + prefills
+        for start, n in rows:
+            table = list(range(-(-(start + n) // bs)))
+            offset = len(step.input_ids)
+            step.input_ids.extend(torch.randint(self.spec.vocab_size, (n,)).tolist())
+            step.positions.extend(range(start, start + n))
+            step.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if n == 1:
+                step.decode_tables.append(table)
+                step.decode_lens.append(start + 1)
+            else:
+                step.prefills.append((offset, n, start + n, table))
+            step.sample_rows.append(offset + n - 1)
+        return step
 
     def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None) -> CaptureReport:
         self.graphs = CUDAGraphRunner(self.model, self.max_model_len, self.block_size, self.device)

@@ -194,3 +194,17 @@ def test_lists_to_device_keeps_each_list_whole_and_in_order():
         views = lists_to_device(lists, torch.device("cpu"), dtype)
         assert [v.tolist() for v in views] == lists
         assert all(v.dtype == dtype and v.is_contiguous() for v in views)
+
+
+def test_warm_up_runs_every_step_shape_and_leaves_no_trace(llama_dir):
+    """The pre-serving warm-up runs each eager step shape once over the real cache, then zeroes the cache: the
+    engine's tokens afterwards are the same as a cold engine's, and nothing is held."""
+    prompts = random_prompts(8, 300, 5, 50)
+    config = dict(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=8, max_model_len=128)
+    cold = Engine(EngineConfig(**config, warm_up=False))
+    warm = Engine(EngineConfig(**config, warm_up=True))
+    assert "warm_up" in warm.setup.phases and "warm_up" not in cold.setup.phases
+    for layer in warm.runner.model.layers:
+        assert not layer.self_attn.k_cache.any() and not layer.self_attn.v_cache.any()
+    assert [o.token_ids for o in warm.generate(prompts, GREEDY)] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
+    assert_nothing_held(warm)

@@ -206,3 +206,28 @@ def test_eager_steps_never_wait_for_the_device(llama_dir, monkeypatch):
     assert all(len(o.token_ids) >= 4 for o in outs)
     assert checked.count("run") > 20 and checked.count("choose") > 20
     assert engine.num_overlapped_steps > 10
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_no_served_step_compiles_after_warm_up(llama_dir, enforce_eager):
+    """Ready means ready: after the engine's warm-up, mixed prefill + decode steps at every context length and a
+    full token budget compile no Triton kernel (a compile stalled the first served steps for up to 1.8 s)."""
+    from triton import knobs
+
+    engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=16,
+                                 max_model_len=1024, max_num_batched_tokens=512, num_kv_blocks=2048,
+                                 enforce_eager=enforce_eager))
+    assert "warm_up" in engine.setup.phases
+    compiles = []
+    knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiles.append(1)
+    try:
+        rng = random.Random()
+        lengths = [rng.randint(1, 900) for _ in range(24)] + [1, 63, 64, 65, 1000]
+        prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in lengths]
+        params = [SamplingParams(max_tokens=min(rng.randint(1, 40), 1024 - len(p)), temperature=0.0,
+                                 ignore_eos=True) for p in prompts]
+        for out in engine.generate(prompts, params):
+            assert out.finished
+    finally:
+        knobs.runtime.jit_post_compile_hook = None
+    assert compiles == []
