@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -168,7 +168,7 @@ def run(
         help="launch every backend this many times, in alternating order, and check that a winner wins in "
         "each [default: 1]",
     ),
-    n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
+    n_boot: int = typer.Option(1000, min=1, help="bootstrap resamples for the intervals"),
     ray: str | None = typer.Option(
         None,
         "--ray",
@@ -257,13 +257,16 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
     run_dir = RunDir.create(out or default_run_dir(), plan.describe(), ["compare", *sys.argv[1:]])
     console.print(f"run directory: [bold]{run_dir.path}[/bold]")
     code = EXIT_OK
+    shown: set[str] = set()  # notes already printed as errors: the summary's warnings skip them
     with _sigterm_as_sigint():
         try:
             code = _measure_on_ray(plan, run_dir) if plan.ray else _measure(plan, run_dir)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
         except Exception as exc:  # the run failed; report what was measured and say why
-            run_dir.manifest["notes"].append(f"failed: {type(exc).__name__}: {exc}")
+            note = f"failed: {type(exc).__name__}: {exc}"
+            run_dir.manifest["notes"].append(note)
+            shown.add(note)
             console.print(f"[red]error:[/red] {exc}")
             code = EXIT_FAILED
     run_dir.manifest["status"] = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
@@ -272,7 +275,7 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
         console.print("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
     try:
         with _sigint_ignored():
-            results = _report(run_dir, n_boot, plan.seed)
+            results = _report(run_dir, n_boot, plan.seed, shown)
     except Exception as exc:
         console.print(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")
         return EXIT_FAILED
@@ -578,12 +581,12 @@ def _one_point(
     return bool(summaries and summaries[-1].interrupted)
 
 
-def _report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
+def _report(run_dir: Any, n_boot: int, seed: int = 0, shown: Collection[str] = ()) -> Any:
     from compare.report import analyze, write_reports
 
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
-    print_summary(results)
+    print_summary(results, shown)
     console.print(
         f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
         f"{run_dir.path / 'summary.csv'}"
@@ -595,11 +598,13 @@ def _ms(value: Any) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:,.1f}"
 
 
-def print_summary(results: Any) -> None:
+def print_summary(results: Any, shown: Collection[str] = ()) -> None:
+    """The summary table, the picks and the warnings (but not those in `shown`, printed already)."""
+    warnings = [w for w in results.warnings if w not in shown]
     s = results.summary
     if s.empty:
         console.print("no measured requests")
-        for w in results.warnings:
+        for w in warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
         return
     table = Table(
@@ -635,7 +640,7 @@ def print_summary(results: Any) -> None:
     for pick in results.picks:
         for sentence in pick.sentences:
             console.print(sentence.replace("**", ""), highlight=False)
-    for w in results.warnings:
+    for w in warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 
