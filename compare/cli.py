@@ -258,7 +258,7 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
     console.print(f"run directory: [bold]{run_dir.path}[/bold]")
     code = EXIT_OK
     shown: set[str] = set()  # notes already printed as errors: the summary's warnings skip them
-    with _sigterm_as_sigint():
+    with _interruptible():
         try:
             code = _measure_on_ray(plan, run_dir) if plan.ray else _measure(plan, run_dir)
         except KeyboardInterrupt:
@@ -285,22 +285,29 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_as_sigint() -> Iterator[None]:
-    """SIGTERM takes the Ctrl-C path: in-flight requests recorded as cancelled, servers stopped, partial
-    report."""
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM both take the Ctrl-C path (in-flight requests recorded as cancelled, servers
+    stopped, partial report), whatever the parent did: a shell starts background jobs with SIGINT ignored,
+    and Python then leaves it ignored, so both handlers are set here rather than inherited."""
 
-    def handler(_signum: int, _frame: Any) -> None:
-        signal.raise_signal(signal.SIGINT)
+    def on_sigterm(_signum: int, frame: Any) -> None:
+        # whoever handles SIGINT now (the load generator's event loop cancels its run) handles this too
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
 
 
 @contextlib.contextmanager

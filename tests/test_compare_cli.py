@@ -3,14 +3,17 @@ directory), signals stop a run whatever its parent did, and every documented for
 
 from __future__ import annotations
 
+import json
 import subprocess
 
+import pandas as pd
 import pytest
 from compare_cli import ROOT, compare_cmd, compare_env
 from typer.testing import CliRunner
 
 import compare.cli as cli
 from compare.cli import app
+from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 runner = CliRunner()
 
@@ -145,3 +148,64 @@ def test_a_failure_during_the_run_is_printed_once(tmp_path):
     assert result.exit_code == 1, result.output
     assert result.output.count("cannot load the tokenizer") == 1, result.output
     assert (out / "manifest.json").is_file()
+
+
+# -- signals ------------------------------------------------------------------------------------------------
+
+BACKGROUND_RUN = """
+"$@" > "$LOG" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do [ -s "$OUT/requests.jsonl" ] && break; sleep 0.1; done
+[ -s "$OUT/requests.jsonl" ] || { kill -9 $pid; exit 99; }
+kill -s "$SIG" $pid
+wait $pid
+"""
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["TERM", "INT"])
+def test_a_background_run_stops_on_kill_with_a_partial_report(sig, llama_dir, tmp_path):
+    """`compare run ... &` from a script, then `kill`: the shell started it with SIGINT ignored, yet both
+    signals stop it as Ctrl-C does (exit 130, in-flight requests cancelled, a partial report). The kill
+    comes once a request has finished, never after a fixed sleep."""
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    slow = ScriptedSchedule(ttft_s=0.02, itl_s=0.02)  # one second per 50-token request
+    with scripted_server(flavor="vllm", default_schedule=slow) as server:
+        command = compare_cmd(
+            "run",
+            "--backends",
+            "vllm",
+            "--endpoint",
+            f"vllm={server.url}",
+            "--model",
+            "scripted-model",
+            "--tokenizer",
+            str(llama_dir),
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "400",
+            "--input-len",
+            "16",
+            "--output-len",
+            "50",
+            "--warmup",
+            "0",
+            "--n-boot",
+            "50",
+            "--out",
+            str(out),
+        )
+        env = compare_env() | {"OUT": str(out), "LOG": str(log), "SIG": sig}
+        proc = subprocess.run(
+            ["bash", "-c", BACKGROUND_RUN, "bash", *command], env=env, timeout=300, cwd=ROOT
+        )
+    output = log.read_text()
+    assert proc.returncode == 130, output[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    row = pd.read_csv(out / "summary.csv").iloc[0]
+    assert row["requests_ok"] >= 1 and row["requests_cancelled"] >= 1 and bool(row["interrupted"])
+    assert row["requests"] < 400
+    assert "**interrupted**" in (out / "report.md").read_text()
