@@ -3,7 +3,8 @@
     backends:  vllm,tgi:eager,reference:eager   (adapter name, optionally `:variant`)
     endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
     launch:    process | docker                (how backends without an endpoint are started)
-    load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson
+    load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson and/or --trace FILE
+    workload:  --dataset random|fixed|sharegpt|jsonl|prefix, lengths, --dataset-path, --prefix-len/-groups
     slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
 
 A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists where a matrix needs them:
@@ -14,7 +15,9 @@ A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists w
     workloads: [{dataset: random, input_len: 128, output_len: 32}, {dataset: fixed}]
     slo: {ttft: 200ms, tpot: 50ms}
 
-Options given on the command line win over the file; the file wins over the built-in defaults.
+Options given on the command line win over the file; the file wins over the built-in defaults. Everything
+that can be checked without a tokenizer or a server is checked here, before any work: a wrong option fails the
+run at once.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import yaml
 from adapters import ADAPTERS
 from adapters.launch_spec import LaunchSpecError, Variant
 from workloads.datasets import LengthDist
-from workloads.schedule import ClosedLoop, OpenLoop, Schedule
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
 LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
@@ -49,11 +52,15 @@ DEFAULTS: dict[str, Any] = {
     "dataset_path": None,
     "input_len": "128",
     "output_len": "32",
+    "prefix_len": 256,  # dataset prefix: tokens every request of a group shares
+    "prefix_groups": 4,  # dataset prefix: groups of requests, each with a prefix of its own
     "concurrency": [1, 4],
     "rate": [],
     "arrival": "poisson",
     "burstiness": 1.0,
     "max_concurrency": None,
+    "trace": None,  # a file of send times, replayed as one more load point
+    "trace_scale": 1.0,
     "num_requests": 16,
     "duration": 30.0,
     "warmup": None,
@@ -112,6 +119,8 @@ class WorkloadSpec:
     output_len: str = "32"
     path: str | None = None
     name: str = ""
+    prefix_len: int | None = None  # dataset prefix only
+    prefix_groups: int | None = None
 
     @property
     def label(self) -> str:
@@ -119,6 +128,8 @@ class WorkloadSpec:
             return self.name
         if self.dataset == "random":
             return f"random-{self.input_len}x{self.output_len}"
+        if self.dataset == "prefix":
+            return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
         if self.dataset in ("sharegpt", "jsonl") and self.path:
             return f"{self.dataset}-{Path(self.path).stem}"
         return self.dataset
@@ -374,7 +385,15 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     load = data.pop("load", None)
     if isinstance(load, dict):
-        for key in ("concurrency", "rate", "arrival", "burstiness", "max_concurrency"):
+        for key in (
+            "concurrency",
+            "rate",
+            "arrival",
+            "burstiness",
+            "max_concurrency",
+            "trace",
+            "trace_scale",
+        ):
             if key in load:
                 data[key] = load[key]
     known = set(DEFAULTS) | {"endpoints", "workloads", "out"}
@@ -492,15 +511,36 @@ def _load_points(
     max_conc = None if max_conc is None else _number(max_conc, "max_concurrency", int, minimum=1)
     given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
     rates = parse_numbers(merged["rate"], float)
-    concurrencies = parse_numbers(merged["concurrency"], int) if "concurrency" in given or not rates else []
+    trace = _trace(merged, max_conc)
+    open_given = rates or trace is not None
+    concurrencies = (
+        parse_numbers(merged["concurrency"], int) if "concurrency" in given or not open_given else []
+    )
     try:
         schedules: list[Schedule] = [ClosedLoop(c) for c in concurrencies]
         schedules += [OpenLoop(r, arrival, burstiness, seed, max_conc) for r in rates]  # type: ignore[arg-type]
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
+    schedules += [trace] if trace is not None else []
     if not schedules:
-        raise PlanError("no load points: give --concurrency and/or --rate")
+        raise PlanError("no load points: give --concurrency, --rate and/or --trace")
     return schedules
+
+
+def _trace(merged: dict[str, Any], max_concurrency: int | None) -> TraceReplay | None:
+    """The trace file read whole now, so that a missing file or a bad line fails before any work."""
+    scale = _number(merged["trace_scale"], "trace_scale", above=0)
+    path = merged.get("trace")
+    if not path:
+        if merged["trace_scale"] != DEFAULTS["trace_scale"]:
+            raise PlanError("--trace-scale needs --trace")
+        return None
+    try:
+        return TraceReplay.from_file(Path(path).expanduser(), scale, max_concurrency)
+    except FileNotFoundError:
+        raise PlanError(f"--trace {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"--trace {path}: {exc}") from None
 
 
 def _flag(key: str) -> str:
@@ -538,7 +578,7 @@ def _check_ray_options(merged: dict[str, Any], ray: str | None) -> None:
         return
     for key in ("ray_actors", "ray_cells", "ray_cell_resources"):
         if merged.get(key) not in (None, False, DEFAULTS[key]):
-            raise PlanError(f"{_flag(key)} needs --ray (a local instance, or --ray-address for a cluster)")
+            raise PlanError(f"{_flag(key)} needs --ray (alone: a local instance; or --ray ADDRESS)")
 
 
 def _check_local_path(value: str | None, key: str) -> None:
@@ -567,14 +607,7 @@ def _workloads(
             raise PlanError(f"workloads in the run file is a list of mappings, got {listed!r}")
         out = [_listed_workload(item) for item in listed]
     else:
-        out = [
-            WorkloadSpec(
-                str(merged["dataset"]),
-                str(merged["input_len"]),
-                str(merged["output_len"]),
-                merged.get("dataset_path"),
-            )
-        ]
+        out = [_workload_of(merged)]
     for w in out:
         _check_workload(w, cli_given)
     labels = [w.label for w in out]
@@ -583,12 +616,36 @@ def _workloads(
     return out
 
 
-WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path")
-WORKLOAD_KEYS = {"dataset", "input_len", "output_len", "path", "dataset_path", "name"}
-DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl")
+WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups")
+WORKLOAD_KEYS = {"path", "name", *WORKLOAD_OPTIONS}
+DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl", "prefix")
 FILE_DATASETS = ("sharegpt", "jsonl")
-#: which length options each dataset reads (the others would be silently ignored)
-LENGTHS_USED = {"random": {"input_len", "output_len"}, "jsonl": {"output_len"}}
+#: the shape options each dataset reads (any other would be silently ignored)
+SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups")
+OPTIONS_USED = {
+    "random": {"input_len", "output_len"},
+    "jsonl": {"output_len"},
+    "prefix": set(SHAPE_OPTIONS),
+}
+
+
+def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
+    """One workload from the merged options or a run file's `workloads` entry (defaults for what is absent)."""
+    dataset = str(values.get("dataset", "random"))
+    prefix = dataset == "prefix"
+    return WorkloadSpec(
+        dataset,
+        str(values.get("input_len", DEFAULTS["input_len"])),
+        str(values.get("output_len", DEFAULTS["output_len"])),
+        values.get("path") or values.get("dataset_path"),
+        name,
+        _number(values.get("prefix_len", DEFAULTS["prefix_len"]), "prefix_len", int, minimum=1)
+        if prefix
+        else None,
+        _number(values.get("prefix_groups", DEFAULTS["prefix_groups"]), "prefix_groups", int, minimum=1)
+        if prefix
+        else None,
+    )
 
 
 def _listed_workload(item: Any) -> WorkloadSpec:
@@ -599,13 +656,7 @@ def _listed_workload(item: Any) -> WorkloadSpec:
         raise PlanError(
             f"workload {item!r}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(WORKLOAD_KEYS))}"
         )
-    return WorkloadSpec(
-        str(item.get("dataset", "random")),
-        str(item.get("input_len", "128")),
-        str(item.get("output_len", "32")),
-        item.get("path") or item.get("dataset_path"),
-        str(item.get("name", "")),
-    )
+    return _workload_of(item, str(item.get("name", "")))
 
 
 def _check_workload(w: WorkloadSpec, cli_given: set[str]) -> None:
@@ -622,12 +673,11 @@ def _check_workload(w: WorkloadSpec, cli_given: set[str]) -> None:
             f"--dataset-path is for the file datasets ({', '.join(FILE_DATASETS)}); "
             f"dataset {w.dataset} makes its own prompts (give --dataset {' or '.join(FILE_DATASETS)})"
         )
-    used = LENGTHS_USED.get(w.dataset, set())
-    for key in sorted(cli_given & {"input_len", "output_len"} - used):
-        raise PlanError(
-            f"{_flag(key)} does not apply to dataset {w.dataset}, which takes its lengths from its prompts"
-        )
-    for key in sorted(used):
+    used = OPTIONS_USED.get(w.dataset, set())
+    for key in sorted(cli_given & set(SHAPE_OPTIONS) - used):
+        reads = ", ".join(_flag(k) for k in SHAPE_OPTIONS if k in used) or "none of the length options"
+        raise PlanError(f"{_flag(key)} does not apply to dataset {w.dataset} (it reads {reads})")
+    for key in sorted(used & {"input_len", "output_len"}):
         value = getattr(w, key)
         try:
             if w.dataset == "jsonl" and not str(value).strip().isdigit():
