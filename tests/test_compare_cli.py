@@ -176,11 +176,18 @@ wait $pid
 
 @pytest.mark.live
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["TERM", "INT"])
-def test_a_background_run_stops_on_kill_with_a_partial_report(sig, llama_dir, tmp_path):
+@pytest.mark.parametrize(
+    "sig, extra",
+    [("TERM", []), ("INT", []), ("TERM", ["--ray", "--ray-actors", "1"])],
+    ids=["SIGTERM", "SIGINT", "SIGTERM on Ray"],
+)
+def test_a_background_run_stops_on_kill_with_a_partial_report(sig, extra, llama_dir, tmp_path):
     """`compare run ... &` from a script, then `kill`: the shell started it with SIGINT ignored, yet both
-    signals stop it as Ctrl-C does (exit 130, in-flight requests cancelled, a partial report). The kill
-    comes once a request has finished, never after a fixed sleep."""
+    signals stop it as Ctrl-C does (exit 130, in-flight requests cancelled, a partial report), on Ray too
+    (whose start-up sets a SIGTERM handler of its own). The kill comes once a request has finished, never
+    after a fixed sleep."""
+    if extra:
+        pytest.importorskip("ray")
     out, log = tmp_path / "run", tmp_path / "run.log"
     slow = ScriptedSchedule(ttft_s=0.02, itl_s=0.02)  # one second per 50-token request
     with scripted_server(flavor="vllm", default_schedule=slow) as server:
@@ -208,6 +215,7 @@ def test_a_background_run_stops_on_kill_with_a_partial_report(sig, llama_dir, tm
             "50",
             "--out",
             str(out),
+            *extra,
         )
         env = compare_env() | {"OUT": str(out), "LOG": str(log), "SIG": sig}
         proc = subprocess.run(
