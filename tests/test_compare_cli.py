@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 import compare.cli as cli
 from compare.cli import app
 from workloads.records import read_records
+from workloads.schedule import TraceReplay
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 runner = CliRunner()
@@ -174,33 +176,42 @@ wait $pid
 """
 
 
+def _backend_args(mode: str, url: str, model_dir: str) -> list[str]:
+    if mode == "launched":  # our reference server, started (and to be stopped) by the run
+        return ["--backends", "reference", "--model", model_dir]
+    args = [
+        "--backends",
+        "vllm",
+        "--endpoint",
+        f"vllm={url}",
+        "--model",
+        "scripted-model",
+        "--tokenizer",
+        model_dir,
+    ]
+    return args + (["--ray", "--ray-actors", "1"] if mode == "ray" else [])
+
+
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sig, extra",
-    [("TERM", []), ("INT", []), ("TERM", ["--ray", "--ray-actors", "1"])],
-    ids=["SIGTERM", "SIGINT", "SIGTERM on Ray"],
+    "sig, mode",
+    [("TERM", "endpoint"), ("INT", "endpoint"), ("TERM", "ray"), ("TERM", "launched")],
+    ids=["SIGTERM", "SIGINT", "SIGTERM on Ray", "SIGTERM with a launched server"],
 )
-def test_a_background_run_stops_on_kill_with_a_partial_report(sig, extra, llama_dir, tmp_path):
+def test_a_background_run_stops_on_kill_with_a_partial_report(sig, mode, llama_dir, tmp_path):
     """`compare run ... &` from a script, then `kill`: the shell started it with SIGINT ignored, yet both
-    signals stop it as Ctrl-C does (exit 130, in-flight requests cancelled, a partial report), on Ray too
-    (whose start-up sets a SIGTERM handler of its own). The kill comes once a request has finished, never
-    after a fixed sleep."""
-    if extra:
+    signals stop it as Ctrl-C does (exit 130, in-flight requests cancelled, launched servers stopped, a
+    partial report), on Ray too (whose start-up sets a SIGTERM handler of its own). The kill comes once a
+    request has finished, never after a fixed sleep."""
+    if mode == "ray":
         pytest.importorskip("ray")
     out, log = tmp_path / "run", tmp_path / "run.log"
     slow = ScriptedSchedule(ttft_s=0.02, itl_s=0.02)  # one second per 50-token request
     with scripted_server(flavor="vllm", default_schedule=slow) as server:
         command = compare_cmd(
             "run",
-            "--backends",
-            "vllm",
-            "--endpoint",
-            f"vllm={server.url}",
-            "--model",
-            "scripted-model",
-            "--tokenizer",
-            str(llama_dir),
+            *_backend_args(mode, server.url, str(llama_dir)),
             "--concurrency",
             "2",
             "--num-requests",
@@ -215,7 +226,6 @@ def test_a_background_run_stops_on_kill_with_a_partial_report(sig, extra, llama_
             "50",
             "--out",
             str(out),
-            *extra,
         )
         env = compare_env() | {"OUT": str(out), "LOG": str(log), "SIG": sig}
         proc = subprocess.run(
@@ -229,6 +239,10 @@ def test_a_background_run_stops_on_kill_with_a_partial_report(sig, extra, llama_
     assert row["requests_ok"] >= 1 and row["requests_cancelled"] >= 1 and bool(row["interrupted"])
     assert row["requests"] < 400
     assert "**interrupted**" in (out / "report.md").read_text()
+    if mode == "launched":
+        pid = manifest["setups"][0]["pid"]
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 # -- parsing and help ---------------------------------------------------------------------------------------
@@ -386,3 +400,19 @@ def test_shared_prefix_dataset_runs_with_its_shape(llama_dir, tmp_path):
     assert {i.split("-")[1] for i in by_point["c=1"]} == {"g0", "g1", "g2"}  # 7 requests over the 3 groups
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["workload"]) == {"prefix-3x24+8x4"}
+
+
+def test_a_run_file_takes_a_trace_and_a_prefix_workload(planned, tmp_path):
+    (tmp_path / "arrivals.txt").write_text("1.0\n1.5\n2.5\n")
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(
+        f"load: {{trace: {tmp_path / 'arrivals.txt'}, trace_scale: 2}}\n"
+        "workloads: [{dataset: prefix, prefix_len: 64, prefix_groups: 2, input_len: 16, output_len: 8}]\n"
+    )
+    result = runner.invoke(app, ["run", "-c", str(run_file)])
+    assert result.exit_code == 0, result.output
+    (plan,) = planned
+    (trace,) = plan.load_points  # a trace alone: no default concurrencies
+    assert isinstance(trace, TraceReplay) and list(trace.offsets(3)) == [0.0, 1.0, 3.0]
+    (workload,) = plan.workloads
+    assert (workload.prefix_len, workload.prefix_groups, workload.label) == (64, 2, "prefix-2x64+16x8")
