@@ -21,19 +21,25 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperCommand
 
-app = typer.Typer(
-    add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0], rich_markup_mode=None
-)  # help texts show [default: ...] and a:b:c literally
+APP_HELP = (
+    "Compare LLM serving backends under one load generator: run a comparison and write its reports, "
+    "rebuild the reports of a run, diff two runs, import other tools' results, or try the reference engine "
+    "(demo). `compare COMMAND --help` says more; `compare run --help` lists the run's options by topic."
+)
+app = typer.Typer(add_completion=False, no_args_is_help=False, help=APP_HELP, rich_markup_mode="rich")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 DEMO_PROMPTS = [
@@ -93,108 +99,339 @@ def demo(
 # -- compare run --------------------------------------------------------------------------------------------
 
 
-@app.command()
+WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
+SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-out (Ray)"
+
+
+def _opt(*names: str, help: str, panel: str, metavar: str | None = None, **kwargs: Any) -> Any:
+    """An option of `run`, in its help panel; the help is escaped, so `[default: ...]` reads as written."""
+    return typer.Option(*names, help=escape(help), rich_help_panel=panel, metavar=metavar, **kwargs)
+
+
+def ray_value(args: list[str]) -> list[str]:
+    """`--ray` with no value (last, or before another option) means a local instance: a click option either
+    always or never takes a value, so the value `local` is written in before parsing."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--ray" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(LOCAL_RAY)
+    return out
+
+
+class RunCommand(TyperCommand):
+    """`compare run`, whose `--ray` takes an optional address."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, ray_value(args))
+
+
+LOCAL_RAY = "local"
+
+
+@app.command(cls=RunCommand)
 def run(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="YAML run file (matrices of backends, variants, load points, workloads)"
+    backends: Annotated[
+        str | None,
+        _opt(
+            help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]",
+            panel=BACKENDS,
+            metavar="NAME[:VARIANT][,...]",
         ),
     ] = None,
-    backends: str | None = typer.Option(
-        None, help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]"
-    ),
     endpoint: Annotated[
         list[str] | None,
-        typer.Option(
-            help="NAME=URL of a running server (repeat); backends without one are launched (--launch)"
+        _opt(
+            help="a running server (repeat); backends without one are launched (--launch)",
+            panel=BACKENDS,
+            metavar="NAME=URL",
         ),
     ] = None,
-    launch: str | None = typer.Option(
-        None, help="how backends without an endpoint are started: process | docker [default: process]"
-    ),
-    vllm_bin: str | None = typer.Option(
-        None, help="the vllm executable for --launch process [default: $LLM_COMPARE_VLLM, else vllm]"
-    ),
+    launch: Annotated[
+        str | None,
+        _opt(
+            help="how backends without an endpoint are started [default: process]",
+            panel=BACKENDS,
+            metavar="process|docker",
+        ),
+    ] = None,
+    vllm_bin: Annotated[
+        str | None,
+        _opt(
+            help="the vllm executable for --launch process [default: $LLM_COMPARE_VLLM, else vllm]",
+            panel=BACKENDS,
+            metavar="PATH",
+        ),
+    ] = None,
     image: Annotated[
         list[str] | None,
-        typer.Option(help="NAME=IMAGE: the container image of a backend or server family (repeat)"),
+        _opt(
+            help="the container image of a backend or server family, for --launch docker (repeat)",
+            panel=BACKENDS,
+            metavar="NAME=IMAGE",
+        ),
     ] = None,
-    dtype: str | None = typer.Option(None, help="weights dtype for launched servers [default: auto]"),
-    max_model_len: int | None = typer.Option(None, help="context length for launched servers"),
-    model: str | None = typer.Option(
-        None, help="checkpoint dir, hub id or built-in name [default: smollm2-135m]"
-    ),
-    tokenizer: str | None = typer.Option(
-        None, help="tokenizer for token-exact prompts [default: the model's]"
-    ),
-    served_model: str | None = typer.Option(None, help="model name sent in requests [default: --model]"),
-    dataset: str | None = typer.Option(None, help="random | fixed | sharegpt | jsonl [default: random]"),
-    dataset_path: str | None = typer.Option(None, help="file for sharegpt / jsonl"),
-    input_len: str | None = typer.Option(
-        None, help="random: N or uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA [default: 128]"
-    ),
-    output_len: str | None = typer.Option(None, help="random: output length, same forms [default: 32]"),
-    concurrency: str | None = typer.Option(None, help="closed-loop load points, e.g. 1,8,32 [default: 1,4]"),
-    rate: str | None = typer.Option(None, help="open-loop load points in requests/s, e.g. 2,8"),
-    arrival: str | None = typer.Option(None, help="open loop: poisson | gamma | constant [default: poisson]"),
-    burstiness: float | None = typer.Option(None, help="gamma arrival shape (<1 burstier) [default: 1]"),
-    max_concurrency: int | None = typer.Option(None, help="open loop: cap on requests in flight"),
-    num_requests: int | None = typer.Option(None, help="measured requests per load point [default: 16]"),
-    duration: str | None = typer.Option(None, help="bound per load point, e.g. 60s [default: 30s]"),
-    warmup: int | None = typer.Option(None, help="warm-up requests per load point [default: one per stream]"),
-    slo: str | None = typer.Option(None, help="e.g. ttft=200ms,tpot=50ms,e2e=2s (goodput)"),
-    seed: int | None = typer.Option(None, help="dataset and arrival seed [default: 0]"),
-    out: Annotated[Path | None, typer.Option(help="run directory [default: runs/<timestamp>]")] = None,
-    gpu_price: float | None = typer.Option(None, help="price per GPU-hour, for cost per 1M output tokens"),
-    mem_bandwidth: float | None = typer.Option(None, help="memory bandwidth in GB/s, for the roofline"),
-    model_bytes: float | None = typer.Option(None, help="bytes of weights a decode step reads (roofline)"),
-    server_args: str | None = typer.Option(None, help="extra arguments for launched servers, one string"),
-    startup_timeout: float | None = typer.Option(
-        None, help="seconds a launched server may take [default: 600]"
-    ),
-    request_timeout: float | None = typer.Option(None, help="seconds one request may take [default: 600]"),
-    busy_poll: bool | None = typer.Option(
-        None,
-        "--busy-poll",
-        help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can then "
-        "merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
-    ),
-    pin: str | None = typer.Option(
-        None, help="auto (pin client and server to CPUs of their own when >= 4 CPUs) | off"
-    ),
-    repeats: int | None = typer.Option(
-        None,
-        help="launch every backend this many times, in alternating order, and check that a winner wins in "
-        "each [default: 1]",
-    ),
-    n_boot: int = typer.Option(1000, help="bootstrap resamples for the intervals"),
-    ray: str | None = typer.Option(
-        None,
-        "--ray",
-        is_flag=False,
-        flag_value="local",
-        metavar="[ADDRESS]",
-        help="run on Ray: alone, a local instance; or a cluster's address (HOST:PORT, auto, ray://HOST:PORT)",
-    ),
-    ray_actors: int | None = typer.Option(
-        None, help="with --ray: load generators per load point [default: one per node; local: 2]"
-    ),
-    ray_actor_cpus: float | None = typer.Option(
-        None, help="with --ray: CPUs each load generator reserves [default: 1]"
-    ),
-    ray_cells: bool | None = typer.Option(
-        None,
-        "--ray-cells",
-        help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads and "
-        "stops its server on the node it is given",
-    ),
-    ray_cell_resources: str | None = typer.Option(
-        None,
-        help="with --ray-cells: resources per cell, e.g. GPU=1,CPU=4 [default: GPU=1 on a cluster with GPUs, else CPU=1]",
-    ),
+    dtype: Annotated[
+        str | None,
+        _opt(help="weights dtype for launched servers [default: auto]", panel=BACKENDS, metavar="DTYPE"),
+    ] = None,
+    max_model_len: Annotated[
+        int | None, _opt(help="context length for launched servers", panel=BACKENDS, metavar="N")
+    ] = None,
+    model: Annotated[
+        str | None,
+        _opt(
+            help="checkpoint dir, hub id or built-in name [default: smollm2-135m]",
+            panel=BACKENDS,
+            metavar="MODEL",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        _opt(
+            help="tokenizer for token-exact prompts: a directory or hub id [default: the model's]",
+            panel=WORKLOAD,
+            metavar="TOKENIZER",
+        ),
+    ] = None,
+    served_model: Annotated[
+        str | None,
+        _opt(help="model name sent in requests [default: --model]", panel=BACKENDS, metavar="NAME"),
+    ] = None,
+    server_args: Annotated[
+        str | None,
+        _opt(help="extra arguments for launched servers, one string", panel=BACKENDS, metavar="ARGS"),
+    ] = None,
+    startup_timeout: Annotated[
+        float | None,
+        _opt(
+            help="seconds a launched server may take to be ready [default: 600]", panel=BACKENDS, metavar="S"
+        ),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        _opt(
+            help="launch every backend this many times, in alternating order, and check that a winner wins "
+            "in each [default: 1]",
+            panel=BACKENDS,
+            metavar="N",
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        _opt(
+            help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
+            "--dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) "
+            "[default: random]",
+            panel=WORKLOAD,
+            metavar="NAME",
+        ),
+    ] = None,
+    dataset_path: Annotated[
+        str | None, _opt(help="the file of --dataset sharegpt or jsonl", panel=WORKLOAD, metavar="FILE")
+    ] = None,
+    input_len: Annotated[
+        str | None,
+        _opt(
+            help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, "
+            "normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
+            panel=WORKLOAD,
+            metavar="LEN",
+        ),
+    ] = None,
+    output_len: Annotated[
+        str | None,
+        _opt(
+            help="output tokens (random, prefix; jsonl: N for lines without their own), same forms "
+            "[default: 32]",
+            panel=WORKLOAD,
+            metavar="LEN",
+        ),
+    ] = None,
+    prefix_len: Annotated[
+        int | None,
+        _opt(help="prefix: tokens the requests of a group share [default: 256]", panel=WORKLOAD, metavar="N"),
+    ] = None,
+    prefix_groups: Annotated[
+        int | None,
+        _opt(help="prefix: groups, each with a prefix of its own [default: 4]", panel=WORKLOAD, metavar="N"),
+    ] = None,
+    seed: Annotated[
+        int | None, _opt(help="dataset and arrival seed [default: 0]", panel=WORKLOAD, metavar="N")
+    ] = None,
+    concurrency: Annotated[
+        str | None,
+        _opt(
+            help="closed-loop load points: requests kept in flight, e.g. 1,8,32 [default: 1,4, unless --rate "
+            "or --trace is given]",
+            panel=LOAD,
+            metavar="N[,N...]",
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        _opt(
+            help="open-loop load points in requests/s, e.g. 2,8; inf sends every request at once (a burst, "
+            "capped by --max-concurrency)",
+            panel=LOAD,
+            metavar="R[,R...]",
+        ),
+    ] = None,
+    arrival: Annotated[
+        str | None,
+        _opt(
+            help="open loop: gaps between sends [default: poisson]",
+            panel=LOAD,
+            metavar="poisson|gamma|constant",
+        ),
+    ] = None,
+    burstiness: Annotated[
+        float | None,
+        _opt(help="gamma arrival shape, < 1 burstier [default: 1]", panel=LOAD, metavar="K"),
+    ] = None,
+    max_concurrency: Annotated[
+        int | None, _opt(help="open loop and trace: cap on requests in flight", panel=LOAD, metavar="N")
+    ] = None,
+    trace: Annotated[
+        str | None,
+        _opt(
+            help="one more load point, replaying a trace: one send time per line, in seconds (or JSON lines "
+            'with a "timestamp"), made relative to the first',
+            panel=LOAD,
+            metavar="FILE",
+        ),
+    ] = None,
+    trace_scale: Annotated[
+        float | None,
+        _opt(
+            help="multiply the trace's gaps by X (0.5: twice as fast) [default: 1]", panel=LOAD, metavar="X"
+        ),
+    ] = None,
+    num_requests: Annotated[
+        int | None,
+        _opt(
+            help="measured requests per load point; 0: bound by --duration only [default: 16]",
+            panel=LOAD,
+            metavar="N",
+        ),
+    ] = None,
+    duration: Annotated[
+        str | None,
+        _opt(help="bound per load point, e.g. 60s; 0: none [default: 30s]", panel=LOAD, metavar="TIME"),
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        _opt(help="warm-up requests per load point [default: one per stream]", panel=LOAD, metavar="N"),
+    ] = None,
+    request_timeout: Annotated[
+        float | None, _opt(help="seconds one request may take [default: 600]", panel=LOAD, metavar="S")
+    ] = None,
+    busy_poll: Annotated[
+        bool | None,
+        _opt(
+            "--busy-poll",
+            metavar="",
+            help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can "
+            "then merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
+            panel=LOAD,
+        ),
+    ] = None,
+    pin: Annotated[
+        str | None,
+        _opt(
+            help="auto: client and launched servers on CPUs of their own when there are >= 4 [default: auto]",
+            panel=LOAD,
+            metavar="auto|off",
+        ),
+    ] = None,
+    slo: Annotated[
+        str | None,
+        _opt(
+            help="latency objectives for goodput, e.g. ttft=200ms,tpot=50ms,e2e=2s (a bare number is ms)",
+            panel=SLO_COST,
+            metavar="METRIC=TIME[,...]",
+        ),
+    ] = None,
+    gpu_price: Annotated[
+        float | None,
+        _opt(help="price per GPU-hour, for the cost per 1M output tokens", panel=SLO_COST, metavar="PRICE"),
+    ] = None,
+    mem_bandwidth: Annotated[
+        float | None,
+        _opt(help="memory bandwidth in GB/s, for the roofline", panel=SLO_COST, metavar="GB/S"),
+    ] = None,
+    model_bytes: Annotated[
+        float | None,
+        _opt(help="bytes of weights a decode step reads, for the roofline", panel=SLO_COST, metavar="BYTES"),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        _opt(
+            "--config",
+            "-c",
+            help="YAML run file: the same keys as the options, plus matrices of backends, variants, load "
+            "points and workloads; options given here win over it",
+            panel=OUTPUT,
+            metavar="FILE",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        _opt(help="run directory, new or empty [default: runs/<timestamp>]", panel=OUTPUT, metavar="DIR"),
+    ] = None,
+    n_boot: Annotated[
+        int, _opt(help="bootstrap resamples for the intervals", panel=OUTPUT, metavar="N", min=1)
+    ] = 1000,
+    ray: Annotated[
+        str | None,
+        _opt(
+            "--ray",
+            help="run on Ray: --ray alone starts a local instance; --ray ADDRESS joins a cluster (HOST:PORT, "
+            "auto, ray://HOST:PORT)",
+            panel=SCALE_OUT,
+            metavar="[ADDRESS]",
+        ),
+    ] = None,
+    ray_actors: Annotated[
+        int | None,
+        _opt(
+            help="with --ray: load generators per load point [default: one per node; local: 2]",
+            panel=SCALE_OUT,
+            metavar="N",
+        ),
+    ] = None,
+    ray_actor_cpus: Annotated[
+        float | None,
+        _opt(
+            help="with --ray: CPUs each load generator reserves [default: 1]", panel=SCALE_OUT, metavar="CPUS"
+        ),
+    ] = None,
+    ray_cells: Annotated[
+        bool | None,
+        _opt(
+            "--ray-cells",
+            metavar="",
+            help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads "
+            "and stops its server on the node it is given",
+            panel=SCALE_OUT,
+        ),
+    ] = None,
+    ray_cell_resources: Annotated[
+        str | None,
+        _opt(
+            help="with --ray-cells: resources per cell [default: GPU=1 on a cluster with GPUs, else CPU=1]",
+            panel=SCALE_OUT,
+            metavar="NAME=AMOUNT[,...]",
+        ),
+    ] = None,
 ) -> None:
-    """Measure backends under load and write the run directory with its reports."""
+    """Measure backends under load and write the run directory with its reports.
+
+    Exit codes: 0 every load point ran; 1 a backend could not be started or reached, or no request
+    succeeded; 2 the options are wrong (checked before any work starts); 130 interrupted by Ctrl-C or
+    SIGTERM (in-flight requests are recorded as cancelled, launched servers stopped, a partial report
+    written).
+    """
     from compare.plan import PlanError, build_plan
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -208,11 +445,15 @@ def run(
         dataset_path=dataset_path,
         input_len=input_len,
         output_len=output_len,
+        prefix_len=prefix_len,
+        prefix_groups=prefix_groups,
         concurrency=concurrency,
         rate=rate,
         arrival=arrival,
         burstiness=burstiness,
         max_concurrency=max_concurrency,
+        trace=trace,
+        trace_scale=trace_scale,
         num_requests=num_requests,
         duration=duration,
         warmup=warmup,
@@ -257,13 +498,16 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
     run_dir = RunDir.create(out or default_run_dir(), plan.describe(), ["compare", *sys.argv[1:]])
     console.print(f"run directory: [bold]{run_dir.path}[/bold]")
     code = EXIT_OK
-    with _sigterm_as_sigint():
+    shown: set[str] = set()  # notes already printed as errors: the summary's warnings skip them
+    with _interruptible():
         try:
             code = _measure_on_ray(plan, run_dir) if plan.ray else _measure(plan, run_dir)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
         except Exception as exc:  # the run failed; report what was measured and say why
-            run_dir.manifest["notes"].append(f"failed: {type(exc).__name__}: {exc}")
+            note = f"failed: {type(exc).__name__}: {exc}"
+            run_dir.manifest["notes"].append(note)
+            shown.add(note)
             console.print(f"[red]error:[/red] {exc}")
             code = EXIT_FAILED
     run_dir.manifest["status"] = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
@@ -272,7 +516,7 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
         console.print("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
     try:
         with _sigint_ignored():
-            results = _report(run_dir, n_boot, plan.seed)
+            results = _report(run_dir, n_boot, plan.seed, shown)
     except Exception as exc:
         console.print(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")
         return EXIT_FAILED
@@ -282,22 +526,29 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_as_sigint() -> Iterator[None]:
-    """SIGTERM takes the Ctrl-C path: in-flight requests recorded as cancelled, servers stopped, partial
-    report."""
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM both take the Ctrl-C path (in-flight requests recorded as cancelled, servers
+    stopped, partial report), whatever the parent did: a shell starts background jobs with SIGINT ignored,
+    and Python then leaves it ignored, so both handlers are set here rather than inherited."""
 
-    def handler(_signum: int, _frame: Any) -> None:
-        signal.raise_signal(signal.SIGINT)
+    def on_sigterm(_signum: int, frame: Any) -> None:
+        # whoever handles SIGINT now (the load generator's event loop cancels its run) handles this too
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
 
 
 @contextlib.contextmanager
@@ -386,10 +637,10 @@ def _measure(plan: Any, run_dir: Any, load: Any = None) -> int:
     n = plan.num_requests or 256
     points = len(plan.load_points)
     slices = points * plan.repeats  # a running endpoint keeps its prefix cache from one repeat to the next
-    workloads = []
-    for i, w in enumerate(plan.workloads):
-        specs = _dataset(make_dataset, w, tokenizer, n * slices, plan.seed + i)
-        workloads.append((w, [specs[k * n : (k + 1) * n] or specs for k in range(slices)]))
+    workloads = [
+        (w, _slices(make_dataset, w, tokenizer, n, slices, plan.seed + i))
+        for i, w in enumerate(plan.workloads)
+    ]
     warm_n = max(plan.warmup_count(s) for s in plan.load_points)
     warm_all = (
         make_dataset(
@@ -488,6 +739,37 @@ def launch_order(backends: list, repeats: int) -> list[tuple[int, Any]]:
     return [(r, b) for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
 
 
+def _slices(make_dataset: Any, w: Any, tokenizer: Any, n: int, slices: int, seed: int) -> list[list]:
+    """`slices` lists of `n` requests, one per load point and launch. A shared-prefix workload gets prefixes
+    of its own in each, so that no point is served from the prefix cache another point filled."""
+    if w.dataset == "prefix":
+        return [
+            _prefix_dataset(make_dataset, w, tokenizer, n, seed * PREFIX_SEEDS + k, k) for k in range(slices)
+        ]
+    specs = _dataset(make_dataset, w, tokenizer, n * slices, seed)
+    return [specs[k * n : (k + 1) * n] or specs for k in range(slices)]
+
+
+PREFIX_SEEDS = 1_000_003  # seeds of a workload's slices: seed * PREFIX_SEEDS + slice
+
+
+def _prefix_dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int, k: int) -> list:
+    """`n` requests in `w.prefix_groups` groups (the last ones cut off when the groups do not divide `n`)."""
+    per_group = -(-n // w.prefix_groups)
+    specs = make_dataset(
+        "prefix",
+        tokenizer,
+        w.prefix_groups,
+        per_group,
+        w.prefix_len,
+        w.input_len,
+        w.output_len,
+        seed=seed,
+        id_prefix=f"prefix{k}",
+    )
+    return specs[:n]
+
+
 def _dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int) -> list:
     if w.dataset == "random":
         return make_dataset("random", tokenizer, n, input_len=w.input_len, output_len=w.output_len, seed=seed)
@@ -578,12 +860,12 @@ def _one_point(
     return bool(summaries and summaries[-1].interrupted)
 
 
-def _report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
+def _report(run_dir: Any, n_boot: int, seed: int = 0, shown: Collection[str] = ()) -> Any:
     from compare.report import analyze, write_reports
 
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
-    print_summary(results)
+    print_summary(results, shown)
     console.print(
         f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
         f"{run_dir.path / 'summary.csv'}"
@@ -595,11 +877,13 @@ def _ms(value: Any) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:,.1f}"
 
 
-def print_summary(results: Any) -> None:
+def print_summary(results: Any, shown: Collection[str] = ()) -> None:
+    """The summary table, the picks and the warnings (but not those in `shown`, printed already)."""
+    warnings = [w for w in results.warnings if w not in shown]
     s = results.summary
     if s.empty:
         console.print("no measured requests")
-        for w in results.warnings:
+        for w in warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
         return
     table = Table(
@@ -635,7 +919,7 @@ def print_summary(results: Any) -> None:
     for pick in results.picks:
         for sentence in pick.sentences:
             console.print(sentence.replace("**", ""), highlight=False)
-    for w in results.warnings:
+    for w in warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 

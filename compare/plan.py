@@ -3,7 +3,8 @@
     backends:  vllm,tgi:eager,reference:eager   (adapter name, optionally `:variant`)
     endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
     launch:    process | docker                (how backends without an endpoint are started)
-    load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson
+    load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson and/or --trace FILE
+    workload:  --dataset random|fixed|sharegpt|jsonl|prefix, lengths, --dataset-path, --prefix-len/-groups
     slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
 
 A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists where a matrix needs them:
@@ -14,7 +15,9 @@ A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists w
     workloads: [{dataset: random, input_len: 128, output_len: 32}, {dataset: fixed}]
     slo: {ttft: 200ms, tpot: 50ms}
 
-Options given on the command line win over the file; the file wins over the built-in defaults.
+Options given on the command line win over the file; the file wins over the built-in defaults. Everything
+that can be checked without a tokenizer or a server is checked here, before any work: a wrong option fails the
+run at once.
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ import yaml
 
 from adapters import ADAPTERS
 from adapters.launch_spec import LaunchSpecError, Variant
-from workloads.schedule import ClosedLoop, OpenLoop, Schedule
+from workloads.datasets import LengthDist
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
 LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
 LAUNCHERS = ("process", "docker")
 SLO_KEYS = ("ttft", "tpot", "e2e")
+ARRIVALS = ("poisson", "gamma", "constant")
+PIN_MODES = ("auto", "off")
+#: run-file keys whose command-line option has another name
+OPTION_NAMES = {"mem_bandwidth_gbs": "mem_bandwidth", "endpoints": "endpoint", "images": "image"}
 
 DEFAULTS: dict[str, Any] = {
     "backends": ["reference"],
@@ -44,11 +52,15 @@ DEFAULTS: dict[str, Any] = {
     "dataset_path": None,
     "input_len": "128",
     "output_len": "32",
+    "prefix_len": 256,  # dataset prefix: tokens every request of a group shares
+    "prefix_groups": 4,  # dataset prefix: groups of requests, each with a prefix of its own
     "concurrency": [1, 4],
     "rate": [],
     "arrival": "poisson",
     "burstiness": 1.0,
     "max_concurrency": None,
+    "trace": None,  # a file of send times, replayed as one more load point
+    "trace_scale": 1.0,
     "num_requests": 16,
     "duration": 30.0,
     "warmup": None,
@@ -107,6 +119,8 @@ class WorkloadSpec:
     output_len: str = "32"
     path: str | None = None
     name: str = ""
+    prefix_len: int | None = None  # dataset prefix only
+    prefix_groups: int | None = None
 
     @property
     def label(self) -> str:
@@ -114,6 +128,8 @@ class WorkloadSpec:
             return self.name
         if self.dataset == "random":
             return f"random-{self.input_len}x{self.output_len}"
+        if self.dataset == "prefix":
+            return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
         if self.dataset in ("sharegpt", "jsonl") and self.path:
             return f"{self.dataset}-{Path(self.path).stem}"
         return self.dataset
@@ -369,7 +385,15 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     load = data.pop("load", None)
     if isinstance(load, dict):
-        for key in ("concurrency", "rate", "arrival", "burstiness", "max_concurrency"):
+        for key in (
+            "concurrency",
+            "rate",
+            "arrival",
+            "burstiness",
+            "max_concurrency",
+            "trace",
+            "trace_scale",
+        ):
             if key in load:
                 data[key] = load[key]
     known = set(DEFAULTS) | {"endpoints", "workloads", "out"}
@@ -387,6 +411,10 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     file_data = load_run_file(run_file) if run_file else {}
     merged.update(file_data)
     merged.update({k: v for k, v in options.items() if v is not None and v != []})
+    # the checks that need no heavy import first: a wrong option fails at once
+    workloads = _workloads(merged, file_data, options)
+    seed = _number(merged["seed"], "seed", int, minimum=0)
+    schedules = _load_points(merged, options, file_data, seed)
     endpoints = parse_endpoints(file_data.get("endpoints")) | parse_endpoints(options.get("endpoints"))
     server_args = merged.get("server_args") or []
     server_args = server_args.split() if isinstance(server_args, str) else [str(a) for a in server_args]
@@ -402,83 +430,161 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     unused = set(endpoints) - set(keys) - {b.name for b in backends}
     if unused:
         raise PlanError(f"--endpoint for {', '.join(sorted(unused))}, which is not in --backends")
-
-    workloads = _workloads(merged, file_data, options)
-    arrival = str(merged["arrival"])
-    given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
-    rates = parse_numbers(merged["rate"], float)
-    # a rate alone asks for an open loop only; the default concurrencies apply when no load is given
-    concurrencies = parse_numbers(merged["concurrency"], int) if "concurrency" in given or not rates else []
-    schedules: list[Schedule] = []
-    try:
-        schedules += [ClosedLoop(c) for c in concurrencies]
-        max_conc = merged.get("max_concurrency")
-        schedules += [
-            OpenLoop(
-                r,
-                arrival,
-                float(merged["burstiness"]),
-                int(merged["seed"]),  # type: ignore[arg-type]
-                int(max_conc) if max_conc else None,
-            )
-            for r in rates
-        ]
-    except ValueError as exc:
-        raise PlanError(str(exc)) from exc
-    if not schedules:
-        raise PlanError("no load points: give --concurrency and/or --rate")
-
     num_requests = merged.get("num_requests")
     duration = merged.get("duration")
     duration = parse_duration(duration) if duration not in (None, 0, "0", "none") else None
-    num_requests = int(num_requests) if num_requests not in (None, 0) else None
+    if duration is not None and not duration > 0:
+        raise PlanError(f"--duration must be > 0, got {merged.get('duration')!r}")
+    num_requests = (
+        _number(num_requests, "num_requests", int, minimum=1) if num_requests not in (None, 0) else None
+    )
     if num_requests is None and duration is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
-    repeats = int(merged["repeats"])
+    repeats = _number(merged["repeats"], "repeats", int)
     if repeats < 1:
         raise PlanError(f"repeats must be >= 1, got {repeats}")
     launch = str(merged.get("launch") or "process")
     if launch not in LAUNCHERS:
         raise PlanError(f"unknown --launch {launch!r}; known: {', '.join(LAUNCHERS)}")
+    pin = str(merged.get("pin") or "auto")
+    if pin not in PIN_MODES:
+        raise PlanError(f"unknown --pin {pin!r}; known: {', '.join(PIN_MODES)}")
     images = parse_images(file_data.get("images")) | parse_images(options.get("images"))
-    max_model_len = merged.get("max_model_len")
-    ray_actors = None if merged.get("ray_actors") is None else int(merged["ray_actors"])
+    ray = _ray_address(merged.get("ray"))
+    _check_ray_options(merged, ray)
+    ray_actors = (
+        None if merged.get("ray_actors") is None else _number(merged["ray_actors"], "ray_actors", int)
+    )
     if ray_actors is not None and ray_actors < 1:
         raise PlanError(f"ray_actors must be >= 1, got {ray_actors}")
     busy_poll = bool(merged.get("busy_poll"))
-    if busy_poll and _ray_address(merged.get("ray")) is not None:
-        raise PlanError("busy_poll is for one local load generator on a CPU of its own; it does not apply with ray")
+    if busy_poll and ray is not None:
+        raise PlanError(
+            "busy_poll is for one local load generator on a CPU of its own; it does not apply with ray"
+        )
+    model = str(merged["model"])
+    if any(b.launched for b in backends) or merged.get("tokenizer") is None:  # the model is read here
+        _check_local_path(model, "model")
+    _check_local_path(merged.get("tokenizer"), "tokenizer")
     return RunPlan(
         backends=backends,
         workloads=workloads,
         load_points=schedules,
-        model=str(merged["model"]),
+        model=model,
         tokenizer=merged.get("tokenizer"),
         served_model=merged.get("served_model"),
         num_requests=num_requests,
         duration=duration,
-        warmup=None if merged.get("warmup") is None else int(merged["warmup"]),
+        warmup=None if merged.get("warmup") is None else _number(merged["warmup"], "warmup", int, minimum=0),
         slo=parse_slo(merged.get("slo")),
-        seed=int(merged["seed"]),
-        gpu_price=_opt_float(merged.get("gpu_price")),
-        mem_bandwidth_gbs=_opt_float(merged.get("mem_bandwidth_gbs")),
-        model_bytes=_opt_float(merged.get("model_bytes")),
-        request_timeout=float(merged["request_timeout"]),
-        startup_timeout=float(merged["startup_timeout"]),
-        pin=str(merged.get("pin") or "auto"),
+        seed=seed,
+        gpu_price=_positive(merged.get("gpu_price"), "gpu_price"),
+        mem_bandwidth_gbs=_positive(merged.get("mem_bandwidth_gbs"), "mem_bandwidth_gbs"),
+        model_bytes=_positive(merged.get("model_bytes"), "model_bytes"),
+        request_timeout=_number(merged["request_timeout"], "request_timeout", above=0),
+        startup_timeout=_number(merged["startup_timeout"], "startup_timeout", above=0),
+        pin=pin,
         repeats=repeats,
         launch=launch,
         vllm_bin=merged.get("vllm_bin"),
         images=images,
         dtype=str(merged.get("dtype") or "auto"),
-        max_model_len=int(max_model_len) if max_model_len else None,
+        max_model_len=_positive(merged.get("max_model_len"), "max_model_len", int),
         busy_poll=busy_poll,
-        ray=_ray_address(merged.get("ray")),
+        ray=ray,
         ray_actors=ray_actors,
-        ray_actor_cpus=float(merged["ray_actor_cpus"]),
+        ray_actor_cpus=_number(merged["ray_actor_cpus"], "ray_actor_cpus", above=0),
         ray_cells=bool(merged.get("ray_cells")),
         ray_cell_resources=parse_resources(merged.get("ray_cell_resources")),
     )
+
+
+def _load_points(
+    merged: dict[str, Any], options: dict[str, Any], file_data: dict[str, Any], seed: int
+) -> list[Schedule]:
+    """Closed-loop concurrencies, then open-loop rates; a rate alone asks for an open loop only."""
+    arrival = str(merged["arrival"])
+    if arrival not in ARRIVALS:
+        raise PlanError(f"unknown --arrival {arrival!r}; known: {', '.join(ARRIVALS)}")
+    burstiness = _number(merged["burstiness"], "burstiness", above=0)
+    max_conc = merged.get("max_concurrency")
+    max_conc = None if max_conc is None else _number(max_conc, "max_concurrency", int, minimum=1)
+    given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
+    rates = parse_numbers(merged["rate"], float)
+    trace = _trace(merged, max_conc)
+    open_given = rates or trace is not None
+    concurrencies = (
+        parse_numbers(merged["concurrency"], int) if "concurrency" in given or not open_given else []
+    )
+    try:
+        schedules: list[Schedule] = [ClosedLoop(c) for c in concurrencies]
+        schedules += [OpenLoop(r, arrival, burstiness, seed, max_conc) for r in rates]  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    schedules += [trace] if trace is not None else []
+    if not schedules:
+        raise PlanError("no load points: give --concurrency, --rate and/or --trace")
+    return schedules
+
+
+def _trace(merged: dict[str, Any], max_concurrency: int | None) -> TraceReplay | None:
+    """The trace file read whole now, so that a missing file or a bad line fails before any work."""
+    scale = _number(merged["trace_scale"], "trace_scale", above=0)
+    path = merged.get("trace")
+    if not path:
+        if merged["trace_scale"] != DEFAULTS["trace_scale"]:
+            raise PlanError("--trace-scale needs --trace")
+        return None
+    try:
+        return TraceReplay.from_file(Path(path).expanduser(), scale, max_concurrency)
+    except FileNotFoundError:
+        raise PlanError(f"--trace {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"--trace {path}: {exc}") from None
+
+
+def _flag(key: str) -> str:
+    return "--" + OPTION_NAMES.get(key, key).replace("_", "-")
+
+
+def _number(
+    value: Any, key: str, kind: type = float, minimum: float | None = None, above: float | None = None
+):
+    """`value` (an option or a run-file entry) as `kind`, in range, or a PlanError naming the option."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = kind(value)
+        if kind is int and isinstance(value, float) and value != number:
+            raise ValueError
+    except (TypeError, ValueError):
+        what = "a whole number" if kind is int else "a number"
+        raise PlanError(f"{_flag(key)} must be {what}, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise PlanError(f"{_flag(key)} must be >= {minimum}, got {value!r}")
+    if above is not None and not number > above:
+        raise PlanError(f"{_flag(key)} must be > {above}, got {value!r}")
+    return number
+
+
+def _positive(value: Any, key: str, kind: type = float) -> Any:
+    """An optional quantity: None when not given, else a number > 0."""
+    return None if value is None else _number(value, key, kind, above=0)
+
+
+def _check_ray_options(merged: dict[str, Any], ray: str | None) -> None:
+    """Options that only mean something on Ray must not be silently dropped without it."""
+    if ray is not None:
+        return
+    for key in ("ray_actors", "ray_cells", "ray_cell_resources"):
+        if merged.get(key) not in (None, False, DEFAULTS[key]):
+            raise PlanError(f"{_flag(key)} needs --ray (alone: a local instance; or --ray ADDRESS)")
+
+
+def _check_local_path(value: str | None, key: str) -> None:
+    """A model or tokenizer written as a path (not a hub id or built-in name) must exist before any work."""
+    if value and str(value).startswith(("/", "./", "../", "~")) and not Path(value).expanduser().exists():
+        raise PlanError(f"{_flag(key)} {value}: no such file or directory")
 
 
 def _ray_address(value: Any) -> str | None:
@@ -494,39 +600,90 @@ def _opt_float(value: Any) -> float | None:
 def _workloads(
     merged: dict[str, Any], file_data: dict[str, Any], options: dict[str, Any]
 ) -> list[WorkloadSpec]:
-    cli_workload = any(
-        options.get(k) is not None for k in ("dataset", "input_len", "output_len", "dataset_path")
-    )
+    cli_given = {k for k in WORKLOAD_OPTIONS if options.get(k) is not None}
     listed = file_data.get("workloads")
-    if listed and not cli_workload:
-        out = []
-        for item in listed:
-            if not isinstance(item, dict):
-                raise PlanError(f"each workload in the run file is a mapping, got {item!r}")
-            out.append(
-                WorkloadSpec(
-                    str(item.get("dataset", "random")),
-                    str(item.get("input_len", "128")),
-                    str(item.get("output_len", "32")),
-                    item.get("path") or item.get("dataset_path"),
-                    str(item.get("name", "")),
-                )
-            )
+    if listed and not cli_given:
+        if not isinstance(listed, list):
+            raise PlanError(f"workloads in the run file is a list of mappings, got {listed!r}")
+        out = [_listed_workload(item) for item in listed]
     else:
-        out = [
-            WorkloadSpec(
-                str(merged["dataset"]),
-                str(merged["input_len"]),
-                str(merged["output_len"]),
-                merged.get("dataset_path"),
-            )
-        ]
+        out = [_workload_of(merged)]
     for w in out:
-        if w.dataset not in ("random", "fixed", "sharegpt", "jsonl"):
-            raise PlanError(f"unknown dataset {w.dataset!r}; known: random, fixed, sharegpt, jsonl")
-        if w.dataset in ("sharegpt", "jsonl") and not w.path:
-            raise PlanError(f"dataset {w.dataset} needs --dataset-path")
+        _check_workload(w, cli_given)
     labels = [w.label for w in out]
     if len(set(labels)) != len(labels):
         raise PlanError(f"two workloads share a name: {labels}; give them `name:`")
     return out
+
+
+WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups")
+WORKLOAD_KEYS = {"path", "name", *WORKLOAD_OPTIONS}
+DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl", "prefix")
+FILE_DATASETS = ("sharegpt", "jsonl")
+#: the shape options each dataset reads (any other would be silently ignored)
+SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups")
+OPTIONS_USED = {
+    "random": {"input_len", "output_len"},
+    "jsonl": {"output_len"},
+    "prefix": set(SHAPE_OPTIONS),
+}
+
+
+def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
+    """One workload from the merged options or a run file's `workloads` entry (defaults for what is absent)."""
+    dataset = str(values.get("dataset", "random"))
+    prefix = dataset == "prefix"
+    return WorkloadSpec(
+        dataset,
+        str(values.get("input_len", DEFAULTS["input_len"])),
+        str(values.get("output_len", DEFAULTS["output_len"])),
+        values.get("path") or values.get("dataset_path"),
+        name,
+        _number(values.get("prefix_len", DEFAULTS["prefix_len"]), "prefix_len", int, minimum=1)
+        if prefix
+        else None,
+        _number(values.get("prefix_groups", DEFAULTS["prefix_groups"]), "prefix_groups", int, minimum=1)
+        if prefix
+        else None,
+    )
+
+
+def _listed_workload(item: Any) -> WorkloadSpec:
+    if not isinstance(item, dict):
+        raise PlanError(f"each workload in the run file is a mapping, got {item!r}")
+    unknown = sorted(set(map(str, item)) - WORKLOAD_KEYS)
+    if unknown:
+        raise PlanError(
+            f"workload {item!r}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(WORKLOAD_KEYS))}"
+        )
+    return _workload_of(item, str(item.get("name", "")))
+
+
+def _check_workload(w: WorkloadSpec, cli_given: set[str]) -> None:
+    """Everything about a workload that can be known without a tokenizer: the dataset, its file, its lengths."""
+    if w.dataset not in DATASET_NAMES:
+        raise PlanError(f"unknown dataset {w.dataset!r}; known: {', '.join(DATASET_NAMES)}")
+    if w.dataset in FILE_DATASETS:
+        if not w.path:
+            raise PlanError(f"dataset {w.dataset} needs --dataset-path")
+        if not Path(w.path).expanduser().is_file():
+            raise PlanError(f"--dataset-path {w.path}: no such file")
+    elif w.path:
+        raise PlanError(
+            f"--dataset-path is for the file datasets ({', '.join(FILE_DATASETS)}); "
+            f"dataset {w.dataset} makes its own prompts (give --dataset {' or '.join(FILE_DATASETS)})"
+        )
+    used = OPTIONS_USED.get(w.dataset, set())
+    for key in sorted(cli_given & set(SHAPE_OPTIONS) - used):
+        reads = ", ".join(_flag(k) for k in SHAPE_OPTIONS if k in used) or "none of the length options"
+        raise PlanError(f"{_flag(key)} does not apply to dataset {w.dataset} (it reads {reads})")
+    for key in sorted(used & {"input_len", "output_len"}):
+        value = getattr(w, key)
+        try:
+            if w.dataset == "jsonl" and not str(value).strip().isdigit():
+                raise ValueError(
+                    f"the default output length of jsonl lines is a whole number N, got {value!r}"
+                )
+            LengthDist.parse(value)
+        except ValueError as exc:
+            raise PlanError(f"{_flag(key)}: {exc}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,7 +43,11 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[dict[str,
         host = address.removeprefix("ray://").rsplit(":", 1)[0]
         if host.startswith("127."):  # a cluster on this machine's loopback: join it there
             kwargs["_node_ip_address"] = host
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(**kwargs)
+    with contextlib.suppress(ValueError, TypeError):  # not the main thread, or no Python handler to put back
+        # ray.init makes SIGTERM exit at once; the run's handler stops it as Ctrl-C does (partial report)
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         yield {

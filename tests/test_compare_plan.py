@@ -81,17 +81,18 @@ def test_rate_alone_is_open_loop_only():
 
 def test_yaml_run_file_matrix_and_override(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("""
-model: /models/x
+    (tmp_path / "x").mkdir()
+    path.write_text(f"""
+model: {tmp_path / "x"}
 backends:
   - reference:eager
-  - {name: vllm, variant: graphs, endpoint: "http://127.0.0.1:9000"}
-load: {concurrency: [1, 8], rate: [4], arrival: constant}
+  - {{name: vllm, variant: graphs, endpoint: "http://127.0.0.1:9000"}}
+load: {{concurrency: [1, 8], rate: [4], arrival: constant}}
 workloads:
-  - {dataset: random, input_len: 256, output_len: 64}
-  - {name: long, dataset: random, input_len: "uniform:1000:2000", output_len: 16}
+  - {{dataset: random, input_len: 256, output_len: 64}}
+  - {{name: long, dataset: random, input_len: "uniform:1000:2000", output_len: 16}}
 num_requests: 50
-slo: {ttft: 300ms, tpot: 40ms}
+slo: {{ttft: 300ms, tpot: 40ms}}
 gpu_price: 3.5
 """)
     plan = build_plan({}, path)
