@@ -41,6 +41,7 @@ class Results:
     memory_notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cold_first_token: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -60,7 +61,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         config.get("model_bytes"),
     )
     requests = request_table([r for r in records if not r.warmup], points)
-    results = Results(run, records, requests, summary, setups)
+    results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     results.warnings = list(run.manifest.get("notes") or []) + (
         warnings(summary, setups) if not summary.empty else []
@@ -256,7 +257,7 @@ def build_blocks(res: Results) -> list[Block]:
         )
     )
 
-    pairs = break_even_rows(res.picks, s, res.setups) if not s.empty else []
+    pairs = break_even_rows(res.picks, s, res.setups, res.requests, res.seed) if not s.empty else []
     if pairs:
         blocks.append(("h2", "Set-up cost against latency"))
         blocks.append(

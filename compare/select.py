@@ -29,6 +29,7 @@ from compare.launch import SetupReport
 from compare.metrics import mann_whitney, ratio_ci
 from compare.normalize import break_even, graph_pool_trade
 
+NOT_ESTABLISHED = "never: the difference is not established"
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
 
 
@@ -47,6 +48,7 @@ class Pick:
     p_value: float = math.nan
     confidence: str = ""
     decisive: bool = False  # the difference is significant (and held in every launch, when repeated)
+    metric: str = ""  # the summary column ranked on
     sentences: list[str] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
 
@@ -78,7 +80,7 @@ def _load_order(row: pd.Series) -> tuple[int, float]:
 def interactive_pick(
     summary: pd.DataFrame, requests: pd.DataFrame, workload: str, slo: dict[str, float], seed: int = 0
 ) -> Pick:
-    pick = Pick("interactive", workload)
+    pick = Pick("interactive", workload, metric="e2e_p50_ms")
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
         return pick
@@ -141,23 +143,82 @@ def interactive_pick(
         return pick
     run = ranked[1]
     pick.runner_up, pick.runner_value = run.key, run.e2e_p50_ms / 1e3
-    a = _samples(requests, win, "e2e_s")
-    b = _samples(requests, run, "e2e_s")
-    pick.ratio, pick.ratio_lo, pick.ratio_hi = ratio_ci(b, a, "p50", seed=seed)
-    pick.p_value = mann_whitney(a, b)
-    pick.confidence = _confidence(pick.ratio_lo, pick.p_value, min(a.size, b.size))
-    pick.decisive = pick.confidence in ("high confidence", "moderate confidence")
+    cmp = compare_latency(requests, win, run, seed)
+    pick.ratio, pick.ratio_lo, pick.ratio_hi, pick.p_value = cmp.ratio, cmp.lo, cmp.hi, cmp.p
+    pick.confidence, pick.decisive = cmp.within_run, cmp.within_run_decisive
     head += (
         f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
         f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
         f"{pick.confidence}."
     )
-    a_runs = _per_launch(requests, win, lambda g: g["e2e_s"].median())
-    b_runs = _per_launch(requests, run, lambda g: g["e2e_s"].median())
-    head += " " + _launch_check(pick, {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()})
+    head += " " + _launch_check(pick, cmp.launches)
     pick.sentences.append(head)
     pick.sentences += failures
     return pick
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One candidate against another at their compared load points: the one verdict that the decision's
+    sentences and the set-up pay-back table both read, so they cannot disagree."""
+
+    ratio: float  # how many times better the first is
+    lo: float
+    hi: float
+    p: float
+    within_run: str  # the confidence in words, from the within-run interval and test
+    within_run_decisive: bool
+    launches: dict[int, float]  # the ratio per launch (--repeats)
+
+    @property
+    def decisive(self) -> bool:
+        """Established: significant within the run and, when launched more than once, ahead in every launch."""
+        values = [v for v in self.launches.values() if np.isfinite(v)]
+        return self.within_run_decisive and (len(values) < 2 or all(v > 1 for v in values))
+
+
+def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 0) -> Comparison:
+    """`first` against `other` by median E2E: bootstrap interval of the ratio, Mann-Whitney, per launch."""
+    a = _samples(requests, first, "e2e_s")
+    b = _samples(requests, other, "e2e_s")
+    ratio, lo, hi = ratio_ci(b, a, "p50", seed=seed)
+    p = mann_whitney(a, b)
+    confidence = _confidence(lo, p, min(a.size, b.size))
+    a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
+    b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
+    launches = {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()}
+    decisive = confidence in ("high confidence", "moderate confidence")
+    return Comparison(ratio, lo, hi, p, confidence, decisive, launches)
+
+
+def compare_throughput(requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool) -> Comparison:
+    """`first` against `other` by output tokens/s (goodput: a single number per point, never established);
+    launch by launch when repeated, else from the rate intervals."""
+    ratio = _get(first, "output_tok_s") / _get(other, "output_tok_s")
+    nan = math.nan
+    if goodput:
+        return Comparison(
+            ratio, nan, nan, nan, "a single measurement per point (no interval for goodput)", False, {}
+        )
+    launches: dict[int, float] = {}
+    if requests is not None:
+        a_runs = _per_launch(requests, first, _throughput)
+        b_runs = _per_launch(requests, other, _throughput)
+        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
+    if len(launches) >= 2:
+        ahead = all(v > 1 for v in launches.values())
+        words = f"ahead in each of {len(launches)} launches" if ahead else "not ahead in every launch: a tie"
+        return Comparison(ratio, nan, nan, nan, words, ahead, launches)
+    win_lo, run_hi = _get(first, "output_tok_s_lo"), _get(other, "output_tok_s_hi")
+    if not (np.isfinite(win_lo) and np.isfinite(run_hi)):
+        return Comparison(ratio, nan, nan, nan, "no interval available", False, launches)
+    apart = bool(win_lo > run_hi)
+    words = (
+        "high confidence: the rate intervals do not overlap"
+        if apart
+        else "low confidence: the rate intervals overlap"
+    )
+    return Comparison(ratio, nan, nan, nan, words, apart, launches)
 
 
 def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
@@ -231,7 +292,7 @@ def throughput_pick(
     if rows.empty:
         return pick
     rows["key"] = [key_of(b, v) for b, v in zip(rows["backend"], rows["variant"], strict=True)]
-    metric = "goodput_rps" if slo else "output_tok_s"
+    metric = pick.metric = "goodput_rps" if slo else "output_tok_s"
     rows = rows[rows[metric].notna()]
     if rows.empty:
         return pick
@@ -279,29 +340,9 @@ def throughput_pick(
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
     pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
-    launches: dict[int, float] = {}
-    if requests is not None and not slo:
-        a_runs = _per_launch(requests, win, _throughput)
-        b_runs = _per_launch(requests, run, _throughput)
-        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
-    if slo:
-        pick.confidence = "a single measurement per point (no interval for goodput)"
-    elif len(launches) >= 2:
-        pick.decisive = all(v > 1 for v in launches.values())
-        pick.confidence = (
-            f"ahead in each of {len(launches)} launches"
-            if pick.decisive
-            else "not ahead in every launch: a tie"
-        )
-    elif np.isfinite(win.get("output_tok_s_lo", np.nan)) and np.isfinite(run.get("output_tok_s_hi", np.nan)):
-        pick.decisive = bool(win["output_tok_s_lo"] > run["output_tok_s_hi"])
-        pick.confidence = (
-            "high confidence: the rate intervals do not overlap"
-            if pick.decisive
-            else "low confidence: the rate intervals overlap"
-        )
-    else:
-        pick.confidence = "no interval available"
+    cmp = compare_throughput(requests, win, run, bool(slo))
+    pick.confidence, pick.decisive = cmp.within_run, cmp.decisive
+    launches = cmp.launches
     if slo:
         head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
     if pick.runner_value > 0:
@@ -312,9 +353,7 @@ def throughput_pick(
         if len(launches) >= 2:
             head += " Per launch: " + ", ".join(f"{launches[r]:.2f}x" for r in sorted(launches)) + "."
         elif not slo:
-            decisive = pick.decisive
             head += " " + _launch_check(pick, launches)
-            pick.decisive = decisive
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
@@ -411,18 +450,38 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
     return out
 
 
-def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
+def _summary_row(pick: Pick, summary: pd.DataFrame, key: str) -> pd.Series | None:
+    """`key`'s summary row at the load point the pick compared it at."""
     rows = summary[(summary["workload"] == pick.workload)]
     rows = rows[[key_of(b, v) == key for b, v in zip(rows["backend"], rows["variant"], strict=True)]]
     ranked = {r["key"]: r for r in pick.ranking}
     point = ranked.get(key, {}).get("load_point", pick.load_point)
     rows = rows[rows["load_point"] == point]
-    if rows.empty:
+    return None if rows.empty else rows.iloc[0]
+
+
+def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
+    row = _summary_row(pick, summary, key)
+    if row is None:
         return math.nan
-    row = rows.iloc[0]
     if pick.slo_class == "interactive":
         return row["e2e_p50_ms"] / 1e3
     return 1.0 / row["request_rps"] if row["request_rps"] > 0 else math.nan
+
+
+def pair_decisive(
+    pick: Pick, summary: pd.DataFrame, requests: pd.DataFrame, first: str, other: str, seed: int = 0
+) -> bool:
+    """Is `first` established as better than `other` in the pick's class? The pick's own verdict for its
+    winner and runner-up; the same comparison for any other pair."""
+    if {first, other} == {pick.winner, pick.runner_up}:
+        return pick.decisive and first == pick.winner
+    a, b = _summary_row(pick, summary, first), _summary_row(pick, summary, other)
+    if a is None or b is None:
+        return False
+    if pick.slo_class == "interactive":
+        return compare_latency(requests, a, b, seed).decisive
+    return compare_throughput(requests, a, b, pick.metric == "goodput_rps").decisive
 
 
 def describe_setup(setup: SetupReport | None) -> str:
@@ -541,12 +600,17 @@ def selection(
 
 
 def break_even_rows(
-    picks: list[Pick], summary: pd.DataFrame, setups: dict[str, SetupReport]
+    picks: list[Pick],
+    summary: pd.DataFrame,
+    setups: dict[str, SetupReport],
+    requests: pd.DataFrame,
+    seed: int = 0,
 ) -> list[list[str]]:
     """Every pair of launched candidates, per workload and class: which one is faster per request, how much
     longer it takes to be ready, and after how many requests (and how long at its measured rate) that pays
     back. Rows: workload, class, faster, other, ready s (faster / other), per request (faster / other),
-    verdict."""
+    verdict. A pair whose difference is not established (`pair_decisive`, the decision's own verdict) pays
+    nothing back."""
     rows = []
     for pick in picks:
         keys = [
@@ -559,6 +623,9 @@ def break_even_rows(
                     continue
                 fast, slow = (a, b) if per[a] <= per[b] else (b, a)
                 be = break_even(setups[fast].ready_s, setups[slow].ready_s, per[fast], per[slow])
+                verdict = "never (no faster per request)" if be.requests is None else be.verdict
+                if be.requests and not pair_decisive(pick, summary, requests, fast, slow, seed):
+                    verdict = NOT_ESTABLISHED
                 rows.append(
                     [
                         pick.workload,
@@ -569,7 +636,7 @@ def break_even_rows(
                         slow,
                         f"{setups[fast].ready_s:.1f} / {setups[slow].ready_s:.1f}",
                         f"{_fmt_s(per[fast])} / {_fmt_s(per[slow])}",
-                        "never (no faster per request)" if be.requests is None else be.verdict,
+                        verdict,
                     ]
                 )
     return rows

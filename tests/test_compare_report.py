@@ -493,3 +493,19 @@ def test_launch_order_alternates():
         (2, "B"),
         (2, "C"),
     ]
+
+
+def test_pay_back_table_follows_the_decision_verdict(tmp_path):
+    """Eight requests each are too few to establish a difference: the decision says so, and the set-up
+    table must not say the faster one pays back after N requests."""
+    run = make_run(
+        tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager(), n=8
+    )
+    results = analyze(run, n_boot=100)
+    write_reports(results)
+    interactive = results.picks[0]
+    assert not interactive.decisive and "no set-up cost is paid back" in " ".join(interactive.sentences)
+    report = (run.path / "report.md").read_text()
+    table = report.split("## Set-up cost against latency", 1)[1].split("## Results per load point", 1)[0]
+    line = next(line for line in table.splitlines() if "interactive" in line)
+    assert "after" not in line and "not established" in line
