@@ -127,10 +127,13 @@ def _select(req: pd.DataFrame, m: pd.Series, keys: list[str], side: str) -> pd.D
 
 
 def _verdict(r: pd.Series, alpha: float) -> str:
+    """A change only where both say so: the Holm-corrected test is significant and the 95 % interval of
+    B/A excludes 1 (a ratio whose interval holds 1 is not a change, whatever its p)."""
     if not np.isfinite(r["p_holm"]):
         return "no test (one number per point)" if r["higher_is_better"] else "too few requests"
-    if r["p_holm"] >= alpha:
-        return "no significant change"
+    excludes_one = bool(np.isfinite(r["ratio_lo"]) and (r["ratio_lo"] > 1 or r["ratio_hi"] < 1))
+    if r["p_holm"] >= alpha or not excludes_one:
+        return "no established change"
     better = r["change"] > 0 if r["higher_is_better"] else r["change"] < 0
     return "B better" if better else "B worse"
 
@@ -139,7 +142,8 @@ def to_markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
     lines = [
         f"# llm-compare diff: {name_a} -> {name_b}",
         "",
-        "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected.",
+        "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected. A verdict "
+        "(B better / worse) only where p < alpha and the 95% interval of B/A excludes 1.",
         "",
         "| point | metric | A | B | n A/B | change | 95% CI of B/A | p (Holm) | verdict |",
         "|" + "---|" * 9,

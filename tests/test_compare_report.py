@@ -318,11 +318,11 @@ def test_diff_finds_a_real_change_and_no_change_in_noise(tmp_path):
         lo, hi = (float(x) for x in cells[7].strip().split("-"))
         assert lo <= 1.2 <= hi and "B worse" in cells[9]
     ttft = [line for line in text.splitlines() if "ttft p50" in line]
-    assert ttft and all("no significant change" in line for line in ttft)  # TTFT did not change
+    assert ttft and all("no established change" in line for line in ttft)  # TTFT did not change
     result = runner.invoke(app, ["diff", str(a.path), str(same.path), "--out", str(tmp_path / "s.md")])
     assert result.exit_code == 0, result.output
     lines = [line for line in (tmp_path / "s.md").read_text().splitlines() if " p50 (ms)" in line]
-    assert lines and all("no significant change" in line for line in lines)
+    assert lines and all("no established change" in line for line in lines)
 
 
 VLLM_BENCH = {
@@ -509,3 +509,16 @@ def test_pay_back_table_follows_the_decision_verdict(tmp_path):
     table = report.split("## Set-up cost against latency", 1)[1].split("## Results per load point", 1)[0]
     line = next(line for line in table.splitlines() if "interactive" in line)
     assert "after" not in line and "not established" in line
+
+
+def test_diff_calls_no_change_when_the_interval_holds_one():
+    """A ratio of 1.18 whose 95 % interval (0.911-1.537) contains 1 is not a change, whatever the test
+    says; the same ratio with an interval above 1 and a significant test is."""
+    from compare.diff import _verdict
+
+    row = pd.Series(
+        {"p_holm": 0.01, "change": 0.18, "ratio_lo": 0.911, "ratio_hi": 1.537, "higher_is_better": False}
+    )
+    assert _verdict(row, 0.05) == "no established change"
+    assert _verdict(row.copy().replace({0.911: 1.05}), 0.05) == "B worse"
+    assert _verdict(row.copy().replace({0.01: 0.2, 0.911: 1.05}), 0.05) == "no established change"
