@@ -6,8 +6,8 @@ what confidence, and what it costs to set up, in plain sentences generated from 
   a Mann-Whitney test on the per-request E2E samples, then launch by launch (`--repeats`): a winner that
   loses one launch is a tie.
 - throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
-  confidence launch by launch when repeated, else from whether the rate intervals (token rate over time
-  slices) overlap.
+  confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
+  resamples whole requests (`compare.metrics.throughput_ratio_ci`).
 
 Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from compare.launch import SetupReport
-from compare.metrics import mann_whitney, ratio_ci
+from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.normalize import break_even, graph_pool_trade
 
 NOT_ESTABLISHED = "never: the difference is not established"
@@ -191,9 +191,12 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
     return Comparison(ratio, lo, hi, p, confidence, decisive, launches)
 
 
-def compare_throughput(requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool) -> Comparison:
+def compare_throughput(
+    requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool, seed: int = 0
+) -> Comparison:
     """`first` against `other` by output tokens/s (goodput: a single number per point, never established);
-    launch by launch when repeated, else from the rate intervals."""
+    launch by launch when repeated, else from a bootstrap interval of the ratio over whole requests
+    (`throughput_ratio_ci`), established when it excludes 1."""
     ratio = _get(first, "output_tok_s") / _get(other, "output_tok_s")
     nan = math.nan
     if goodput:
@@ -209,16 +212,47 @@ def compare_throughput(requests: pd.DataFrame | None, first: Any, other: Any, go
         ahead = all(v > 1 for v in launches.values())
         words = f"ahead in each of {len(launches)} launches" if ahead else "not ahead in every launch: a tie"
         return Comparison(ratio, nan, nan, nan, words, ahead, launches)
-    win_lo, run_hi = _get(first, "output_tok_s_lo"), _get(other, "output_tok_s_hi")
-    if not (np.isfinite(win_lo) and np.isfinite(run_hi)):
-        return Comparison(ratio, nan, nan, nan, "no interval available", False, launches)
-    apart = bool(win_lo > run_hi)
-    words = (
-        "high confidence: the rate intervals do not overlap"
-        if apart
-        else "low confidence: the rate intervals overlap"
+    a, b = _ok_requests(requests, first), _ok_requests(requests, other)
+    factor = throughput_ratio_ci(
+        (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
+        (b["output_tokens"].to_numpy(dtype=float), busy_seconds(b)),
+        seed=seed,
     )
-    return Comparison(ratio, nan, nan, nan, words, apart, launches)
+    lo, hi = ratio * factor[0], ratio * factor[1]
+    n = min(len(a), len(b))
+    if not np.isfinite(lo):
+        return Comparison(ratio, lo, hi, nan, "no interval available", False, launches)
+    shown = f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
+    if n < MIN_N:
+        words = f"low confidence (fewer than {MIN_N} requests each; {shown})"
+    elif lo > 1:
+        words = f"high confidence ({shown})"
+    else:
+        words = f"low confidence ({shown}, which holds 1; {_longer_run_hint(ratio, lo, n)})"
+    return Comparison(ratio, lo, hi, nan, words, n >= MIN_N and lo > 1, launches)
+
+
+def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
+    """How many requests would make the interval exclude 1, if the spread shrinks as 1/sqrt(n)."""
+    if ratio <= 1 or not np.isfinite(lo) or ratio - lo <= 0:
+        return "a longer run would not make it a win"
+    need = n * ((ratio - lo) / (ratio - 1)) ** 2
+    return f"about {math.ceil(need):,} requests each would establish it if the ratio holds"
+
+
+def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
+    """The row's measured ok requests."""
+    if requests is None:
+        return pd.DataFrame(columns=["output_tokens", "send_s", "end_s"])
+    mask = (
+        (requests["backend"] == _get(row, "backend"))
+        & (requests["variant"] == _get(row, "variant"))
+        & (requests["workload"] == _get(row, "workload"))
+        & (requests["load_point"] == _get(row, "load_point"))
+        & (requests["status"] == "ok")
+        & ~requests["warmup"].astype(bool)
+    )
+    return requests[mask]
 
 
 def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
@@ -285,7 +319,11 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
 
 
 def throughput_pick(
-    summary: pd.DataFrame, workload: str, slo: dict[str, float], requests: pd.DataFrame | None = None
+    summary: pd.DataFrame,
+    workload: str,
+    slo: dict[str, float],
+    requests: pd.DataFrame | None = None,
+    seed: int = 0,
 ) -> Pick:
     pick = Pick("throughput", workload)
     rows = summary[summary["workload"] == workload].copy()
@@ -331,7 +369,7 @@ def throughput_pick(
         f"{win['load_point']} (n={int(win['requests_ok'])} ok"
     )
     if not slo and np.isfinite(win.get("output_tok_s_lo", np.nan)):
-        head += f"; over time {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
+        head += f"; 95% interval {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
     head += ")"
     if len(table) == 1:
         pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
@@ -340,8 +378,9 @@ def throughput_pick(
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
     pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
-    cmp = compare_throughput(requests, win, run, bool(slo))
+    cmp = compare_throughput(requests, win, run, bool(slo), seed)
     pick.confidence, pick.decisive = cmp.within_run, cmp.decisive
+    pick.ratio_lo, pick.ratio_hi = cmp.lo, cmp.hi
     launches = cmp.launches
     if slo:
         head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
@@ -481,7 +520,7 @@ def pair_decisive(
         return False
     if pick.slo_class == "interactive":
         return compare_latency(requests, a, b, seed).decisive
-    return compare_throughput(requests, a, b, pick.metric == "goodput_rps").decisive
+    return compare_throughput(requests, a, b, pick.metric == "goodput_rps", seed).decisive
 
 
 def describe_setup(setup: SetupReport | None) -> str:
@@ -578,7 +617,7 @@ def selection(
     for workload in dict.fromkeys(summary["workload"]):
         for pick in (
             interactive_pick(summary, requests, workload, slo, seed),
-            throughput_pick(summary, workload, slo, requests),
+            throughput_pick(summary, workload, slo, requests, seed),
         ):
             extra = setup_sentences(pick, summary, setups)
             if pick.winner in described and extra:  # its set-up was described already

@@ -319,6 +319,8 @@ def test_diff_finds_a_real_change_and_no_change_in_noise(tmp_path):
         assert lo <= 1.2 <= hi and "B worse" in cells[9]
     ttft = [line for line in text.splitlines() if "ttft p50" in line]
     assert ttft and all("no established change" in line for line in ttft)  # TTFT did not change
+    rate = [line for line in text.splitlines() if "output tok/s" in line]
+    assert len(rate) == 2 and all("B worse" in line for line in rate)  # its interval from resampled requests
     result = runner.invoke(app, ["diff", str(a.path), str(same.path), "--out", str(tmp_path / "s.md")])
     assert result.exit_code == 0, result.output
     lines = [line for line in (tmp_path / "s.md").read_text().splitlines() if " p50 (ms)" in line]
@@ -517,8 +519,50 @@ def test_diff_calls_no_change_when_the_interval_holds_one():
     from compare.diff import _verdict
 
     row = pd.Series(
-        {"p_holm": 0.01, "change": 0.18, "ratio_lo": 0.911, "ratio_hi": 1.537, "higher_is_better": False}
+        {
+            "p": 0.002,
+            "p_holm": 0.01,
+            "change": 0.18,
+            "ratio_lo": 0.911,
+            "ratio_hi": 1.537,
+            "higher_is_better": False,
+        }
     )
     assert _verdict(row, 0.05) == "no established change"
     assert _verdict(row.copy().replace({0.911: 1.05}), 0.05) == "B worse"
     assert _verdict(row.copy().replace({0.01: 0.2, 0.911: 1.05}), 0.05) == "no established change"
+
+
+def closed_run(
+    path: Path, tpots: dict[str, float], concurrency: int, n: int, chunk: int = 1, seed: int = 0
+) -> RunDir:
+    """One closed-loop point per backend: `n` requests on `concurrency` streams, 3 % noise per request,
+    tokens arriving `chunk` to an event."""
+    run = RunDir.create(path, {"model": "m"}, ["compare", "run"])
+    rng = np.random.default_rng(seed)
+    label = f"c={concurrency}"
+    with RecordWriter(run.requests_path) as writer:
+        for backend, tpot in tpots.items():
+            run.add_point(backend, backend, "", "wl", label, {"kind": "closed", "concurrency": concurrency})
+            for record in requests_for(backend, "", backend, label, n, tpot, rng, concurrency):
+                events = record.events
+                record.events = [(events[j + chunk - 1][0], chunk, 4 * chunk) for j in range(0, 20, chunk)]
+                writer.append(record)
+    run.manifest["status"] = "complete"
+    run.save()
+    return run
+
+
+def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
+    """Points of 3-7 s at c=64 (two waves of requests, tokens ten to an event): too short and lumpy for a
+    rate over time slices, but 96 requests each show a 2x difference beyond doubt."""
+    run = closed_run(tmp_path / "run", {"fast": 0.08, "slow": 0.17}, concurrency=64, n=96, chunk=10)
+    results = analyze(run, n_boot=200)
+    throughput = results.picks[1]
+    assert throughput.winner == "fast" and throughput.ratio == pytest.approx(2.0, rel=0.1)
+    assert throughput.decisive and throughput.confidence.startswith("high confidence")
+    assert throughput.ratio_lo > 1.5 and throughput.ratio_lo <= throughput.ratio <= throughput.ratio_hi
+    summary = results.summary.set_index("backend")
+    for backend in ("fast", "slow"):  # the summary's interval is the same computation, around its rate
+        row = summary.loc[backend]
+        assert row["output_tok_s_lo"] < row["output_tok_s"] < row["output_tok_s_hi"]
