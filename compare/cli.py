@@ -516,6 +516,7 @@ def _one_point(
     """Run one load point with a progress display; True when it was interrupted."""
     import uuid
 
+    from compare.metrics import running_output_rate
     from workloads.records import read_run_summaries
 
     run_id = uuid.uuid4().hex[:12]
@@ -540,19 +541,13 @@ def _one_point(
             rate="–",
             errors=0,
         )
-        started = time.perf_counter()
 
         def update(records: list) -> None:
             measured = [r for r in records if not r.warmup]
-            now = time.perf_counter()
-            recent = sum(
-                r.output_tokens
-                for r in measured[-500:]
-                if r.end_s is not None and now - (r.t0_monotonic + r.end_s) <= 5.0
-            )
-            window = min(5.0, max(now - started, 1e-3))
+            rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
             errors = sum(1 for r in measured if r.error_kind is not None)
-            progress.update(task, completed=len(measured), rate=f"{recent / window:,.1f}", errors=errors)
+            shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
+            progress.update(task, completed=len(measured), rate=shown, errors=errors)
 
         run_load_sync(
             url,

@@ -185,6 +185,34 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
+def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+    """A point's measured window: its first send to its last end, or to `now` while it still runs. Every
+    rate of a point (output tokens/s, requests/s, goodput) is over this window; NaN when it is empty."""
+    sends = np.asarray(list(send_s), dtype=float)
+    ends = np.asarray(list(end_s), dtype=float)
+    sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
+    if not sends.size:
+        return np.nan
+    last = now if now is not None else (ends.max() if ends.size else np.nan)
+    return float(last - sends.min()) if last > sends.min() else np.nan
+
+
+def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
+    """Output tokens/s of a point still running, as the summary will count it: output tokens of the
+    measured requests that finished ok, over `measured_window_s` up to `now` (record time base: each
+    record's t0_monotonic plus its offsets). At the point's last end it is the summary's output_tok_s."""
+    sends, ends, tokens = [], [], 0
+    for r in records:
+        if r.warmup or r.send_s is None:
+            continue
+        sends.append(r.t0_monotonic + r.send_s)
+        if r.end_s is not None:
+            ends.append(r.t0_monotonic + r.end_s)
+            tokens += r.output_tokens if r.error_kind is None else 0
+    window = measured_window_s(sends, ends, now)
+    return tokens / window if np.isfinite(window) and window > 0 else np.nan
+
+
 # -- statistics -------------------------------------------------------------------------------------------
 
 
@@ -375,12 +403,12 @@ def _summarize_group(
     duration = 0.0
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
-        if pinfo.duration_s is not None:
-            duration += pinfo.duration_s
-        else:
-            start, end = part["send_s"].min(), part["end_s"].max()
-            if np.isfinite(start) and np.isfinite(end) and end > start:
-                duration += float(end - start)
+        window = (
+            pinfo.duration_s
+            if pinfo.duration_s is not None
+            else measured_window_s(part["send_s"], part["end_s"])
+        )
+        duration += window if np.isfinite(window) else 0.0
     row["duration_s"] = duration if duration > 0 else np.nan
     row["input_tokens"] = int(ok["input_tokens"].sum())
     row["output_tokens"] = int(ok["output_tokens"].sum())
