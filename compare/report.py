@@ -387,7 +387,7 @@ def build_blocks(res: Results) -> list[Block]:
                     "backend",
                     "workload",
                     "load",
-                    "p50 TTFT per 1k input tokens (ms)",
+                    "p50 TTFT per 1k input tokens, c=1 only (ms)",
                     "TPOT p50 (ms)",
                     "roofline TPOT (ms)",
                     "of roofline",
@@ -395,6 +395,14 @@ def build_blocks(res: Results) -> list[Block]:
                 ],
                 rows,
             ),
+        )
+    )
+    blocks.append(
+        (
+            "p",
+            "TTFT per 1k input tokens is given at single-stream points (c=1) only: under more load a TTFT is "
+            "mostly time queued behind other requests, not prefill, and the server's own prefill time is not "
+            "recorded.",
         )
     )
     missing = []

@@ -80,3 +80,28 @@ def test_ratio_ci_brackets_a_known_ratio():
 def test_holm_by_hand():
     # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
     assert holm([0.04, 0.01, 0.02, math.nan]) == pytest.approx([0.04, 0.03, 0.04, math.nan], nan_ok=True)
+
+
+def test_ttft_per_input_token_only_where_no_request_queues():
+    """At c=4 a TTFT is mostly waiting behind the other streams: dividing it by the prompt length is not
+    a prefill cost, so only a single-stream point gets the normalised TTFT."""
+    import pandas as pd
+
+    from compare.normalize import add_normalized
+
+    summary = pd.DataFrame(
+        {
+            "backend": ["b"] * 3,
+            "variant": [""] * 3,
+            "mode": ["closed", "closed", "open"],
+            "concurrency": [1, 4, None],
+            "ttft_p50_ms": [50.0, 26000.0, 400.0],
+            "tpot_p50_ms": [10.0, 12.0, 11.0],
+            "input_tokens_mean": [500.0, 500.0, 500.0],
+            "output_tokens_mean": [100.0, 100.0, 100.0],
+            "output_tok_s": [90.0, 300.0, 200.0],
+        }
+    )
+    out = add_normalized(summary, {}, None, None, None)
+    assert out["prefill_ms_per_1k_in"].iloc[0] == pytest.approx(100.0)
+    assert out["prefill_ms_per_1k_in"].iloc[1:].isna().all()
