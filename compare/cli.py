@@ -31,6 +31,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from compare.text import plural
+
 app = typer.Typer(
     add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0], rich_markup_mode=None
 )  # help texts show [default: ...] and a:b:c literally
@@ -85,7 +87,7 @@ def demo(
     console.print(table)
     n = sum(len(o.token_ids) for o in outs)
     console.print(
-        f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
+        f"{plural(n, 'token')} in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
         f"set-up {engine.setup.phases['total']:.2f} s"
     )
 
@@ -342,13 +344,13 @@ def _load_tokenizer(name: str) -> Any:
 def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if plan.pin == "off":
-        return None, None, f"off (asked); {len(cpus)} CPUs shared by client and servers"
+        return None, None, f"off (asked); {plural(len(cpus), 'CPU')} shared by client and servers"
     if len(cpus) < 4:
         return (
             None,
             None,
             (
-                f"none: only {len(cpus)} CPUs, too few to give the client and the servers CPUs of "
+                f"none: only {plural(len(cpus), 'CPU')}, too few to give the client and the servers CPUs of "
                 "their own; they share them"
             ),
         )
@@ -742,7 +744,7 @@ def import_(
             run.manifest["imported"] = [*entries, imported.manifest_entry()]
             run.save()
             console.print(
-                f"{file}: {len(imported.records)} requests from {imported.source} as "
+                f"{file}: {plural(len(imported.records), 'request')} from {imported.source} as "
                 f"{imported.backend}{':' + imported.variant if imported.variant else ''} "
                 f"{imported.load_point}"
             )

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from compare.launch import SetupReport
+from compare.text import plural
 
 
 def prefill_ms_per_1k(ttft_p50_ms: float, input_tokens_mean: float) -> float:
@@ -74,7 +75,7 @@ class BreakEven:
             return "never"
         if self.requests == 0:
             return "immediately"
-        return f"after {self.requests:,.0f} requests ({format_hours(self.hours)})"
+        return f"after {plural(self.requests, 'request')} ({format_hours(self.hours)})"
 
 
 def break_even(

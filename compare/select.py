@@ -28,6 +28,7 @@ import pandas as pd
 from compare.launch import SetupReport
 from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.normalize import break_even, graph_pool_trade
+from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
@@ -210,7 +211,11 @@ def compare_throughput(
         launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
     if len(launches) >= 2:
         ahead = all(v > 1 for v in launches.values())
-        words = f"ahead in each of {len(launches)} launches" if ahead else "not ahead in every launch: a tie"
+        words = (
+            f"ahead in each of {plural(len(launches), 'launch', 'launches')}"
+            if ahead
+            else "not ahead in every launch: a tie"
+        )
         return Comparison(ratio, nan, nan, nan, words, ahead, launches)
     a, b = _ok_requests(requests, first), _ok_requests(requests, other)
     factor = throughput_ratio_ci(
@@ -237,7 +242,7 @@ def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
     if ratio <= 1 or not np.isfinite(lo) or ratio - lo <= 0:
         return "a longer run would not make it a win"
     need = n * ((ratio - lo) / (ratio - 1)) ** 2
-    return f"about {math.ceil(need):,} requests each would establish it if the ratio holds"
+    return f"about {plural(math.ceil(need), 'request')} each would establish it if the ratio holds"
 
 
 def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
@@ -292,7 +297,7 @@ def _launch_check(pick: Pick, ratios: dict[int, float]) -> str:
     if not pick.decisive:
         return f"Per launch: {shown}."
     if all(v > 1 for v in values):
-        return f"The same winner in each of {len(values)} launches ({shown})."
+        return f"The same winner in each of {plural(len(values), 'launch', 'launches')} ({shown})."
     pick.decisive = False
     pick.confidence = "not consistent across launches"
     return (
@@ -312,7 +317,7 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
                 else "is ranked after the candidates without failures"
             )
             out.append(
-                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed "
+                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
                 f"{where or 'at ' + str(r['load_point'])} ({r['errors']})."
             )
     return out
@@ -531,7 +536,7 @@ def describe_setup(setup: SetupReport | None) -> str:
     parts = [f"ready in {setup.ready_s:.1f} s" if setup.ready_s is not None else "never became ready"]
     if len(setup.ready_runs) > 1:
         runs = ", ".join(f"{r:.1f}" for r in setup.ready_runs)
-        parts[0] += f" (median of {len(setup.ready_runs)} launches: {runs} s)"
+        parts[0] += f" (median of {plural(len(setup.ready_runs), 'launch', 'launches')}: {runs} s)"
     phases = [p for p in setup.phases if p.seconds >= 0.05 and p.name != "server_ready"]
     if phases:
         parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
@@ -561,11 +566,13 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
         key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
         if r["requests_failed"]:
             out.append(
-                f"{key}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed ({r['errors']})."
+                f"{key}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
+                f"({r['errors']})."
             )
         if r["interrupted"] or r["requests_cancelled"]:
             out.append(
-                f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial."
+                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, numbers are "
+                "partial."
             )
         if r["token_mismatches"]:
             example = r.get("mismatch_example") or ""
@@ -578,12 +585,14 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
                 "the text, which does not always give back the generated tokens"
             )
             out.append(
-                f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
+                f"{key}: {int(r['token_mismatches'])} of {plural(int(r['requests_ok']), 'response')} "
+                f"{'disagrees' if int(r['token_mismatches']) == 1 else 'disagree'} on their "
                 f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
             )
         if r["output_short"]:
             out.append(
-                f"{key}: {int(r['output_short'])} responses are shorter than the forced output length."
+                f"{key}: {plural(int(r['output_short']), 'response')} "
+                f"{'is' if int(r['output_short']) == 1 else 'are'} shorter than the forced output length."
             )
         if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
             behind = (
@@ -632,8 +641,8 @@ def selection(
         if trade is not None:
             memory.append(
                 f"{key}: its CUDA-graph pool of {trade.pool_bytes / 2**30:.2f} GiB would hold "
-                f"{trade.kv_tokens:,.0f} tokens of KV cache, {trade.sequences:,.0f} more concurrent "
-                f"sequences of {seq:.0f} tokens."
+                f"{plural(trade.kv_tokens, 'token')} of KV cache, "
+                f"{plural(trade.sequences, 'more concurrent sequence')} of {plural(seq, 'token')}."
             )
     return picks, memory
 

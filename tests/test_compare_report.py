@@ -617,3 +617,13 @@ def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
     )
     shown = float(out.getvalue().split(" tok/s")[0].split()[-1].replace(",", ""))
     assert shown == pytest.approx(expected, rel=0.01), out.getvalue()
+
+
+def test_cli_messages_count_one_cpu_in_the_singular(monkeypatch):
+    from types import SimpleNamespace
+
+    import compare.cli as cli
+
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert cli._pinning(SimpleNamespace(pin="off"))[2] == "off (asked); 1 CPU shared by client and servers"
+    assert cli._pinning(SimpleNamespace(pin="auto"))[2].startswith("none: only 1 CPU, too few")
