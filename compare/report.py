@@ -581,15 +581,19 @@ def _inline(text: str) -> str:
 
 
 CSS = """
-body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1100px;
-       color: #222; line-height: 1.45; padding: 0 1em; }
-table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1em; }
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1800px;
+       color: #222; line-height: 1.45; padding: 0 1em; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.5em 0 1em; }
+table { border-collapse: collapse; font-size: 12px; overflow-wrap: normal; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
 code { background: #f4f4f4; padding: 0 3px; }
-.plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plots svg { border: 1px solid #ddd; }
+.plots { display: grid; grid-template-columns: minmax(0, 1fr); gap: 12px; }
+@media (min-width: 1280px) { .plots { grid-template-columns: repeat(2, minmax(0, 1fr)); } }
+.plots svg { border: 1px solid #ddd; width: 100%; height: auto; box-sizing: border-box; }
 """
+# Plots: one column, two from 1280 px; each svg scales to its column (they all have a viewBox). Tables
+# scroll sideways inside their own box rather than widening the page.
 
 
 def to_html(blocks: list[Block], title: str) -> str:
@@ -619,12 +623,12 @@ def to_html(blocks: list[Block], title: str) -> str:
         elif kind == "table":
             header, rows = content
             out.append(
-                "<table><thead><tr>"
+                '<div class="scroll"><table><thead><tr>'
                 + "".join(f"<th>{_inline(h)}</th>" for h in header)
                 + "</tr></thead><tbody>"
             )
             out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows]
-            out.append("</tbody></table>")
+            out.append("</tbody></table></div>")
     if in_plots:
         out.append("</div>")
     out.append("</body></html>")

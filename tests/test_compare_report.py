@@ -627,3 +627,74 @@ def test_cli_messages_count_one_cpu_in_the_singular(monkeypatch):
     monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert cli._pinning(SimpleNamespace(pin="off"))[2] == "off (asked); 1 CPU shared by client and servers"
     assert cli._pinning(SimpleNamespace(pin="auto"))[2].startswith("none: only 1 CPU, too few")
+
+
+LAYOUT_PROBE = """<script>
+(() => {
+  const vw = document.documentElement.clientWidth;
+  const svgs = [...document.querySelectorAll("svg")];
+  const blank = svgs.filter((s) => {
+    const box = s.getBoundingClientRect(), drawn = s.getBBox();
+    const marks = s.querySelectorAll("polyline, rect, line").length;
+    return box.width < 100 || box.height < 40 || drawn.width <= 0 || drawn.height <= 0 || marks < 2;
+  }).length;
+  const outside = [...document.body.querySelectorAll("*")].filter(
+    (e) => e.getBoundingClientRect().right > vw + 1 && !e.closest(".scroll")
+  ).length;
+  const firstRow = svgs.filter((s) => s.getBoundingClientRect().top === svgs[0].getBoundingClientRect().top);
+  const tables = [...document.querySelectorAll("table")];
+  const scrolled = tables.filter((t) => t.parentElement.classList.contains("scroll")).length;
+  document.title = JSON.stringify({
+    page: document.documentElement.scrollWidth, viewport: vw, svgs: svgs.length, blank: blank,
+    outside: outside, perRow: firstRow.length, tables: tables.length, scrolled: scrolled,
+  });
+})();
+</script>"""
+
+
+def render_layout(chromium: str, page: Path, width: int, profile: Path) -> dict:
+    """Open `page` at `width` px in headless Chromium and read back what LAYOUT_PROBE measured."""
+    probe = page.with_name(f"probe-{width}.html")
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            f"--window-size={width},900",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    title = out.split("<title>", 1)[1].split("</title>", 1)[0]
+    return json.loads(title.replace("&quot;", '"'))
+
+
+def test_report_html_fits_the_page_at_1024_and_1600_px(tmp_path):
+    """Nothing runs off the page (wide tables scroll inside their own box), every plot has drawn, and wide
+    screens put two plots to a row."""
+    run = make_run(
+        tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager()
+    )
+    write_reports(analyze(run, n_boot=100))
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("headless rendering not checked: no chromium on this machine (apt-get install chromium)")
+    for width, per_row in ((1024, 1), (1600, 2)):
+        seen = render_layout(chromium, run.path / "report.html", width, tmp_path / "profile")
+        assert seen["page"] <= seen["viewport"] and seen["outside"] == 0, (width, seen)
+        assert seen["svgs"] == 8 and seen["blank"] == 0, (width, seen)
+        assert seen["tables"] == seen["scrolled"] >= 3, (width, seen)
+        assert seen["perRow"] == per_row, (width, seen)
