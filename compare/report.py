@@ -432,6 +432,10 @@ def build_blocks(res: Results) -> list[Block]:
                 "minus scheduled time.",
                 "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
                 "(1000 resamples).",
+                "Output tokens/s: output tokens of the ok requests over the measured window (first send to "
+                "last end), the same number the progress bar shows while a point runs. Its interval, and the "
+                "throughput decision's, resamples whole requests: each resample's rate of service (output "
+                "tokens / request time) against the measured one, the load's concurrency held as measured.",
             ],
         )
     )
