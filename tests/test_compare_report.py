@@ -698,3 +698,21 @@ def test_report_html_fits_the_page_at_1024_and_1600_px(tmp_path):
         assert seen["svgs"] == 8 and seen["blank"] == 0, (width, seen)
         assert seen["tables"] == seen["scrolled"] >= 3, (width, seen)
         assert seen["perRow"] == per_row, (width, seen)
+
+
+def test_plots_keep_nearly_equal_values_inside_the_axes():
+    """TTFTs equal but for float noise (100 ms each, as a scripted server gives) must not make ticks of a
+    width the rounding cannot hold, which drew the curves off the plot's left edge."""
+    import re
+
+    from compare import plots
+
+    values = [100.0 + k * 1e-12 for k in (-1, 0, 1, 0, 2)]
+    for lo, hi in ((99.999999, 100.000001), (min(values), max(values))):
+        ticks = plots.nice_ticks(lo, hi)
+        assert ticks[0] <= lo and ticks[-1] >= hi and len(set(map(plots.fmt_tick, ticks))) == len(ticks)
+    svg = plots.line_chart(
+        [plots.cdf_series(values, "a", "#000")], "CDF", "ms", "fraction", x_from_zero=False
+    )
+    xs = [float(x) for pts in re.findall(r'points="([^"]+)"', svg) for x in re.findall(r"([-\d.]+),", pts)]
+    assert xs and all(plots.M_LEFT <= x <= plots.W - plots.M_RIGHT for x in xs), xs
