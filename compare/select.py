@@ -198,8 +198,9 @@ def compare_throughput(
     """`first` against `other` by output tokens/s (goodput: a single number per point, never established);
     launch by launch when repeated, else from a bootstrap interval of the ratio over whole requests
     (`throughput_ratio_ci`), established when it excludes 1."""
-    ratio = _get(first, "output_tok_s") / _get(other, "output_tok_s")
     nan = math.nan
+    rates = float(_get(first, "output_tok_s")), float(_get(other, "output_tok_s"))
+    ratio = rates[0] / rates[1] if rates[1] > 0 else math.inf
     if goodput:
         return Comparison(
             ratio, nan, nan, nan, "a single measurement per point (no interval for goodput)", False, {}
@@ -225,7 +226,7 @@ def compare_throughput(
     )
     lo, hi = ratio * factor[0], ratio * factor[1]
     n = min(len(a), len(b))
-    if not np.isfinite(lo):
+    if not (np.isfinite(lo) and np.isfinite(hi)):
         return Comparison(ratio, lo, hi, nan, "no interval available", False, launches)
     shown = f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
     if n < MIN_N:
@@ -248,7 +249,7 @@ def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
 def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
     """The row's measured ok requests."""
     if requests is None:
-        return pd.DataFrame(columns=["output_tokens", "send_s", "end_s"])
+        return pd.DataFrame(columns=["repeat", "output_tokens", "send_s", "end_s", "e2e_s"])
     mask = (
         (requests["backend"] == _get(row, "backend"))
         & (requests["variant"] == _get(row, "variant"))
@@ -262,14 +263,7 @@ def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
 
 def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
     """`stat` of the row's ok requests in each launch (--repeats) of its backend."""
-    mask = (
-        (requests["backend"] == _get(row, "backend"))
-        & (requests["variant"] == _get(row, "variant"))
-        & (requests["workload"] == _get(row, "workload"))
-        & (requests["load_point"] == _get(row, "load_point"))
-        & (requests["status"] == "ok")
-    )
-    return {int(r): float(stat(g)) for r, g in requests[mask].groupby("repeat")}
+    return {int(r): float(stat(g)) for r, g in _ok_requests(requests, row).groupby("repeat")}
 
 
 def _get(row: Any, name: str) -> Any:
@@ -416,15 +410,7 @@ def _fmt_rate(value: float) -> str:
 
 
 def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
-    mask = (
-        (requests["backend"] == row.backend)
-        & (requests["variant"] == row.variant)
-        & (requests["workload"] == row.workload)
-        & (requests["load_point"] == row.load_point)
-        & (requests["status"] == "ok")
-        & ~requests["warmup"]
-    )
-    return requests.loc[mask, column].dropna().to_numpy(dtype=float)
+    return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
 
 
 def _confidence(ratio_lo: float, p: float, n: int) -> str:
