@@ -31,6 +31,7 @@ from compare.normalize import break_even, graph_pool_trade
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
+ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
 
 
@@ -218,6 +219,12 @@ def compare_throughput(
             else "not ahead in every launch: a tie"
         )
         return Comparison(ratio, nan, nan, nan, words, ahead, launches)
+    if all(_get(row, "mode") in ARRIVAL_DRIVEN for row in (first, other)):
+        words = (
+            "not established: at open-loop points the offered load sets the rate, so the difference is not "
+            "one of capacity (closed-loop points, --concurrency, measure that)"
+        )
+        return Comparison(ratio, nan, nan, nan, words, False, launches)
     a, b = _ok_requests(requests, first), _ok_requests(requests, other)
     factor = throughput_ratio_ci(
         (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
