@@ -22,6 +22,7 @@ from compare.metrics import (
     summarize,
     throughput_ratio_ci,
 )
+from compare.select import ARRIVAL_DRIVEN
 from compare.store import RunDir
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -99,6 +100,7 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
                     "ratio_hi": hi,
                     "p": mann_whitney(x, y),
                     "higher_is_better": False,
+                    "arrival_driven": False,
                 }
             )
         rows.append(_throughput_row(point, m, sel_a, sel_b, seed))
@@ -113,10 +115,15 @@ def _throughput_row(point: str, m: pd.Series, sel_a: pd.DataFrame, sel_b: pd.Dat
     one computation the report's throughput decision uses); no test, so no p."""
     a, b = m["output_tok_s_a"], m["output_tok_s_b"]
     ratio = b / a if a else np.nan
-    factor = throughput_ratio_ci(
-        (sel_b["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_b)),
-        (sel_a["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_a)),
-        seed=seed,
+    arrival_driven = m["mode_a"] in ARRIVAL_DRIVEN and m["mode_b"] in ARRIVAL_DRIVEN
+    factor = (
+        (np.nan, np.nan)
+        if arrival_driven
+        else throughput_ratio_ci(
+            (sel_b["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_b)),
+            (sel_a["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_a)),
+            seed=seed,
+        )
     )
     return {
         "point": point,
@@ -130,6 +137,7 @@ def _throughput_row(point: str, m: pd.Series, sel_a: pd.DataFrame, sel_b: pd.Dat
         "ratio_hi": ratio * factor[1],
         "p": np.nan,
         "higher_is_better": True,
+        "arrival_driven": arrival_driven,
     }
 
 
@@ -147,6 +155,8 @@ def _select(req: pd.DataFrame, m: pd.Series, keys: list[str], side: str) -> pd.D
 def _verdict(r: pd.Series, alpha: float) -> str:
     """A change only where the 95 % interval of B/A excludes 1 and, for a latency, the Holm-corrected test
     is significant too (a ratio whose interval holds 1 is not a change, whatever its p)."""
+    if r.get("arrival_driven", False):
+        return "no verdict (the offered load sets the rate)"
     if not np.isfinite(r["ratio_lo"]):
         return "too few requests"
     excludes_one = r["ratio_lo"] > 1 or r["ratio_hi"] < 1

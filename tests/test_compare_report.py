@@ -718,20 +718,35 @@ def test_plots_keep_nearly_equal_values_inside_the_axes():
     assert xs and all(plots.M_LEFT <= x <= plots.W - plots.M_RIGHT for x in xs), xs
 
 
-def test_open_loop_throughput_is_not_called_a_capacity_difference(tmp_path):
-    """Both servers keep up with 2 requests/s: their output tokens/s differ only by how fast the last
-    request ends, and without per-request noise the request bootstrap alone would call 1.00x established."""
-    run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
+def open_loop_run(path: Path, tpots: dict[str, float]) -> RunDir:
+    """One open-loop point (2 requests/s, 60 requests) per backend, each request done before the next."""
+    run = RunDir.create(path, {"model": "m"}, ["compare", "run"])
     with RecordWriter(run.requests_path) as writer:
-        for backend, tpot in (("fast", 0.010), ("slow", 0.013)):
+        for backend, tpot in tpots.items():
             run.add_point(backend, backend, "", "wl", "r=2", {"kind": "open", "rate": 2.0})
             for i, record in enumerate(requests_for(backend, "", backend, "r=2", 60, tpot)):
-                shift = i * 0.5 - record.send_s  # sent on a fixed schedule, each done before the next
+                shift = i * 0.5 - record.send_s  # sent on a fixed schedule
                 record.send_s = record.scheduled_s = record.start_s = i * 0.5
                 record.headers_s += shift
                 record.end_s += shift
                 record.events = [(t + shift, n, k) for t, n, k in record.events]
                 writer.append(record)
+    return run
+
+
+def test_open_loop_throughput_is_not_called_a_capacity_difference(tmp_path):
+    """Both servers keep up with 2 requests/s: their output tokens/s differ only by how fast the last
+    request ends, and without per-request noise the request bootstrap alone would call 1.00x established;
+    so would compare diff between two such runs."""
+    run = open_loop_run(tmp_path / "run", {"fast": 0.010, "slow": 0.013})
     throughput = analyze(run, n_boot=200).picks[1]
     assert throughput.winner == "fast" and throughput.ratio == pytest.approx(1.0, abs=0.01)
     assert not throughput.decisive and "offered load sets the rate" in throughput.confidence
+    from compare.diff import diff_runs
+
+    table = diff_runs(
+        open_loop_run(tmp_path / "a", {"x": 0.010}), open_loop_run(tmp_path / "b", {"x": 0.013})
+    )
+    rate = table[table["metric"] == "output tok/s"].iloc[0]
+    assert rate["verdict"] == "no verdict (the offered load sets the rate)"
+    assert table[table["metric"] == "tpot p50 (ms)"].iloc[0]["verdict"] == "B worse"
