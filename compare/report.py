@@ -265,7 +265,8 @@ def build_blocks(res: Results) -> list[Block]:
                 "p",
                 "For each pair of launched candidates: the one faster per request, how long each took to be "
                 "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
-                "time per request equal), with how long serving those takes at its measured rate.",
+                "time per request equal), with how long serving those takes at its measured rate. Only a difference "
+                "established as in the decision pays anything back.",
             )
         )
         blocks.append(
