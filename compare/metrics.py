@@ -337,7 +337,6 @@ def summarize(
             _summarize_group(
                 dict(zip(GROUP_KEYS, key, strict=True)),
                 group,
-                measured,
                 gaps,
                 gaps_event,
                 points,
@@ -356,7 +355,6 @@ def summarize(
 def _summarize_group(
     key: dict[str, Any],
     group: pd.DataFrame,
-    records: Sequence[RequestRecord],
     gaps: pd.DataFrame,
     gaps_event: pd.DataFrame,
     points: Mapping[str, PointInfo],
