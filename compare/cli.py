@@ -34,6 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperCommand
 
+from compare.text import plural
+
 APP_HELP = (
     "Compare LLM serving backends under one load generator: run a comparison and write its reports, "
     "rebuild the reports of a run, diff two runs, import other tools' results, or try the reference engine "
@@ -91,7 +93,7 @@ def demo(
     console.print(table)
     n = sum(len(o.token_ids) for o in outs)
     console.print(
-        f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
+        f"{plural(n, 'token')} in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
         f"set-up {engine.setup.phases['total']:.2f} s"
     )
 
@@ -593,13 +595,13 @@ def _load_tokenizer(name: str) -> Any:
 def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if plan.pin == "off":
-        return None, None, f"off (asked); {len(cpus)} CPUs shared by client and servers"
+        return None, None, f"off (asked); {plural(len(cpus), 'CPU')} shared by client and servers"
     if len(cpus) < 4:
         return (
             None,
             None,
             (
-                f"none: only {len(cpus)} CPUs, too few to give the client and the servers CPUs of "
+                f"none: only {plural(len(cpus), 'CPU')}, too few to give the client and the servers CPUs of "
                 "their own; they share them"
             ),
         )
@@ -798,6 +800,7 @@ def _one_point(
     """Run one load point with a progress display; True when it was interrupted."""
     import uuid
 
+    from compare.metrics import running_output_rate
     from workloads.records import read_run_summaries
 
     run_id = uuid.uuid4().hex[:12]
@@ -822,19 +825,13 @@ def _one_point(
             rate="–",
             errors=0,
         )
-        started = time.perf_counter()
 
         def update(records: list) -> None:
             measured = [r for r in records if not r.warmup]
-            now = time.perf_counter()
-            recent = sum(
-                r.output_tokens
-                for r in measured[-500:]
-                if r.end_s is not None and now - (r.t0_monotonic + r.end_s) <= 5.0
-            )
-            window = min(5.0, max(now - started, 1e-3))
+            rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
             errors = sum(1 for r in measured if r.error_kind is not None)
-            progress.update(task, completed=len(measured), rate=f"{recent / window:,.1f}", errors=errors)
+            shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
+            progress.update(task, completed=len(measured), rate=shown, errors=errors)
 
         run_load_sync(
             url,
@@ -1031,7 +1028,7 @@ def import_(
             run.manifest["imported"] = [*entries, imported.manifest_entry()]
             run.save()
             console.print(
-                f"{file}: {len(imported.records)} requests from {imported.source} as "
+                f"{file}: {plural(len(imported.records), 'request')} from {imported.source} as "
                 f"{imported.backend}{':' + imported.variant if imported.variant else ''} "
                 f"{imported.load_point}"
             )

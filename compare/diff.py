@@ -1,7 +1,7 @@
 """Two runs side by side: for each load point both measured, the change in each per-request latency median,
 a bootstrap interval of the ratio B/A, a Mann-Whitney U test, and Holm's correction over all the tests (so
-that many metrics x points do not turn noise into findings); throughput changes are shown without a test
-(one number per point).
+that many metrics x points do not turn noise into findings); output tokens/s with the interval of its ratio
+from resampling whole requests (`compare.metrics.throughput_ratio_ci`), without a test.
 
 Points are matched on (backend, variant, workload, load point); when the runs share no such key but each
 holds one backend, they are matched on (workload, load point), which compares two backends or versions.
@@ -14,7 +14,15 @@ import math
 import numpy as np
 import pandas as pd
 
-from compare.metrics import mann_whitney, ratio_ci, request_table, summarize
+from compare.metrics import (
+    busy_seconds,
+    mann_whitney,
+    ratio_ci,
+    request_table,
+    summarize,
+    throughput_ratio_ci,
+)
+from compare.select import ARRIVAL_DRIVEN
 from compare.store import RunDir
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -92,27 +100,45 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
                     "ratio_hi": hi,
                     "p": mann_whitney(x, y),
                     "higher_is_better": False,
+                    "arrival_driven": False,
                 }
             )
-        rows.append(
-            {
-                "point": point,
-                "metric": "output tok/s",
-                "a": m["output_tok_s_a"],
-                "b": m["output_tok_s_b"],
-                "n_a": int(m["requests_ok_a"]),
-                "n_b": int(m["requests_ok_b"]),
-                "change": m["output_tok_s_b"] / m["output_tok_s_a"] - 1 if m["output_tok_s_a"] else np.nan,
-                "ratio_lo": np.nan,
-                "ratio_hi": np.nan,
-                "p": np.nan,
-                "higher_is_better": True,
-            }
-        )
+        rows.append(_throughput_row(point, m, sel_a, sel_b, seed))
     table = pd.DataFrame(rows)
     table["p_holm"] = holm(table["p"].tolist())
     table["verdict"] = [_verdict(r, alpha) for _, r in table.iterrows()]
     return table
+
+
+def _throughput_row(point: str, m: pd.Series, sel_a: pd.DataFrame, sel_b: pd.DataFrame, seed: int) -> dict:
+    """Output tokens/s of B against A with the interval of the ratio from resampling whole requests (the
+    one computation the report's throughput decision uses); no test, so no p."""
+    a, b = m["output_tok_s_a"], m["output_tok_s_b"]
+    ratio = b / a if a else np.nan
+    arrival_driven = m["mode_a"] in ARRIVAL_DRIVEN and m["mode_b"] in ARRIVAL_DRIVEN
+    factor = (
+        (np.nan, np.nan)
+        if arrival_driven
+        else throughput_ratio_ci(
+            (sel_b["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_b)),
+            (sel_a["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_a)),
+            seed=seed,
+        )
+    )
+    return {
+        "point": point,
+        "metric": "output tok/s",
+        "a": a,
+        "b": b,
+        "n_a": int(m["requests_ok_a"]),
+        "n_b": int(m["requests_ok_b"]),
+        "change": ratio - 1 if np.isfinite(ratio) else np.nan,
+        "ratio_lo": ratio * factor[0],
+        "ratio_hi": ratio * factor[1],
+        "p": np.nan,
+        "higher_is_better": True,
+        "arrival_driven": arrival_driven,
+    }
 
 
 def _select(req: pd.DataFrame, m: pd.Series, keys: list[str], side: str) -> pd.DataFrame:
@@ -127,10 +153,16 @@ def _select(req: pd.DataFrame, m: pd.Series, keys: list[str], side: str) -> pd.D
 
 
 def _verdict(r: pd.Series, alpha: float) -> str:
-    if not np.isfinite(r["p_holm"]):
-        return "no test (one number per point)" if r["higher_is_better"] else "too few requests"
-    if r["p_holm"] >= alpha:
-        return "no significant change"
+    """A change only where the 95 % interval of B/A excludes 1 and, for a latency, the Holm-corrected test
+    is significant too (a ratio whose interval holds 1 is not a change, whatever its p)."""
+    if r.get("arrival_driven", False):
+        return "no verdict (the offered load sets the rate)"
+    if not np.isfinite(r["ratio_lo"]):
+        return "too few requests"
+    excludes_one = r["ratio_lo"] > 1 or r["ratio_hi"] < 1
+    significant = not np.isfinite(r["p"]) or r["p_holm"] < alpha  # a rate has no test: its interval decides
+    if not (excludes_one and significant):
+        return "no established change"
     better = r["change"] > 0 if r["higher_is_better"] else r["change"] < 0
     return "B better" if better else "B worse"
 
@@ -139,7 +171,8 @@ def to_markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
     lines = [
         f"# llm-compare diff: {name_a} -> {name_b}",
         "",
-        "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected.",
+        "Medians in ms over ok requests; change = B/A - 1; p: Mann-Whitney U, Holm-corrected. A verdict "
+        "(B better / worse) only where p < alpha and the 95% interval of B/A excludes 1.",
         "",
         "| point | metric | A | B | n A/B | change | 95% CI of B/A | p (Holm) | verdict |",
         "|" + "---|" * 9,

@@ -10,7 +10,8 @@ computed for all records at once). `summarize` aggregates per (backend, variant,
   mean and percentile with a 95 % bootstrap interval (ITL resamples whole requests, since gaps of one
   request are not independent);
 - throughput over the measured window (first send to last end of the point's measured requests): input and
-  output tokens/s and requests/s of ok requests; goodput = ok requests meeting every SLO given, per second;
+  output tokens/s and requests/s of ok requests, output tokens/s with a 95 % interval from resampling whole
+  requests (`rate_resamples`); goodput = ok requests meeting every SLO given, per second;
 - offered against achieved send rate and client lag (send minus scheduled time), token-count mismatches and
   outputs shorter than a forced length.
 """
@@ -149,6 +150,11 @@ def request_table(
     return pd.DataFrame(rows, columns=columns)
 
 
+def busy_seconds(requests: pd.DataFrame) -> np.ndarray:
+    """Each request's time in service, send to end (the span the throughput window is made of)."""
+    return (requests["end_s"] - requests["send_s"]).to_numpy(dtype=float)
+
+
 def _nan(value: float | None) -> float:
     return np.nan if value is None else float(value)
 
@@ -177,6 +183,34 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
         return pd.DataFrame({"row": owner, "gap_s": gaps})
     k = n[1:][same]
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
+
+
+def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+    """A point's measured window: its first send to its last end, or to `now` while it still runs. Every
+    rate of a point (output tokens/s, requests/s, goodput) is over this window; NaN when it is empty."""
+    sends = np.asarray(list(send_s), dtype=float)
+    ends = np.asarray(list(end_s), dtype=float)
+    sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
+    if not sends.size:
+        return np.nan
+    last = now if now is not None else (ends.max() if ends.size else np.nan)
+    return float(last - sends.min()) if last > sends.min() else np.nan
+
+
+def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
+    """Output tokens/s of a point still running, as the summary will count it: output tokens of the
+    measured requests that finished ok, over `measured_window_s` up to `now` (record time base: each
+    record's t0_monotonic plus its offsets). At the point's last end it is the summary's output_tok_s."""
+    sends, ends, tokens = [], [], 0
+    for r in records:
+        if r.warmup or r.send_s is None:
+            continue
+        sends.append(r.t0_monotonic + r.send_s)
+        if r.end_s is not None:
+            ends.append(r.t0_monotonic + r.end_s)
+            tokens += r.output_tokens if r.error_kind is None else 0
+    window = measured_window_s(sends, ends, now)
+    return tokens / window if np.isfinite(window) and window > 0 else np.nan
 
 
 # -- statistics -------------------------------------------------------------------------------------------
@@ -303,7 +337,6 @@ def summarize(
             _summarize_group(
                 dict(zip(GROUP_KEYS, key, strict=True)),
                 group,
-                measured,
                 gaps,
                 gaps_event,
                 points,
@@ -322,7 +355,6 @@ def summarize(
 def _summarize_group(
     key: dict[str, Any],
     group: pd.DataFrame,
-    records: Sequence[RequestRecord],
     gaps: pd.DataFrame,
     gaps_event: pd.DataFrame,
     points: Mapping[str, PointInfo],
@@ -369,27 +401,23 @@ def _summarize_group(
     duration = 0.0
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
-        if pinfo.duration_s is not None:
-            duration += pinfo.duration_s
-        else:
-            start, end = part["send_s"].min(), part["end_s"].max()
-            if np.isfinite(start) and np.isfinite(end) and end > start:
-                duration += float(end - start)
+        window = (
+            pinfo.duration_s
+            if pinfo.duration_s is not None
+            else measured_window_s(part["send_s"], part["end_s"])
+        )
+        duration += window if np.isfinite(window) else 0.0
     row["duration_s"] = duration if duration > 0 else np.nan
     row["input_tokens"] = int(ok["input_tokens"].sum())
     row["output_tokens"] = int(ok["output_tokens"].sum())
     row["input_tok_s"] = row["input_tokens"] / duration if duration > 0 else np.nan
     row["output_tok_s"] = row["output_tokens"] / duration if duration > 0 else np.nan
     row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
-    lo, hi = (np.nan, np.nan)
-    if n_boot and len(run_ids) == 1 and infos[0].duration_s is None and len(ok):
-        lo, hi = throughput_ci(
-            [records[i] for i in ok.index],
-            float(group["send_s"].min()),
-            float(group["end_s"].max()),
-            n_boot=n_boot,
-            seed=seed,
-        )
+    lo, hi = (
+        throughput_ci(ok["output_tokens"].to_numpy(dtype=float), busy_seconds(ok), n_boot=n_boot, seed=seed)
+        if n_boot
+        else (np.nan, np.nan)
+    )
     row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
         good = int(meets_slo(group, slo).sum())
@@ -536,31 +564,44 @@ def ratio_ci(
     return point, float(lo), float(hi)
 
 
+def rate_resamples(tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """Bootstrap resamples of a point's output rate, as factors of its measured rate: whole requests are
+    resampled and each resample's rate of service (sum of output tokens / sum of request times, send to
+    end) divided by the measured one. The load's concurrency (sum of request times / window) is held as
+    measured, so the spread is the requests' own variation, and enough requests give a tight interval
+    however short the window (a rate over time slices needs a long one). Empty for fewer than 2 requests."""
+    keep = np.isfinite(tokens) & np.isfinite(busy_s) & (busy_s > 0)
+    tok, busy = np.asarray(tokens, dtype=float)[keep], np.asarray(busy_s, dtype=float)[keep]
+    if tok.size < 2 or tok.sum() <= 0:
+        return np.array([], dtype=float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, tok.size, (max(200, n_boot), tok.size))
+    return (tok[idx].sum(axis=1) / busy[idx].sum(axis=1)) / (tok.sum() / busy.sum())
+
+
 def throughput_ci(
-    records: Sequence[RequestRecord],
-    start: float,
-    end: float,
-    slices: int = 10,
+    tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0
+) -> tuple[float, float]:
+    """Relative 95 % interval (lo, hi as factors of the measured output tokens/s) from `rate_resamples`."""
+    factors = rate_resamples(tokens, busy_s, n_boot, seed)
+    if not factors.size:
+        return np.nan, np.nan
+    lo, hi = np.quantile(factors, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def throughput_ratio_ci(
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
     n_boot: int = N_BOOT,
     level: float = CI_LEVEL,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Relative interval (lo, hi as fractions of the mean) of output tokens/s: the window is cut into
-    `slices` equal slices, each slice's token rate counted from the token events that arrived in it, and
-    the mean slice rate bootstrapped. It says how steady the rate was, not how another run would go."""
-    times, counts = [], []
-    for r in records:
-        for t, n, _ in r.events:
-            if n > 0 and start <= t <= end:
-                times.append(t)
-                counts.append(n)
-    if len(times) < 2 or not end > start:
+    """Relative interval of the ratio of two points' output tokens/s (factors of the measured ratio), each
+    point's (tokens, request times) resampled on its own by `rate_resamples`."""
+    fa = rate_resamples(*a, n_boot=n_boot, seed=seed)
+    fb = rate_resamples(*b, n_boot=n_boot, seed=seed + 1)
+    if not (fa.size and fb.size):
         return np.nan, np.nan
-    hist, _ = np.histogram(np.asarray(times), bins=slices, range=(start, end), weights=np.asarray(counts))
-    rates = hist / ((end - start) / slices)
-    if rates.mean() <= 0:
-        return np.nan, np.nan
-    rng = np.random.default_rng(seed)
-    means = rates[rng.integers(0, slices, (n_boot, slices))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo / rates.mean()), float(hi / rates.mean())
+    lo, hi = np.quantile(fa / fb, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)

@@ -1,7 +1,9 @@
 """Numbers that make backends comparable across workloads and prices, and set-up cost against latency.
 
-- prefill cost: p50 TTFT per 1k input tokens (includes queueing and fixed per-request overhead, so it is
-  only a prefill cost at the lowest load); decode cost: TPOT.
+- prefill cost: p50 TTFT per 1k input tokens, only at single-stream points (concurrency 1), where no
+  request waits behind another; elsewhere the TTFT is mostly queueing and the records hold no server-side
+  prefill time to use instead, so it is left out. It still includes a fixed per-request overhead. Decode
+  cost: TPOT.
 - roofline: a decode step must read the weights once and each running sequence's KV cache, so at
   concurrency c the fastest possible TPOT is (weights + c * context * KV bytes per token) / bandwidth;
   efficiency = that bound / measured p50 TPOT. Only when the model's bytes and the bandwidth are known.
@@ -21,12 +23,20 @@ import numpy as np
 import pandas as pd
 
 from compare.launch import SetupReport
+from compare.text import plural
 
 
 def prefill_ms_per_1k(ttft_p50_ms: float, input_tokens_mean: float) -> float:
     if not input_tokens_mean or not np.isfinite(ttft_p50_ms):
         return math.nan
     return ttft_p50_ms / input_tokens_mean * 1000.0
+
+
+def single_stream(row: pd.Series) -> bool:
+    """A point with one request in flight at a time (closed loop or imported at concurrency 1): its TTFT has
+    no queueing behind other requests in it."""
+    conc = row.get("concurrency")
+    return row.get("mode") in ("closed", "imported") and conc is not None and pd.notna(conc) and conc == 1
 
 
 def roofline_tpot_ms(
@@ -65,7 +75,7 @@ class BreakEven:
             return "never"
         if self.requests == 0:
             return "immediately"
-        return f"after {self.requests:,.0f} requests ({format_hours(self.hours)})"
+        return f"after {plural(self.requests, 'request')} ({format_hours(self.hours)})"
 
 
 def break_even(
@@ -135,7 +145,11 @@ def add_normalized(
     for _, row in out.iterrows():
         key = f"{row['backend']}:{row['variant']}" if row["variant"] else row["backend"]
         setup = setups.get(key)
-        prefill.append(prefill_ms_per_1k(row["ttft_p50_ms"], row["input_tokens_mean"]))
+        prefill.append(
+            prefill_ms_per_1k(row["ttft_p50_ms"], row["input_tokens_mean"])
+            if single_stream(row)
+            else math.nan
+        )
         weights = model_bytes or (setup.memory.get("weights") if setup else None)
         per_token = kv_bytes_per_token(setup)
         conc = row["concurrency"] if pd.notna(row["concurrency"]) and row["concurrency"] else 1.0

@@ -54,6 +54,10 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         return [0.0, 1.0]
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
+    span = max(n, 1) * _label_resolution(max(abs(lo), abs(hi)))
+    if hi - lo < span:  # narrower than the labels can tell apart (values equal but for float noise)
+        mid = (lo + hi) / 2
+        lo, hi = mid - span / 2, mid + span / 2
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
@@ -66,6 +70,17 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if ticks[-1] < hi:
         ticks.append(ticks[-1] + step)
     return ticks
+
+
+def _label_resolution(magnitude: float) -> float:
+    """The smallest step between two values that `fmt_tick` shows differently, at this magnitude."""
+    if magnitude >= 10:
+        return 1.0
+    if magnitude >= 1:
+        return 0.1
+    if magnitude == 0:
+        return 1.0
+    return 10.0 ** (math.floor(math.log10(magnitude)) - 1)
 
 
 def fmt_tick(v: float) -> str:

@@ -41,6 +41,7 @@ class Results:
     memory_notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cold_first_token: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -60,7 +61,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         config.get("model_bytes"),
     )
     requests = request_table([r for r in records if not r.warmup], points)
-    results = Results(run, records, requests, summary, setups)
+    results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     results.warnings = list(run.manifest.get("notes") or []) + (
         warnings(summary, setups) if not summary.empty else []
@@ -256,7 +257,7 @@ def build_blocks(res: Results) -> list[Block]:
         )
     )
 
-    pairs = break_even_rows(res.picks, s, res.setups) if not s.empty else []
+    pairs = break_even_rows(res.picks, s, res.setups, res.requests, res.seed) if not s.empty else []
     if pairs:
         blocks.append(("h2", "Set-up cost against latency"))
         blocks.append(
@@ -264,7 +265,8 @@ def build_blocks(res: Results) -> list[Block]:
                 "p",
                 "For each pair of launched candidates: the one faster per request, how long each took to be "
                 "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
-                "time per request equal), with how long serving those takes at its measured rate.",
+                "time per request equal), with how long serving those takes at its measured rate. Only a difference "
+                "established as in the decision pays anything back.",
             )
         )
         blocks.append(
@@ -386,7 +388,7 @@ def build_blocks(res: Results) -> list[Block]:
                     "backend",
                     "workload",
                     "load",
-                    "p50 TTFT per 1k input tokens (ms)",
+                    "p50 TTFT per 1k input tokens, c=1 only (ms)",
                     "TPOT p50 (ms)",
                     "roofline TPOT (ms)",
                     "of roofline",
@@ -394,6 +396,14 @@ def build_blocks(res: Results) -> list[Block]:
                 ],
                 rows,
             ),
+        )
+    )
+    blocks.append(
+        (
+            "p",
+            "TTFT per 1k input tokens is given at single-stream points (c=1) only: under more load a TTFT is "
+            "mostly time queued behind other requests, not prefill, and the server's own prefill time is not "
+            "recorded.",
         )
     )
     missing = []
@@ -423,6 +433,10 @@ def build_blocks(res: Results) -> list[Block]:
                 "minus scheduled time.",
                 "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
                 "(1000 resamples).",
+                "Output tokens/s: output tokens of the ok requests over the measured window (first send to "
+                "last end), the same number the progress bar shows while a point runs. Its interval, and the "
+                "throughput decision's, resamples whole requests: each resample's rate of service (output "
+                "tokens / request time) against the measured one, the load's concurrency held as measured.",
             ],
         )
     )
@@ -572,15 +586,19 @@ def _inline(text: str) -> str:
 
 
 CSS = """
-body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1100px;
-       color: #222; line-height: 1.45; padding: 0 1em; }
-table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1em; }
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1800px;
+       color: #222; line-height: 1.45; padding: 0 1em; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.5em 0 1em; }
+table { border-collapse: collapse; font-size: 12px; overflow-wrap: normal; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
 code { background: #f4f4f4; padding: 0 3px; }
-.plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plots svg { border: 1px solid #ddd; }
+.plots { display: grid; grid-template-columns: minmax(0, 1fr); gap: 12px; }
+@media (min-width: 1280px) { .plots { grid-template-columns: repeat(2, minmax(0, 1fr)); } }
+.plots svg { border: 1px solid #ddd; width: 100%; height: auto; box-sizing: border-box; }
 """
+# Plots: one column, two from 1280 px; each svg scales to its column (they all have a viewBox). Tables
+# scroll sideways inside their own box rather than widening the page.
 
 
 def to_html(blocks: list[Block], title: str) -> str:
@@ -610,12 +628,12 @@ def to_html(blocks: list[Block], title: str) -> str:
         elif kind == "table":
             header, rows = content
             out.append(
-                "<table><thead><tr>"
+                '<div class="scroll"><table><thead><tr>'
                 + "".join(f"<th>{_inline(h)}</th>" for h in header)
                 + "</tr></thead><tbody>"
             )
             out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows]
-            out.append("</tbody></table>")
+            out.append("</tbody></table></div>")
     if in_plots:
         out.append("</div>")
     out.append("</body></html>")

@@ -6,8 +6,8 @@ what confidence, and what it costs to set up, in plain sentences generated from 
   a Mann-Whitney test on the per-request E2E samples, then launch by launch (`--repeats`): a winner that
   loses one launch is a tie.
 - throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
-  confidence launch by launch when repeated, else from whether the rate intervals (token rate over time
-  slices) overlap.
+  confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
+  resamples whole requests (`compare.metrics.throughput_ratio_ci`).
 
 Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
@@ -26,9 +26,12 @@ import numpy as np
 import pandas as pd
 
 from compare.launch import SetupReport
-from compare.metrics import mann_whitney, ratio_ci
+from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.normalize import break_even, graph_pool_trade
+from compare.text import plural
 
+NOT_ESTABLISHED = "never: the difference is not established"
+ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
 
 
@@ -47,6 +50,7 @@ class Pick:
     p_value: float = math.nan
     confidence: str = ""
     decisive: bool = False  # the difference is significant (and held in every launch, when repeated)
+    metric: str = ""  # the summary column ranked on
     sentences: list[str] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
 
@@ -78,7 +82,7 @@ def _load_order(row: pd.Series) -> tuple[int, float]:
 def interactive_pick(
     summary: pd.DataFrame, requests: pd.DataFrame, workload: str, slo: dict[str, float], seed: int = 0
 ) -> Pick:
-    pick = Pick("interactive", workload)
+    pick = Pick("interactive", workload, metric="e2e_p50_ms")
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
         return pick
@@ -141,35 +145,132 @@ def interactive_pick(
         return pick
     run = ranked[1]
     pick.runner_up, pick.runner_value = run.key, run.e2e_p50_ms / 1e3
-    a = _samples(requests, win, "e2e_s")
-    b = _samples(requests, run, "e2e_s")
-    pick.ratio, pick.ratio_lo, pick.ratio_hi = ratio_ci(b, a, "p50", seed=seed)
-    pick.p_value = mann_whitney(a, b)
-    pick.confidence = _confidence(pick.ratio_lo, pick.p_value, min(a.size, b.size))
-    pick.decisive = pick.confidence in ("high confidence", "moderate confidence")
+    cmp = compare_latency(requests, win, run, seed)
+    pick.ratio, pick.ratio_lo, pick.ratio_hi, pick.p_value = cmp.ratio, cmp.lo, cmp.hi, cmp.p
+    pick.confidence, pick.decisive = cmp.within_run, cmp.within_run_decisive
     head += (
         f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
         f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
         f"{pick.confidence}."
     )
-    a_runs = _per_launch(requests, win, lambda g: g["e2e_s"].median())
-    b_runs = _per_launch(requests, run, lambda g: g["e2e_s"].median())
-    head += " " + _launch_check(pick, {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()})
+    head += " " + _launch_check(pick, cmp.launches)
     pick.sentences.append(head)
     pick.sentences += failures
     return pick
 
 
-def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
-    """`stat` of the row's ok requests in each launch (--repeats) of its backend."""
+@dataclass(frozen=True)
+class Comparison:
+    """One candidate against another at their compared load points: the one verdict that the decision's
+    sentences and the set-up pay-back table both read, so they cannot disagree."""
+
+    ratio: float  # how many times better the first is
+    lo: float
+    hi: float
+    p: float
+    within_run: str  # the confidence in words, from the within-run interval and test
+    within_run_decisive: bool
+    launches: dict[int, float]  # the ratio per launch (--repeats)
+
+    @property
+    def decisive(self) -> bool:
+        """Established: significant within the run and, when launched more than once, ahead in every launch."""
+        values = [v for v in self.launches.values() if np.isfinite(v)]
+        return self.within_run_decisive and (len(values) < 2 or all(v > 1 for v in values))
+
+
+def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 0) -> Comparison:
+    """`first` against `other` by median E2E: bootstrap interval of the ratio, Mann-Whitney, per launch."""
+    a = _samples(requests, first, "e2e_s")
+    b = _samples(requests, other, "e2e_s")
+    ratio, lo, hi = ratio_ci(b, a, "p50", seed=seed)
+    p = mann_whitney(a, b)
+    confidence = _confidence(lo, p, min(a.size, b.size))
+    a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
+    b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
+    launches = {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()}
+    decisive = confidence in ("high confidence", "moderate confidence")
+    return Comparison(ratio, lo, hi, p, confidence, decisive, launches)
+
+
+def compare_throughput(
+    requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool, seed: int = 0
+) -> Comparison:
+    """`first` against `other` by output tokens/s (goodput: a single number per point, never established);
+    launch by launch when repeated, else from a bootstrap interval of the ratio over whole requests
+    (`throughput_ratio_ci`), established when it excludes 1."""
+    nan = math.nan
+    rates = float(_get(first, "output_tok_s")), float(_get(other, "output_tok_s"))
+    ratio = rates[0] / rates[1] if rates[1] > 0 else math.inf
+    if goodput:
+        return Comparison(
+            ratio, nan, nan, nan, "a single measurement per point (no interval for goodput)", False, {}
+        )
+    launches: dict[int, float] = {}
+    if requests is not None:
+        a_runs = _per_launch(requests, first, _throughput)
+        b_runs = _per_launch(requests, other, _throughput)
+        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
+    if len(launches) >= 2:
+        ahead = all(v > 1 for v in launches.values())
+        words = (
+            f"ahead in each of {plural(len(launches), 'launch', 'launches')}"
+            if ahead
+            else "not ahead in every launch: a tie"
+        )
+        return Comparison(ratio, nan, nan, nan, words, ahead, launches)
+    if all(_get(row, "mode") in ARRIVAL_DRIVEN for row in (first, other)):
+        words = (
+            "not established: at open-loop points the offered load sets the rate, so the difference is not "
+            "one of capacity (closed-loop points, --concurrency, measure that)"
+        )
+        return Comparison(ratio, nan, nan, nan, words, False, launches)
+    a, b = _ok_requests(requests, first), _ok_requests(requests, other)
+    factor = throughput_ratio_ci(
+        (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
+        (b["output_tokens"].to_numpy(dtype=float), busy_seconds(b)),
+        seed=seed,
+    )
+    lo, hi = ratio * factor[0], ratio * factor[1]
+    n = min(len(a), len(b))
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return Comparison(ratio, lo, hi, nan, "no interval available", False, launches)
+    shown = f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
+    if n < MIN_N:
+        words = f"low confidence (fewer than {MIN_N} requests each; {shown})"
+    elif lo > 1:
+        words = f"high confidence ({shown})"
+    else:
+        words = f"low confidence ({shown}, which holds 1; {_longer_run_hint(ratio, lo, n)})"
+    return Comparison(ratio, lo, hi, nan, words, n >= MIN_N and lo > 1, launches)
+
+
+def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
+    """How many requests would make the interval exclude 1, if the spread shrinks as 1/sqrt(n)."""
+    if ratio <= 1 or not np.isfinite(lo) or ratio - lo <= 0:
+        return "a longer run would not make it a win"
+    need = n * ((ratio - lo) / (ratio - 1)) ** 2
+    return f"about {plural(math.ceil(need), 'request')} each would establish it if the ratio holds"
+
+
+def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
+    """The row's measured ok requests."""
+    if requests is None:
+        return pd.DataFrame(columns=["repeat", "output_tokens", "send_s", "end_s", "e2e_s"])
     mask = (
         (requests["backend"] == _get(row, "backend"))
         & (requests["variant"] == _get(row, "variant"))
         & (requests["workload"] == _get(row, "workload"))
         & (requests["load_point"] == _get(row, "load_point"))
         & (requests["status"] == "ok")
+        & ~requests["warmup"].astype(bool)
     )
-    return {int(r): float(stat(g)) for r, g in requests[mask].groupby("repeat")}
+    return requests[mask]
+
+
+def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
+    """`stat` of the row's ok requests in each launch (--repeats) of its backend."""
+    return {int(r): float(stat(g)) for r, g in _ok_requests(requests, row).groupby("repeat")}
 
 
 def _get(row: Any, name: str) -> Any:
@@ -197,7 +298,7 @@ def _launch_check(pick: Pick, ratios: dict[int, float]) -> str:
     if not pick.decisive:
         return f"Per launch: {shown}."
     if all(v > 1 for v in values):
-        return f"The same winner in each of {len(values)} launches ({shown})."
+        return f"The same winner in each of {plural(len(values), 'launch', 'launches')} ({shown})."
     pick.decisive = False
     pick.confidence = "not consistent across launches"
     return (
@@ -217,21 +318,25 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
                 else "is ranked after the candidates without failures"
             )
             out.append(
-                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed "
+                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
                 f"{where or 'at ' + str(r['load_point'])} ({r['errors']})."
             )
     return out
 
 
 def throughput_pick(
-    summary: pd.DataFrame, workload: str, slo: dict[str, float], requests: pd.DataFrame | None = None
+    summary: pd.DataFrame,
+    workload: str,
+    slo: dict[str, float],
+    requests: pd.DataFrame | None = None,
+    seed: int = 0,
 ) -> Pick:
     pick = Pick("throughput", workload)
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
         return pick
     rows["key"] = [key_of(b, v) for b, v in zip(rows["backend"], rows["variant"], strict=True)]
-    metric = "goodput_rps" if slo else "output_tok_s"
+    metric = pick.metric = "goodput_rps" if slo else "output_tok_s"
     rows = rows[rows[metric].notna()]
     if rows.empty:
         return pick
@@ -270,7 +375,7 @@ def throughput_pick(
         f"{win['load_point']} (n={int(win['requests_ok'])} ok"
     )
     if not slo and np.isfinite(win.get("output_tok_s_lo", np.nan)):
-        head += f"; over time {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
+        head += f"; 95% interval {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
     head += ")"
     if len(table) == 1:
         pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
@@ -279,29 +384,10 @@ def throughput_pick(
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
     pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
-    launches: dict[int, float] = {}
-    if requests is not None and not slo:
-        a_runs = _per_launch(requests, win, _throughput)
-        b_runs = _per_launch(requests, run, _throughput)
-        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
-    if slo:
-        pick.confidence = "a single measurement per point (no interval for goodput)"
-    elif len(launches) >= 2:
-        pick.decisive = all(v > 1 for v in launches.values())
-        pick.confidence = (
-            f"ahead in each of {len(launches)} launches"
-            if pick.decisive
-            else "not ahead in every launch: a tie"
-        )
-    elif np.isfinite(win.get("output_tok_s_lo", np.nan)) and np.isfinite(run.get("output_tok_s_hi", np.nan)):
-        pick.decisive = bool(win["output_tok_s_lo"] > run["output_tok_s_hi"])
-        pick.confidence = (
-            "high confidence: the rate intervals do not overlap"
-            if pick.decisive
-            else "low confidence: the rate intervals overlap"
-        )
-    else:
-        pick.confidence = "no interval available"
+    cmp = compare_throughput(requests, win, run, bool(slo), seed)
+    pick.confidence, pick.decisive = cmp.within_run, cmp.decisive
+    pick.ratio_lo, pick.ratio_hi = cmp.lo, cmp.hi
+    launches = cmp.launches
     if slo:
         head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
     if pick.runner_value > 0:
@@ -312,9 +398,7 @@ def throughput_pick(
         if len(launches) >= 2:
             head += " Per launch: " + ", ".join(f"{launches[r]:.2f}x" for r in sorted(launches)) + "."
         elif not slo:
-            decisive = pick.decisive
             head += " " + _launch_check(pick, launches)
-            pick.decisive = decisive
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
     pick.sentences.append(head)
@@ -333,15 +417,7 @@ def _fmt_rate(value: float) -> str:
 
 
 def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
-    mask = (
-        (requests["backend"] == row.backend)
-        & (requests["variant"] == row.variant)
-        & (requests["workload"] == row.workload)
-        & (requests["load_point"] == row.load_point)
-        & (requests["status"] == "ok")
-        & ~requests["warmup"]
-    )
-    return requests.loc[mask, column].dropna().to_numpy(dtype=float)
+    return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
 
 
 def _confidence(ratio_lo: float, p: float, n: int) -> str:
@@ -411,18 +487,38 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
     return out
 
 
-def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
+def _summary_row(pick: Pick, summary: pd.DataFrame, key: str) -> pd.Series | None:
+    """`key`'s summary row at the load point the pick compared it at."""
     rows = summary[(summary["workload"] == pick.workload)]
     rows = rows[[key_of(b, v) == key for b, v in zip(rows["backend"], rows["variant"], strict=True)]]
     ranked = {r["key"]: r for r in pick.ranking}
     point = ranked.get(key, {}).get("load_point", pick.load_point)
     rows = rows[rows["load_point"] == point]
-    if rows.empty:
+    return None if rows.empty else rows.iloc[0]
+
+
+def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
+    row = _summary_row(pick, summary, key)
+    if row is None:
         return math.nan
-    row = rows.iloc[0]
     if pick.slo_class == "interactive":
         return row["e2e_p50_ms"] / 1e3
     return 1.0 / row["request_rps"] if row["request_rps"] > 0 else math.nan
+
+
+def pair_decisive(
+    pick: Pick, summary: pd.DataFrame, requests: pd.DataFrame, first: str, other: str, seed: int = 0
+) -> bool:
+    """Is `first` established as better than `other` in the pick's class? The pick's own verdict for its
+    winner and runner-up; the same comparison for any other pair."""
+    if {first, other} == {pick.winner, pick.runner_up}:
+        return pick.decisive and first == pick.winner
+    a, b = _summary_row(pick, summary, first), _summary_row(pick, summary, other)
+    if a is None or b is None:
+        return False
+    if pick.slo_class == "interactive":
+        return compare_latency(requests, a, b, seed).decisive
+    return compare_throughput(requests, a, b, pick.metric == "goodput_rps", seed).decisive
 
 
 def describe_setup(setup: SetupReport | None) -> str:
@@ -433,7 +529,7 @@ def describe_setup(setup: SetupReport | None) -> str:
     parts = [f"ready in {setup.ready_s:.1f} s" if setup.ready_s is not None else "never became ready"]
     if len(setup.ready_runs) > 1:
         runs = ", ".join(f"{r:.1f}" for r in setup.ready_runs)
-        parts[0] += f" (median of {len(setup.ready_runs)} launches: {runs} s)"
+        parts[0] += f" (median of {plural(len(setup.ready_runs), 'launch', 'launches')}: {runs} s)"
     phases = [p for p in setup.phases if p.seconds >= 0.05 and p.name != "server_ready"]
     if phases:
         parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
@@ -463,11 +559,13 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
         key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
         if r["requests_failed"]:
             out.append(
-                f"{key}: {int(r['requests_failed'])} of {int(r['requests'])} requests failed ({r['errors']})."
+                f"{key}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
+                f"({r['errors']})."
             )
         if r["interrupted"] or r["requests_cancelled"]:
             out.append(
-                f"{key}: interrupted; {int(r['requests_cancelled'])} requests cancelled, numbers are partial."
+                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, numbers are "
+                "partial."
             )
         if r["token_mismatches"]:
             example = r.get("mismatch_example") or ""
@@ -480,12 +578,14 @@ def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]
                 "the text, which does not always give back the generated tokens"
             )
             out.append(
-                f"{key}: {int(r['token_mismatches'])} of {int(r['requests_ok'])} responses disagree on their "
+                f"{key}: {int(r['token_mismatches'])} of {plural(int(r['requests_ok']), 'response')} "
+                f"{'disagrees' if int(r['token_mismatches']) == 1 else 'disagree'} on their "
                 f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
             )
         if r["output_short"]:
             out.append(
-                f"{key}: {int(r['output_short'])} responses are shorter than the forced output length."
+                f"{key}: {plural(int(r['output_short']), 'response')} "
+                f"{'is' if int(r['output_short']) == 1 else 'are'} shorter than the forced output length."
             )
         if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
             behind = (
@@ -519,7 +619,7 @@ def selection(
     for workload in dict.fromkeys(summary["workload"]):
         for pick in (
             interactive_pick(summary, requests, workload, slo, seed),
-            throughput_pick(summary, workload, slo, requests),
+            throughput_pick(summary, workload, slo, requests, seed),
         ):
             extra = setup_sentences(pick, summary, setups)
             if pick.winner in described and extra:  # its set-up was described already
@@ -534,19 +634,24 @@ def selection(
         if trade is not None:
             memory.append(
                 f"{key}: its CUDA-graph pool of {trade.pool_bytes / 2**30:.2f} GiB would hold "
-                f"{trade.kv_tokens:,.0f} tokens of KV cache, {trade.sequences:,.0f} more concurrent "
-                f"sequences of {seq:.0f} tokens."
+                f"{plural(trade.kv_tokens, 'token')} of KV cache, "
+                f"{plural(trade.sequences, 'more concurrent sequence')} of {plural(seq, 'token')}."
             )
     return picks, memory
 
 
 def break_even_rows(
-    picks: list[Pick], summary: pd.DataFrame, setups: dict[str, SetupReport]
+    picks: list[Pick],
+    summary: pd.DataFrame,
+    setups: dict[str, SetupReport],
+    requests: pd.DataFrame,
+    seed: int = 0,
 ) -> list[list[str]]:
     """Every pair of launched candidates, per workload and class: which one is faster per request, how much
     longer it takes to be ready, and after how many requests (and how long at its measured rate) that pays
     back. Rows: workload, class, faster, other, ready s (faster / other), per request (faster / other),
-    verdict."""
+    verdict. A pair whose difference is not established (`pair_decisive`, the decision's own verdict) pays
+    nothing back."""
     rows = []
     for pick in picks:
         keys = [
@@ -559,6 +664,9 @@ def break_even_rows(
                     continue
                 fast, slow = (a, b) if per[a] <= per[b] else (b, a)
                 be = break_even(setups[fast].ready_s, setups[slow].ready_s, per[fast], per[slow])
+                verdict = "never (no faster per request)" if be.requests is None else be.verdict
+                if be.requests and not pair_decisive(pick, summary, requests, fast, slow, seed):
+                    verdict = NOT_ESTABLISHED
                 rows.append(
                     [
                         pick.workload,
@@ -569,7 +677,7 @@ def break_even_rows(
                         slow,
                         f"{setups[fast].ready_s:.1f} / {setups[slow].ready_s:.1f}",
                         f"{_fmt_s(per[fast])} / {_fmt_s(per[slow])}",
-                        "never (no faster per request)" if be.requests is None else be.verdict,
+                        verdict,
                     ]
                 )
     return rows

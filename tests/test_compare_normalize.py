@@ -80,3 +80,66 @@ def test_ratio_ci_brackets_a_known_ratio():
 def test_holm_by_hand():
     # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
     assert holm([0.04, 0.01, 0.02, math.nan]) == pytest.approx([0.04, 0.03, 0.04, math.nan], nan_ok=True)
+
+
+def test_ttft_per_input_token_only_where_no_request_queues():
+    """At c=4 a TTFT is mostly waiting behind the other streams: dividing it by the prompt length is not
+    a prefill cost, so only a single-stream point gets the normalised TTFT."""
+    import pandas as pd
+
+    from compare.normalize import add_normalized
+
+    summary = pd.DataFrame(
+        {
+            "backend": ["b"] * 3,
+            "variant": [""] * 3,
+            "mode": ["closed", "closed", "open"],
+            "concurrency": [1, 4, None],
+            "ttft_p50_ms": [50.0, 26000.0, 400.0],
+            "tpot_p50_ms": [10.0, 12.0, 11.0],
+            "input_tokens_mean": [500.0, 500.0, 500.0],
+            "output_tokens_mean": [100.0, 100.0, 100.0],
+            "output_tok_s": [90.0, 300.0, 200.0],
+        }
+    )
+    out = add_normalized(summary, {}, None, None, None)
+    assert out["prefill_ms_per_1k_in"].iloc[0] == pytest.approx(100.0)
+    assert out["prefill_ms_per_1k_in"].iloc[1:].isna().all()
+
+
+def test_counted_words_agree_with_their_number():
+    from compare.normalize import BreakEven
+    from compare.text import plural
+
+    assert plural(1, "request") == "1 request" and plural(2, "request") == "2 requests"
+    assert plural(0, "launch", "launches") == "0 launches" and plural(1200, "token") == "1,200 tokens"
+    assert plural(0.6, "request") == "1 request"  # agrees with the number shown, not the one computed
+    assert BreakEven(3.0, 5.0, 1.0, 0.001).verdict.startswith("after 1 request (")
+    assert BreakEven(3.0, 1.0, 3.0, 0.001).verdict.startswith("after 3 requests (")
+
+
+def test_warnings_count_one_in_the_singular():
+    import pandas as pd
+
+    from compare.select import warnings
+
+    row = {
+        "backend": "b",
+        "variant": "",
+        "workload": "wl",
+        "load_point": "c=1",
+        "requests": 1,
+        "requests_ok": 1,
+        "requests_failed": 1,
+        "errors": "timeout: 1",
+        "interrupted": True,
+        "requests_cancelled": 1,
+        "token_mismatches": 1,
+        "token_mismatches_server": 0,
+        "output_short": 1,
+        "mode": "closed",
+    }
+    text = " ".join(warnings(pd.DataFrame([row]), {}))
+    assert "1 of 1 request failed" in text and "1 request cancelled" in text
+    assert "1 of 1 response disagrees" in text and "1 response is shorter" in text
+    assert "requests" not in text and "responses" not in text
