@@ -28,6 +28,7 @@ import yaml
 
 from adapters import ADAPTERS
 from adapters.launch_spec import LaunchSpecError, Variant
+from compare import default_candidates
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
@@ -36,14 +37,14 @@ LAUNCHERS = ("process", "docker")
 SLO_KEYS = ("ttft", "tpot", "e2e")
 
 DEFAULTS: dict[str, Any] = {
-    "backends": ["reference"],
+    "backends": None,  # none given: compare.default_candidates picks two for this machine
     "model": "smollm2-135m",
     "tokenizer": None,
     "served_model": None,
     "dataset": "random",
     "dataset_path": None,
     "input_len": "128",
-    "output_len": "32",
+    "output_len": "16",
     "concurrency": [1, 4],
     "rate": [],
     "arrival": "poisson",
@@ -104,7 +105,7 @@ class BackendSpec:
 class WorkloadSpec:
     dataset: str = "random"
     input_len: str = "128"
-    output_len: str = "32"
+    output_len: str = "16"
     path: str | None = None
     name: str = ""
 
@@ -150,6 +151,7 @@ class RunPlan:
     ray_actor_cpus: float = 1.0
     ray_cells: bool = False  # backend x variant x load point as Ray tasks
     ray_cell_resources: dict[str, float] = field(default_factory=dict)  # per cell; {} = the default
+    candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:
@@ -183,6 +185,7 @@ class RunPlan:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             "busy_poll": self.busy_poll,
+            "candidates_reason": self.candidates_reason or None,
         } | (
             {}
             if self.ray is None
@@ -390,7 +393,14 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     endpoints = parse_endpoints(file_data.get("endpoints")) | parse_endpoints(options.get("endpoints"))
     server_args = merged.get("server_args") or []
     server_args = server_args.split() if isinstance(server_args, str) else [str(a) for a in server_args]
-    raw_backends = merged["backends"]
+    raw_backends, reason = merged["backends"], ""
+    if raw_backends is None:
+        chosen = default_candidates.choose(
+            merged.get("vllm_bin"),
+            str(merged.get("launch") or "process"),
+            gpu=default_reference_variant() == "graphs",
+        )
+        raw_backends, reason = chosen.backends, chosen.reason
     if isinstance(raw_backends, str):
         raw_backends = split_list(raw_backends)
     backends = [parse_backend(b, endpoints, server_args) for b in raw_backends]
@@ -478,6 +488,7 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         ray_actor_cpus=float(merged["ray_actor_cpus"]),
         ray_cells=bool(merged.get("ray_cells")),
         ray_cell_resources=parse_resources(merged.get("ray_cell_resources")),
+        candidates_reason=reason,
     )
 
 
@@ -506,8 +517,8 @@ def _workloads(
             out.append(
                 WorkloadSpec(
                     str(item.get("dataset", "random")),
-                    str(item.get("input_len", "128")),
-                    str(item.get("output_len", "32")),
+                    str(item.get("input_len", DEFAULTS["input_len"])),
+                    str(item.get("output_len", DEFAULTS["output_len"])),
                     item.get("path") or item.get("dataset_path"),
                     str(item.get("name", "")),
                 )

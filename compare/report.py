@@ -181,6 +181,8 @@ def build_blocks(res: Results) -> list[Block]:
         )
 
     blocks.append(("h2", "Decision"))
+    if config.get("candidates_reason"):
+        blocks.append(("p", config["candidates_reason"]))
     if s.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
     for pick in res.picks:
