@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
+from compare.cut_short import duration_cut_warnings
 from compare.launch import SetupReport
 from compare.metrics import summarize
 from compare.normalize import add_normalized
@@ -64,7 +65,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     results.warnings = list(run.manifest.get("notes") or []) + (
         warnings(summary, setups) if not summary.empty else []
-    )
+    ) + duration_cut_warnings(run)
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
