@@ -73,7 +73,8 @@ def choose(
         return DefaultCandidates(
             ["reference:graphs", "reference:eager"],
             f"No backend was given and {missing}: the run compares two settings of the reference engine, "
-            "CUDA graphs (less time per token; capture time at start-up and GPU memory) against eager decode.",
+            "CUDA graphs (less time per token; capture time at start-up and GPU memory) against eager "
+            "decode.",
         )
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     if cpus < 2:
@@ -82,6 +83,7 @@ def choose(
             f"No backend was given and {missing}: the run compares two settings of the reference engine on "
             "this single CPU, batching up to 64 sequences (its default) against one sequence at a time.",
         )
+    every = "both" if cpus == 2 else f"all {cpus}"
     return DefaultCandidates(
         [
             "reference",
@@ -93,8 +95,8 @@ def choose(
             },
         ],
         f"No backend was given and {missing}: the run compares two settings of the reference engine on "
-        f"these {cpus} CPUs: reference:eager, its default of {cpus - 1} torch thread{'s' if cpus > 2 else ''} "
-        f"(one CPU left to the server's event loop and the load generator), against reference:threads-{cpus}, "
-        f"torch on {'both' if cpus == 2 else f'all {cpus}'} (faster steps, but threads that share a CPU with the event loop and the client "
-        "stall each other).",
+        f"these {cpus} CPUs: reference:eager, its default of {cpus - 1} torch "
+        f"thread{'s' if cpus > 2 else ''} (one CPU left to the server's event loop and the load generator), "
+        f"against reference:threads-{cpus}, torch on {every} (faster steps, but threads that share a CPU "
+        "with the event loop and the client stall each other).",
     )
