@@ -499,6 +499,8 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
     run_dir = RunDir.create(out or default_run_dir(), plan.describe(), ["compare", *sys.argv[1:]])
     console.print(f"run directory: [bold]{run_dir.path}[/bold]")
+    if plan.candidates_reason:
+        console.print(plan.candidates_reason, highlight=False)
     code = EXIT_OK
     shown: set[str] = set()  # notes already printed as errors: the summary's warnings skip them
     with _interruptible():

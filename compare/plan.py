@@ -31,6 +31,7 @@ import yaml
 
 from adapters import ADAPTERS
 from adapters.launch_spec import LaunchSpecError, Variant
+from compare import default_candidates
 from workloads.datasets import LengthDist
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 
@@ -44,14 +45,14 @@ PIN_MODES = ("auto", "off")
 OPTION_NAMES = {"mem_bandwidth_gbs": "mem_bandwidth", "endpoints": "endpoint", "images": "image"}
 
 DEFAULTS: dict[str, Any] = {
-    "backends": ["reference"],
+    "backends": None,  # none given: compare.default_candidates picks two for this machine
     "model": "smollm2-135m",
     "tokenizer": None,
     "served_model": None,
     "dataset": "random",
     "dataset_path": None,
     "input_len": "128",
-    "output_len": "32",
+    "output_len": "16",
     "prefix_len": 256,  # dataset prefix: tokens every request of a group shares
     "prefix_groups": 4,  # dataset prefix: groups of requests, each with a prefix of its own
     "concurrency": [1, 4],
@@ -116,7 +117,7 @@ class BackendSpec:
 class WorkloadSpec:
     dataset: str = "random"
     input_len: str = "128"
-    output_len: str = "32"
+    output_len: str = "16"
     path: str | None = None
     name: str = ""
     prefix_len: int | None = None  # dataset prefix only
@@ -166,6 +167,7 @@ class RunPlan:
     ray_actor_cpus: float = 1.0
     ray_cells: bool = False  # backend x variant x load point as Ray tasks
     ray_cell_resources: dict[str, float] = field(default_factory=dict)  # per cell; {} = the default
+    candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:
@@ -199,6 +201,7 @@ class RunPlan:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             "busy_poll": self.busy_poll,
+            "candidates_reason": self.candidates_reason or None,
         } | (
             {}
             if self.ray is None
@@ -418,7 +421,14 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     endpoints = parse_endpoints(file_data.get("endpoints")) | parse_endpoints(options.get("endpoints"))
     server_args = merged.get("server_args") or []
     server_args = server_args.split() if isinstance(server_args, str) else [str(a) for a in server_args]
-    raw_backends = merged["backends"]
+    raw_backends, reason = merged["backends"], ""
+    if raw_backends is None:
+        chosen = default_candidates.choose(
+            merged.get("vllm_bin"),
+            str(merged.get("launch") or "process"),
+            gpu=default_reference_variant() == "graphs",
+        )
+        raw_backends, reason = chosen.backends, chosen.reason
     if isinstance(raw_backends, str):
         raw_backends = split_list(raw_backends)
     backends = [parse_backend(b, endpoints, server_args) for b in raw_backends]
@@ -496,6 +506,7 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         ray_actor_cpus=_number(merged["ray_actor_cpus"], "ray_actor_cpus", above=0),
         ray_cells=bool(merged.get("ray_cells")),
         ray_cell_resources=parse_resources(merged.get("ray_cell_resources")),
+        candidates_reason=reason,
     )
 
 

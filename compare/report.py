@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
+from compare.cut_short import duration_cut_warnings
 from compare.launch import SetupReport
 from compare.metrics import summarize
 from compare.normalize import add_normalized
@@ -65,7 +66,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     results.warnings = list(run.manifest.get("notes") or []) + (
         warnings(summary, setups) if not summary.empty else []
-    )
+    ) + duration_cut_warnings(run)
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -182,6 +183,8 @@ def build_blocks(res: Results) -> list[Block]:
         )
 
     blocks.append(("h2", "Decision"))
+    if config.get("candidates_reason"):
+        blocks.append(("p", config["candidates_reason"]))
     if s.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
     for pick in res.picks:

@@ -10,12 +10,16 @@ from workloads.schedule import ClosedLoop, OpenLoop
 
 def test_defaults_are_the_embedded_run():
     plan = build_plan({})
-    assert [b.name for b in plan.backends] == ["reference"]
-    assert plan.backends[0].launched and plan.backends[0].variant in ("eager", "graphs")
+    assert len(plan.backends) == 2 and all(b.launched for b in plan.backends)
+    assert plan.candidates_reason.startswith("No backend was given")
+    assert plan.describe()["candidates_reason"] == plan.candidates_reason
     assert plan.model == "smollm2-135m"
     assert [s.label for s in plan.load_points] == ["c=1", "c=4"]
-    assert plan.workloads[0].label == "random-128x32"
+    assert plan.workloads[0].label == "random-128x16"
     assert plan.slo == {}
+    given = build_plan({"backends": "reference"})
+    assert [b.name for b in given.backends] == ["reference"] and given.backends[0].variant in ("eager", "graphs")
+    assert given.candidates_reason == "" and given.describe()["candidates_reason"] is None
 
 
 def test_slo_and_durations():

@@ -1,0 +1,60 @@
+"""A load point that `--duration` ended before its `--num-requests` is named under Warnings (and so in the
+CLI's output), with how many of the requests it got."""
+
+from __future__ import annotations
+
+import pytest
+from test_compare_report import requests_for
+
+from compare.report import analyze, build_blocks, to_markdown
+from compare.store import RunDir
+from workloads.records import RecordWriter, RunSummary
+
+
+def summary_of(run_id: str, point: str, n: int, wall_s: float, interrupted: bool = False) -> RunSummary:
+    return RunSummary(
+        run_id=run_id,
+        backend="reference",
+        variant="eager",
+        load_point=point,
+        t0_monotonic=1000.0,
+        schedule={"kind": "closed", "concurrency": 1},
+        measured_start_s=0.5,
+        wall_s=wall_s,
+        n_warmup=1,
+        n_measured=n,
+        n_sent=n,
+        n_ok=n,
+        errors={},
+        offered_rate=None,
+        achieved_rate=None,
+        lag_p50_s=0.0,
+        lag_p99_s=0.0,
+        lag_max_s=0.0,
+        interrupted=interrupted,
+    )
+
+
+@pytest.mark.parametrize(
+    "n, wall_s, interrupted, warned",
+    [
+        (7, 31.0, False, True),  # the duration ended it at 7 of 16
+        (16, 31.0, False, False),  # all 16 arrived, whatever the time
+        (7, 12.0, False, False),  # it ended before the duration: not the duration's doing
+        (7, 31.0, True, False),  # Ctrl-C: the interruption warning covers it
+    ],
+)
+def test_a_point_cut_short_by_the_duration_is_warned_about(tmp_path, n, wall_s, interrupted, warned):
+    config = {"model": "m", "slo_s": {}, "num_requests": 16, "duration_s": 30.0, "repeats": 1}
+    run = RunDir.create(tmp_path / "run", config, ["compare", "run"])
+    run.add_point("p1", "reference", "eager", "wl", "c=1", {"kind": "closed", "concurrency": 1})
+    with RecordWriter(run.requests_path) as writer, RecordWriter(run.runs_path) as runs:
+        for record in requests_for("reference", "eager", "p1", "c=1", n, 0.2):
+            writer.append(record)
+        runs.append(summary_of("p1", "c=1", n, wall_s, interrupted))
+    run.manifest["status"] = "complete"
+    run.save()
+    results = analyze(RunDir.open(run.path), n_boot=50)
+    text = "c=1 on reference:eager (wl): 7 of 16 requests before the 30 s duration ended the point"
+    assert any(text in w for w in results.warnings) is warned
+    assert (text in to_markdown(build_blocks(results))) is warned
