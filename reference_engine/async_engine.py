@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +44,8 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.accepting = True
         self.num_aborted = 0  # requests abandoned before they finished (client gone, stop string, shutdown)
+        self.num_steps = 0  # engine steps run, and the seconds spent inside them (/metrics)
+        self.step_seconds = 0.0
 
     def start(self) -> None:
         self._driver = asyncio.get_running_loop().create_task(self._drive(), name="engine-driver")
@@ -104,7 +107,7 @@ class AsyncEngine:
                 if not self.engine.has_unfinished_requests():
                     break
                 try:
-                    outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                    outputs = await loop.run_in_executor(self._executor, self._timed_step)
                 except Exception as exc:
                     log.exception("engine step failed; failing all requests")
                     self._fail_all(exc)
@@ -117,6 +120,14 @@ class AsyncEngine:
                             del self._queues[out.request_id]
             if not self._queues:
                 self._idle.set()
+
+    def _timed_step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        try:
+            return self.engine.step()
+        finally:
+            self.num_steps += 1
+            self.step_seconds += time.perf_counter() - start
 
     def _apply_pending(self) -> None:
         for request_id in self._to_abort:

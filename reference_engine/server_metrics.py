@@ -40,6 +40,9 @@ class ServerMetrics:
                                "(client disconnect, stop string, shutdown).", labels, registry=r)
         self.preemptions = Counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
                                    labels, registry=r)
+        self.engine_steps = Counter("reference:engine_steps", "Engine steps run.", labels, registry=r)
+        self.engine_step_seconds = Counter("reference:engine_step_seconds", "Seconds spent inside engine steps "
+                                           "(scheduling, the model's forward pass, sampling).", labels, registry=r)
         self.prompt_tokens = Counter("reference:prompt_tokens", "Prompt tokens received.", labels, registry=r)
         self.generation_tokens = Counter("reference:generation_tokens", "Tokens generated.", labels, registry=r)
         self.request_success = Counter("reference:request_success", "Requests finished, by reason.",
@@ -55,6 +58,8 @@ class ServerMetrics:
         self._seen_hits = 0
         self._seen_preemptions = 0
         self._seen_aborted = 0
+        self._seen_steps = 0
+        self._seen_step_seconds = 0.0
 
     def render(self, async_engine: AsyncEngine) -> bytes:
         """Refresh the gauges from the engine's live state and its start-up report, then serialise everything."""
@@ -78,4 +83,8 @@ class ServerMetrics:
         self._seen_preemptions = stats.preemptions
         self.aborted.labels(m).inc(async_engine.num_aborted - self._seen_aborted)
         self._seen_aborted = async_engine.num_aborted
+        steps, step_seconds = async_engine.num_steps, async_engine.step_seconds
+        self.engine_steps.labels(m).inc(steps - self._seen_steps)
+        self.engine_step_seconds.labels(m).inc(step_seconds - self._seen_step_seconds)
+        self._seen_steps, self._seen_step_seconds = steps, step_seconds
         return generate_latest(self.registry)
