@@ -142,7 +142,7 @@ class OpenAIRoutes:
     async def models(self, request: web.Request) -> web.Response:
         s = self.state
         card = {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "llm-compare",
-                "root": s.model_path, "parent": None, "max_model_len": s.engine.max_model_len,
+                "root": s.model_path, "parent": None, "max_model_len": s.info.max_model_len,
                 "permission": []}
         return web.json_response({"object": "list", "data": [card]}, dumps=dumps)
 
@@ -151,7 +151,7 @@ class OpenAIRoutes:
             raise ApiError(404, f"The model `{name}` does not exist.", "model")
 
     def _check_length(self, prompt_len: int, max_tokens: int | None, what: str) -> int:
-        limit = self.state.engine.max_model_len
+        limit = self.state.info.max_model_len
         if max_tokens is None:
             max_tokens = limit - prompt_len
         if max_tokens < 1:

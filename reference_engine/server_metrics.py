@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from reference_engine.async_engine import AsyncEngine
+from reference_engine.engine import SetupReport
+from reference_engine.request_streams import RequestStreams
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -61,10 +62,9 @@ class ServerMetrics:
         self._seen_steps = 0
         self._seen_step_seconds = 0.0
 
-    def render(self, async_engine: AsyncEngine) -> bytes:
+    def render(self, async_engine: RequestStreams, setup: SetupReport) -> bytes:
         """Refresh the gauges from the engine's live state and its start-up report, then serialise everything."""
-        stats = async_engine.engine.stats()
-        setup = async_engine.engine.setup
+        stats = async_engine.stats()
         m = self.model
         self.running.labels(m).set(stats.running)
         self.waiting.labels(m).set(async_engine.num_waiting)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from reference_engine.async_engine import AsyncEngine
 from reference_engine.config import SamplingParams
 from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.request_streams import RequestStreams
 from reference_engine.server_metrics import ServerMetrics
 
 
@@ -43,7 +43,7 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-async def generate_tokens(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
+async def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
                           request_id: str, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """Submit (the caller has already done so via `submit`) and yield one event per generated token."""
     detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,

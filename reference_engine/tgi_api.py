@@ -74,11 +74,11 @@ class TGIRoutes:
 
     async def info(self, request: web.Request) -> web.Response:
         s = self.state
-        limit = s.engine.max_model_len
+        limit = s.info.max_model_len
         return web.json_response({
-            "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.engine.setup.dtype,
-            "model_device_type": s.engine.device.type, "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": s.engine.config.max_num_seqs, "max_best_of": 1,
+            "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.info.setup.dtype,
+            "model_device_type": s.info.device_type, "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": s.info.max_num_seqs, "max_best_of": 1,
             "max_stop_sequences": MAX_STOP_SEQUENCES, "max_input_tokens": limit - 1, "max_total_tokens": limit,
             "validation_workers": 1, "max_client_batch_size": 1, "router": "text-generation-router",
             "version": s.version, "sha": None, "docker_label": None}, dumps=dumps)
@@ -109,7 +109,7 @@ class TGIRoutes:
         ids = self.state.tokenizer.encode(req.inputs)
         if p.truncate is not None:
             ids = ids[-p.truncate:]
-        limit = self.state.engine.max_model_len
+        limit = self.state.info.max_model_len
         max_new = p.max_new_tokens if p.max_new_tokens is not None else limit - len(ids)
         if len(ids) + max_new > limit:
             raise _invalid(f"`inputs` tokens + `max_new_tokens` must be <= {limit}. Given: {len(ids)} `inputs` "
