@@ -19,7 +19,7 @@ from multiprocessing.process import BaseProcess
 
 from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import EngineStats
-from reference_engine.engine_core import StepReport, run_engine_core
+from reference_engine.engine_core import CoreOutput, StepReport, run_engine_core
 from reference_engine.engine_info import EngineInfo
 from reference_engine.request_streams import EngineDeadError, RequestStreams
 
@@ -135,7 +135,7 @@ class EngineClient(RequestStreams):
             self.num_steps, self.step_seconds = report.num_steps, report.step_seconds
             for request_id, why in report.rejected:
                 self._refuse(request_id, ValueError(why))
-            self._deliver(report.outputs)
+            self._deliver(CoreOutput(*row) for row in report.outputs)
         elif kind == "dead":
             self._fail_all(EngineDeadError(f"an engine step failed: {payload}"))
         elif not self._closing:

@@ -30,7 +30,8 @@ log = logging.getLogger("reference_engine.core")
 
 @dataclass(slots=True)
 class CoreOutput:
-    """A request's new tokens after one step: `RequestOutput`'s fields that the front end reads."""
+    """A request's new tokens after one step: `RequestOutput`'s fields that the front end reads. They cross
+    the pipe as a plain tuple (`row`): pickling a tuple costs a tenth of pickling this object."""
 
     request_id: str
     new_token_ids: list[int]
@@ -39,17 +40,17 @@ class CoreOutput:
     finish_reason: str | None
     num_cached_tokens: int
 
-    @classmethod
-    def of(cls, out: RequestOutput) -> CoreOutput:
-        return cls(out.request_id, out.new_token_ids, out.new_logprobs, out.finished, out.finish_reason,
-                   out.num_cached_tokens)
+    @staticmethod
+    def row(out: RequestOutput) -> tuple:
+        return (out.request_id, out.new_token_ids, out.new_logprobs, out.finished, out.finish_reason,
+                out.num_cached_tokens)
 
 
 @dataclass
 class StepReport:
     """What one step changed, and the engine's counters after it (for /metrics and back-pressure)."""
 
-    outputs: list[CoreOutput]
+    outputs: list[tuple]  # CoreOutput rows
     stats: EngineStats
     num_added: int  # add commands taken so far, so the front end knows how many are still in the pipe
     num_steps: int
@@ -109,7 +110,7 @@ class EngineCore:
                 return
             self.num_steps += 1
             self.step_seconds += time.perf_counter() - start
-            self._report([CoreOutput.of(out) for out in outputs], rejected)
+            self._report([CoreOutput.row(out) for out in outputs], rejected)
 
     def _apply(self, batch: list[tuple]) -> list[tuple[str, str]]:
         rejected = []
@@ -128,6 +129,6 @@ class EngineCore:
                 self.stopping = True
         return rejected
 
-    def _report(self, outputs: list[CoreOutput], rejected: list[tuple[str, str]]) -> None:
+    def _report(self, outputs: list[tuple], rejected: list[tuple[str, str]]) -> None:
         report = StepReport(outputs, self.engine.stats(), self.num_added, self.num_steps, self.step_seconds, rejected)
         self.results.send(("step", report))
