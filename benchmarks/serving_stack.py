@@ -8,7 +8,7 @@ A real `python -m reference_engine.server` runs on 127.0.0.1; the project's load
 closed loop at each concurrency with fixed-length prompts and outputs (`ignore_eos` + `min_tokens`, so every
 request runs its full length). Per load point it reports output tok/s over the point's wall time, ITL p50/p99,
 engine steps per second and seconds inside a step (the server's /metrics counters), and the server's CPU
-time (all its processes) per streamed token. Results: benchmarks/results/serving_stack/<label>.json.
+time per streamed token (all its processes, and split into the front end's process and its children's). Results: benchmarks/results/serving_stack/<label>.json.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -55,17 +56,21 @@ def scrape(url: str) -> dict[str, float]:
     return found
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of the server and every process it started."""
+def server_cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds of the server's own process, and of every process it started (the engine
+    core, when it runs in one)."""
     root = psutil.Process(pid)
-    total = 0.0
+    own, children = 0.0, 0.0
     for proc in [root, *root.children(recursive=True)]:
         try:
             times = proc.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system
-    return total
+        if proc.pid == pid:
+            own += times.user + times.system
+        else:
+            children += times.user + times.system
+    return own, children
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -80,6 +85,7 @@ def measure(url: str, pid: int, specs, concurrency: int, tokenizer) -> dict:
     records = run_load_sync(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer)
     wall = time.perf_counter() - start
     after, cpu_after = scrape(url), server_cpu_seconds(pid)
+    front_cpu, child_cpu = (cpu_after[i] - cpu_before[i] for i in range(2))
     ok = [r for r in records if r.error_kind is None]
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     itls = [gap for r in ok for gap in timing.itl(r)]
@@ -90,8 +96,10 @@ def measure(url: str, pid: int, specs, concurrency: int, tokenizer) -> dict:
                 itl_p50_ms=round(1e3 * statistics.median(itls), 3), itl_p99_ms=round(1e3 * percentile(itls, 0.99), 3),
                 steps=int(steps), steps_per_s=round(steps / wall, 1),
                 step_us=round(1e6 * step_seconds / max(1, steps), 1),
-                server_cpu_s=round(cpu_after - cpu_before, 3),
-                server_cpu_us_per_token=round(1e6 * (cpu_after - cpu_before) / max(1, out_tokens), 1))
+                server_cpu_s=round(front_cpu + child_cpu, 3),
+                server_cpu_us_per_token=round(1e6 * (front_cpu + child_cpu) / max(1, out_tokens), 1),
+                front_cpu_us_per_token=round(1e6 * front_cpu / max(1, out_tokens), 1),
+                child_cpu_us_per_token=round(1e6 * child_cpu / max(1, out_tokens), 1))
 
 
 def main() -> None:
@@ -137,16 +145,38 @@ def main() -> None:
 def write_table(out: Path) -> None:
     """The table of every result in `out` (table.md), for the README to quote."""
     lines = ["| label | streams | output tok/s | ITL p50 ms | ITL p99 ms | steps/s | us in a step | server CPU us/token "
-             "| load avg (1 min) before |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| of which front end / core | load avg (1 min) before |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path in sorted(out.glob("*.json")):
         result = json.loads(path.read_text())
         meta = result["meta"]
         for r in result["rows"]:
+            split = f"{r['front_cpu_us_per_token']:.1f} / {r['child_cpu_us_per_token']:.1f}" \
+                if "front_cpu_us_per_token" in r else "-"
             lines.append(f"| {meta['label']} | {r['concurrency']} | {r['output_tok_s']:.0f} | {r['itl_p50_ms']:.2f} | "
                          f"{r['itl_p99_ms']:.2f} | {r['steps_per_s']:.1f} | {r['step_us']:.0f} | "
-                         f"{r['server_cpu_us_per_token']:.1f} | {meta['load_average_before'][0]} |")
+                         f"{r['server_cpu_us_per_token']:.1f} | {split} | {meta['load_average_before'][0]} |")
+    lines += ["", *median_table(out)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def median_table(out: Path) -> list[str]:
+    """Medians over the rounds of each setup (labels that differ only in a `-r<k>` suffix)."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        result = json.loads(path.read_text())
+        label = re.sub(r"-r\d+$", "", result["meta"]["label"])
+        for r in result["rows"]:
+            groups.setdefault((label, r["concurrency"]), []).append(r)
+    lines = ["| setup | streams | rounds | output tok/s (median) | ITL p50 ms | ITL p99 ms | steps/s | server CPU us/token |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (label, streams), rows in groups.items():
+        def med(key: str, rows=rows) -> float:
+            return statistics.median(r[key] for r in rows)
+        lines.append(f"| {label} | {streams} | {len(rows)} | {med('output_tok_s'):.0f} | {med('itl_p50_ms'):.2f} | "
+                     f"{med('itl_p99_ms'):.2f} | {med('steps_per_s'):.1f} | {med('server_cpu_us_per_token'):.1f} |")
+    return lines
 
 
 if __name__ == "__main__":

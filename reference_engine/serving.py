@@ -59,8 +59,8 @@ async def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTok
             now = time.perf_counter()
             for k, token in enumerate(out.new_token_ids):
                 index += 1
-                metrics.generation_tokens.labels(model).inc()
-                (metrics.ttft if index == 1 else metrics.itl).labels(model).observe(now - last)
+                metrics.generated.inc()
+                (metrics.first_token if index == 1 else metrics.token_gap).observe(now - last)
                 last = now
                 detok.add(token)
                 done = out.finished and k == len(out.new_token_ids) - 1
