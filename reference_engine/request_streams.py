@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from reference_engine.config import SamplingParams
@@ -30,6 +30,40 @@ class StepOutput(Protocol):
     new_logprobs: list[float] | None
     finished: bool
     finish_reason: str | None
+
+
+class RequestStream:
+    """One request's outputs until it finishes; closing it early (disconnect, stop string, error in the
+    reader) aborts the request."""
+
+    def __init__(self, streams: RequestStreams, request_id: str,
+                 queue: asyncio.Queue[StepOutput | BaseException]) -> None:
+        self._streams = streams
+        self.request_id = request_id
+        self._queue = queue
+        self._done = False
+
+    def ready(self) -> bool:
+        """Whether an output is queued that has not been read: the next `__anext__` will not wait."""
+        return not self._queue.empty()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True  # the request is already gone from the engine
+            raise item
+        self._done = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._streams.abort(self.request_id)
 
 
 class RequestStreams(abc.ABC):
@@ -94,24 +128,15 @@ class RequestStreams(abc.ABC):
         self._idle.clear()
         self._send(request_id, prompt, params)
 
-    async def stream(self, request_id: str) -> AsyncIterator[StepOutput]:
-        """Outputs of a submitted request until it finishes; leaving early (disconnect, error) aborts it."""
+    def stream(self, request_id: str) -> RequestStream:
+        """The outputs of a submitted request, from its queue as it is now: outputs that arrive before the
+        caller starts reading are kept, even if the request has finished by then."""
         queue = self._queues.get(request_id)
-        if queue is None:  # ended before its stream was first read
+        if queue is None:
             if self.error is not None:
                 raise EngineDeadError(f"the engine failed: {self.error}")
             raise KeyError(f"no request {request_id!r} is in flight")
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
+        return RequestStream(self, request_id, queue)
 
     def abort(self, request_id: str) -> None:
         if self._queues.pop(request_id, None) is None:

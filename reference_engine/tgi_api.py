@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from reference_engine.config import SamplingParams
-from reference_engine.openai_api import ApiError, dumps, parse_body, read_json
+from reference_engine.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
 from reference_engine.serving import GenerationRequest, TokenEvent
 
 MAX_STOP_SEQUENCES = 4
@@ -161,6 +161,7 @@ class TGIRoutes:
                                                "x-compute-type": self.state.compute_type,
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
+        writer = EventWriter(response, prefix="data:")
         parts: list[str] = []
         async for ev in events:
             parts.append(ev.text)
@@ -168,8 +169,8 @@ class TGIRoutes:
                                      "details": None}
             if ev.finished:
                 if ev.finish_reason == "abort":
-                    await _write(response, {"error": "Request failed during generation: aborted",
-                                            "error_type": "generation"})
+                    await writer.send({"error": "Request failed during generation: aborted",
+                                       "error_type": "generation"})
                     break
                 text = "".join(parts)
                 event["generated_text"] = req.inputs + text if req.parameters.return_full_text else text
@@ -177,7 +178,7 @@ class TGIRoutes:
                     event["details"] = {"finish_reason": _finish_reason(ev, self.state.eos_ids),
                                         "generated_tokens": ev.index, "seed": self._seed(gen),
                                         "input_length": len(gen.prompt_ids)}
-            await _write(response, event)
+            await writer.send(event, hold=ev.more)
         await response.write_eof()
         return response
 
@@ -186,7 +187,3 @@ class TGIRoutes:
         if req.stream:
             return await self.generate_stream(request, req)
         return await self.generate(request, wrap_in_list=True, req=req)
-
-
-async def _write(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(f"data:{dumps(body)}\n\n".encode())
