@@ -3,7 +3,7 @@
 The HTTP front end starts it (spawn context: CUDA cannot be forked) with two one-way pipes. In: lists of
 commands, `("add", request_id, prompt, params)`, `("abort", request_id)`, `("shutdown",)`. Out: one
 `("ready", EngineInfo)` or `("failed", exception)` at start-up, then one `("step", StepReport)` per step carrying
-every request's new tokens, and `("dead", message)` if a step raises. Between steps the core takes whatever
+every request's new tokens, and `("dead", message)` if a step or a command raises. Between steps the core takes whatever
 commands have arrived without waiting; with no work it blocks until the next one comes.
 
 Its own Python interpreter means its host work (scheduling, building step inputs) never waits for the front
@@ -12,6 +12,7 @@ end's (detokenising, JSON, socket writes) to release a GIL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -69,13 +70,20 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
     try:
         engine = Engine(config)
     except Exception as exc:
-        results.send(("failed", exc))
+        try:
+            results.send(("failed", exc))
+        except Exception:  # an exception that does not pickle: send its words
+            results.send(("failed", RuntimeError(f"{type(exc).__name__}: {exc}")))
         return
     results.send(("ready", EngineInfo.of(engine)))
     try:
         EngineCore(engine, commands, results).serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("engine core: the front end went away; stopping")
+    except Exception as exc:  # a step or a command raised: the engine's state can no longer be trusted
+        log.exception("engine core failed; it stops")
+        with contextlib.suppress(OSError):
+            results.send(("dead", f"{type(exc).__name__}: {exc}"))
 
 
 class EngineCore:
@@ -102,12 +110,7 @@ class EngineCore:
                     self._report([], rejected)
                 continue
             start = time.perf_counter()
-            try:
-                outputs = engine.step()
-            except Exception as exc:
-                log.exception("engine step failed; the engine core stops")
-                self.results.send(("dead", f"{type(exc).__name__}: {exc}"))
-                return
+            outputs = engine.step()
             self.num_steps += 1
             self.step_seconds += time.perf_counter() - start
             self._report([CoreOutput.row(out) for out in outputs], rejected)
