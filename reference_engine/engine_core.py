@@ -2,9 +2,9 @@
 
 The HTTP front end starts it (spawn context: CUDA cannot be forked) with two one-way pipes. In: lists of
 commands, `("add", request_id, prompt, params)`, `("abort", request_id)`, `("shutdown",)`. Out: one
-`("ready", EngineInfo)` or `("failed", exception)` at start-up, then one `("step", StepReport)` per step carrying
-every request's new tokens, and `("dead", message)` if a step or a command raises. Between steps the core takes whatever
-commands have arrived without waiting; with no work it blocks until the next one comes.
+`("ready", EngineInfo)` or `("failed", exception)` at start-up, then one `("step", StepReport)` per step
+carrying every request's new tokens, and `("dead", message)` if a step or a command raises. Between steps the
+core takes whatever commands have arrived without waiting; with no work it blocks until the next one comes.
 
 Its own Python interpreter means its host work (scheduling, building step inputs) never waits for the front
 end's (detokenising, JSON, socket writes) to release a GIL.
