@@ -8,7 +8,8 @@ A real `python -m reference_engine.server` runs on 127.0.0.1; the project's load
 closed loop at each concurrency with fixed-length prompts and outputs (`ignore_eos` + `min_tokens`, so every
 request runs its full length). Per load point it reports output tok/s over the point's wall time, ITL p50/p99,
 engine steps per second and seconds inside a step (the server's /metrics counters), and the server's CPU
-time per streamed token (all its processes, and split into the front end's process and its children's). Results: benchmarks/results/serving_stack/<label>.json.
+time per streamed token (all its processes, and split into the front end's process and its children's).
+Results: benchmarks/results/serving_stack/<label>.json, and every result's table in table.md.
 """
 
 from __future__ import annotations
