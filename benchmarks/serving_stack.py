@@ -1,5 +1,5 @@
 """The reference server's serving stack alone: HTTP front end, engine loop and streaming, with a model whose
-step costs almost nothing (`random:tiny` on the CPU), so what limits throughput is our own host code.
+step's arithmetic is small (`random:tiny` on the CPU), so what limits throughput is host code.
 
     python benchmarks/serving_stack.py --label before-inprocess
     python benchmarks/serving_stack.py --label after-engine-process --server-arg=--engine-process
