@@ -75,8 +75,8 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         except Exception:  # an exception that does not pickle: send its words
             results.send(("failed", RuntimeError(f"{type(exc).__name__}: {exc}")))
         return
-    results.send(("ready", EngineInfo.of(engine)))
     try:
+        results.send(("ready", EngineInfo.of(engine)))
         EngineCore(engine, commands, results).serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("engine core: the front end went away; stopping")
