@@ -27,6 +27,7 @@ import torch
 
 from reference_engine.block_manager import BlockManager
 from reference_engine.config import EngineConfig, SamplingParams
+from reference_engine.engine_info import RequestLimits
 from reference_engine.loader import resolve_dtype, resolve_model
 from reference_engine.model_runner import ModelRunner, lookahead_inputs, step_inputs
 from reference_engine.sampler import Sampler
@@ -210,26 +211,8 @@ class Engine:
 
     def validate_request(self, prompt: list[int], params: SamplingParams) -> None:
         """Raise ValueError, with a message fit for a client, for a request this engine cannot serve."""
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        vocab = self.spec.vocab_size
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
-                             "which leaves no room for an output token")
-        total = len(prompt) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds max_model_len {self.max_model_len}")
-        need = self.block_manager.blocks_for(total)
-        if need > self.block_manager.num_blocks:
-            raise ValueError(f"the request needs {need} KV blocks but the cache holds only "
-                             f"{self.block_manager.num_blocks}")
-        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad_stop:
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad_stop[:5]}")
+        RequestLimits(self.spec.vocab_size, self.max_model_len, self.block_size,
+                      self.block_manager.num_blocks).validate(prompt, params)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; None if it is unknown or already finished."""

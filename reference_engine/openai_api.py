@@ -142,7 +142,7 @@ class OpenAIRoutes:
     async def models(self, request: web.Request) -> web.Response:
         s = self.state
         card = {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "llm-compare",
-                "root": s.model_path, "parent": None, "max_model_len": s.engine.max_model_len,
+                "root": s.model_path, "parent": None, "max_model_len": s.info.max_model_len,
                 "permission": []}
         return web.json_response({"object": "list", "data": [card]}, dumps=dumps)
 
@@ -151,7 +151,7 @@ class OpenAIRoutes:
             raise ApiError(404, f"The model `{name}` does not exist.", "model")
 
     def _check_length(self, prompt_len: int, max_tokens: int | None, what: str) -> int:
-        limit = self.state.engine.max_model_len
+        limit = self.state.info.max_model_len
         if max_tokens is None:
             max_tokens = limit - prompt_len
         if max_tokens < 1:
@@ -197,6 +197,7 @@ class OpenAIRoutes:
         options = req.stream_options or StreamOptions()
         continuous = options.include_usage and options.continuous_usage_stats
         response = await start_sse(request)
+        writer = EventWriter(response)
         n_prompt = len(prompt_ids)
         async for ev in events:
             choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason,
@@ -205,10 +206,10 @@ class OpenAIRoutes:
                                      "model": model, "choices": [choice]}
             if continuous:
                 chunk["usage"] = _usage(n_prompt, ev.index)
-            await send_event(response, chunk)
-            if ev.finished and options.include_usage:
-                await send_event(response, self._usage_chunk(request_id, "text_completion", created, n_prompt,
-                                                              ev.index))
+            usage_follows = ev.finished and options.include_usage
+            await writer.send(chunk, hold=ev.more or usage_follows)
+            if usage_follows:
+                await writer.send(self._usage_chunk(request_id, "text_completion", created, n_prompt, ev.index))
         await send_done(response)
         return response
 
@@ -249,17 +250,19 @@ class OpenAIRoutes:
 
         first = chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                        "finish_reason": None}, 0)
-        await send_event(response, {**first, "prompt_token_ids": None, "prompt_text": None})
+        writer = EventWriter(response)
+        await writer.send({**first, "prompt_token_ids": None, "prompt_text": None})
         async for ev in events:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": ev.text}, "logprobs": None,
                                       "finish_reason": ev.finish_reason}
             if ev.finished:
                 choice["stop_reason"] = ev.stop_reason
             choice["token_ids"] = None
-            await send_event(response, chunk(choice, ev.index))
-            if ev.finished and options.include_usage:
-                await send_event(response, self._usage_chunk(request_id, "chat.completion.chunk", created,
-                                                              n_prompt, ev.index))
+            usage_follows = ev.finished and options.include_usage
+            await writer.send(chunk(choice, ev.index), hold=ev.more or usage_follows)
+            if usage_follows:
+                await writer.send(self._usage_chunk(request_id, "chat.completion.chunk", created, n_prompt,
+                                                    ev.index))
         await send_done(response)
         return response
 
@@ -306,8 +309,23 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def send_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(f"data: {dumps(body)}\n\n".encode())
+class EventWriter:
+    """The server-sent events of one response. Events ready together leave in one socket write: with many
+    streams, a write (a system call each) is the front end's largest cost per token, and when it falls behind
+    the engine, a stream's tokens of several steps are ready at once."""
+
+    def __init__(self, response: web.StreamResponse, prefix: str = "data: ") -> None:
+        self.response = response
+        self.prefix = prefix
+        self._held: list[str] = []
+
+    async def send(self, body: dict[str, Any], hold: bool = False) -> None:
+        """Write the event, with any held before it; `hold`: keep it for the next write (one follows now)."""
+        self._held.append(f"{self.prefix}{dumps(body)}\n\n")
+        if not hold:
+            data = "".join(self._held).encode()
+            self._held.clear()
+            await self.response.write(data)
 
 
 async def send_done(response: web.StreamResponse) -> None:

@@ -6,6 +6,16 @@ Binds 127.0.0.1 unless told otherwise. Start-up phases are logged as plain lines
 (`weights loaded: ... in 1.234 s`, `KV cache allocated: ... in 0.123 s`, `server ready at ... in 5.678 s`).
 SIGTERM or SIGINT stop accepting work, let running requests finish for up to --shutdown-timeout seconds,
 abort the rest, and exit 0.
+
+Two processes (the default, `--engine-process`): this one is the front end (HTTP, validation, tokenising and
+detokenising, stop strings, SSE framing, metrics); the engine core (`engine_core.py`) runs `Engine.step()` in a
+child process started with spawn. The front end sends it batches of add/abort commands over a pipe; it sends
+back one message per step with every request's new tokens and the engine's counters (`engine_client.py`
+reads them on a thread and hands each to the event loop). Start-up lines come from the child on the shared
+stderr; the child also sends the front end what it needs to know about the engine (`EngineInfo`). Each
+process has its own GIL, so the core's host work does not wait for per-token serving work. If the core dies
+or a step raises, in-flight requests end with an error and /health answers 503. `--no-engine-process` runs
+the engine in a thread of this process instead (`async_engine.py`).
 """
 
 from __future__ import annotations
@@ -23,16 +33,21 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from transformers import PreTrainedTokenizerBase
 
-from reference_engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError
+from reference_engine.async_engine import AsyncEngine
 from reference_engine.config import EngineConfig
 from reference_engine.engine import Engine
+from reference_engine.engine_client import launch_engine_core
+from reference_engine.engine_info import EngineInfo
 from reference_engine.openai_api import ApiError, ChatCompletionRequest, OpenAIRoutes, dumps, error_body
+from reference_engine.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.server_metrics import CONTENT_TYPE, ServerMetrics
 from reference_engine.serving import GenerationRequest, generate_tokens, new_request_id
 from reference_engine.tgi_api import TGIRoutes
 
 log = logging.getLogger("reference_engine.server")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 STATE_KEY = web.AppKey("state", object)
 RETRY_AFTER_SECONDS = 1
 _TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
@@ -49,8 +64,9 @@ def package_version() -> str:
 
 @dataclass
 class ServerState:
-    engine: Engine
-    async_engine: AsyncEngine
+    info: EngineInfo
+    tokenizer: PreTrainedTokenizerBase
+    async_engine: RequestStreams
     served_model_name: str
     model_path: str
     api_key: str | None = None
@@ -58,11 +74,10 @@ class ServerState:
     version: str = field(default_factory=package_version)
 
     def __post_init__(self) -> None:
-        self.tokenizer = self.engine.tokenizer
         self.metrics = ServerMetrics(self.served_model_name)
-        self.eos_ids = set(self.engine.spec.eos_token_ids)
+        self.eos_ids = set(self.info.eos_token_ids)
         self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []))
-        self.compute_type = "gpu+optimized" if self.engine.device.type == "cuda" else "cpu"
+        self.compute_type = "gpu+optimized" if self.info.device_type == "cuda" else "cpu"
         self.fingerprint = f"reference-{self.version}"
 
     def submit(self, request_id: str, gen: GenerationRequest) -> None:
@@ -161,7 +176,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
-    body = state.metrics.render(state.async_engine)
+    body = state.metrics.render(state.async_engine, state.info.setup)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -224,6 +239,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "prefill, a preemption or min_tokens still in force run synchronously. Greedy "
                         "tokens are the same either way (default: on for CUDA, off on the CPU, where it cannot "
                         "overlap anything)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in a child process of its own, so its host work and the HTTP "
+                        "front end's do not share a GIL (default); --no-engine-process steps it in a thread of "
+                        "the server's process")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -237,13 +256,21 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
         cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
         seed=args.seed, async_scheduling=args.async_scheduling)
+    threads = None
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
-        torch.set_num_threads(threads)
         log.info("CPU serving with %d torch threads", threads)
-    engine = await asyncio.to_thread(Engine, config)
-    state = ServerState(engine, AsyncEngine(engine, args.max_waiting), args.served_model_name or args.model,
-                        args.model, args.api_key)
+    served = args.served_model_name or args.model
+    if args.engine_process:
+        client = await launch_engine_core(config, threads, args.log_level.upper(), LOG_FORMAT, args.max_waiting)
+        tokenizer = await asyncio.to_thread(client.info.load_tokenizer)
+        state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
+    else:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        engine = await asyncio.to_thread(Engine, config)
+        state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting), served,
+                            args.model, args.api_key)
     runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False, handler_cancellation=True,
                            access_log=None)
     await runner.setup()
@@ -268,7 +295,7 @@ async def serve(args: argparse.Namespace, started: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
     try:
         return asyncio.run(serve(args, started))

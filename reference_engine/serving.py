@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from reference_engine.async_engine import AsyncEngine
 from reference_engine.config import SamplingParams
 from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.request_streams import RequestStream, RequestStreams
 from reference_engine.server_metrics import ServerMetrics
 
 
@@ -27,6 +27,7 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string; None for EOS or length
+    more: bool = False  # the request's next event is ready now: a writer may send both in one socket write
 
 
 @dataclass
@@ -43,24 +44,31 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-async def generate_tokens(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
-                          request_id: str, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
-    """Submit (the caller has already done so via `submit`) and yield one event per generated token."""
+def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
+                    request_id: str, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """One event per generated token of a request the caller has submitted. Its output stream is taken now,
+    not when the caller first reads, so a request that finishes in between still has its outputs."""
+    return _token_events(async_engine, async_engine.stream(request_id), tokenizer, metrics, request_id, req,
+                         time.perf_counter())
+
+
+async def _token_events(async_engine: RequestStreams, stream: RequestStream, tokenizer: PreTrainedTokenizerBase,
+                        metrics: ServerMetrics, request_id: str, req: GenerationRequest, arrival: float
+                        ) -> AsyncIterator[TokenEvent]:
     detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,
                                    req.include_stop_str_in_output)
-    arrival = time.perf_counter()
     last = arrival
     model = metrics.model
     metrics.prompt_tokens.labels(model).inc(len(req.prompt_ids))
     stop_ids = set(req.params.stop_token_ids)
     index = 0
-    async with aclosing(async_engine.stream(request_id)) as outputs:
+    async with aclosing(stream) as outputs:
         async for out in outputs:
             now = time.perf_counter()
             for k, token in enumerate(out.new_token_ids):
                 index += 1
-                metrics.generation_tokens.labels(model).inc()
-                (metrics.ttft if index == 1 else metrics.itl).labels(model).observe(now - last)
+                metrics.generated.inc()
+                (metrics.first_token if index == 1 else metrics.token_gap).observe(now - last)
                 last = now
                 detok.add(token)
                 done = out.finished and k == len(out.new_token_ids) - 1
@@ -73,6 +81,7 @@ async def generate_tokens(async_engine: AsyncEngine, tokenizer: PreTrainedTokeni
                     if out.finish_reason == "stop" and token in stop_ids:
                         event.stop_reason = token
                 event.text = detok.delta(event.finished)
+                event.more = not event.finished and (k < len(out.new_token_ids) - 1 or stream.ready())
                 if event.finished:
                     metrics.e2e.labels(model).observe(now - arrival)
                     metrics.request_success.labels(model, event.finish_reason).inc()

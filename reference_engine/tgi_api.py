@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from reference_engine.config import SamplingParams
-from reference_engine.openai_api import ApiError, dumps, parse_body, read_json
+from reference_engine.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
 from reference_engine.serving import GenerationRequest, TokenEvent
 
 MAX_STOP_SEQUENCES = 4
@@ -74,11 +74,11 @@ class TGIRoutes:
 
     async def info(self, request: web.Request) -> web.Response:
         s = self.state
-        limit = s.engine.max_model_len
+        limit = s.info.max_model_len
         return web.json_response({
-            "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.engine.setup.dtype,
-            "model_device_type": s.engine.device.type, "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": s.engine.config.max_num_seqs, "max_best_of": 1,
+            "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.info.setup.dtype,
+            "model_device_type": s.info.device_type, "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": s.info.max_num_seqs, "max_best_of": 1,
             "max_stop_sequences": MAX_STOP_SEQUENCES, "max_input_tokens": limit - 1, "max_total_tokens": limit,
             "validation_workers": 1, "max_client_batch_size": 1, "router": "text-generation-router",
             "version": s.version, "sha": None, "docker_label": None}, dumps=dumps)
@@ -109,7 +109,7 @@ class TGIRoutes:
         ids = self.state.tokenizer.encode(req.inputs)
         if p.truncate is not None:
             ids = ids[-p.truncate:]
-        limit = self.state.engine.max_model_len
+        limit = self.state.info.max_model_len
         max_new = p.max_new_tokens if p.max_new_tokens is not None else limit - len(ids)
         if len(ids) + max_new > limit:
             raise _invalid(f"`inputs` tokens + `max_new_tokens` must be <= {limit}. Given: {len(ids)} `inputs` "
@@ -161,6 +161,7 @@ class TGIRoutes:
                                                "x-compute-type": self.state.compute_type,
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
+        writer = EventWriter(response, prefix="data:")
         parts: list[str] = []
         async for ev in events:
             parts.append(ev.text)
@@ -168,8 +169,8 @@ class TGIRoutes:
                                      "details": None}
             if ev.finished:
                 if ev.finish_reason == "abort":
-                    await _write(response, {"error": "Request failed during generation: aborted",
-                                            "error_type": "generation"})
+                    await writer.send({"error": "Request failed during generation: aborted",
+                                       "error_type": "generation"})
                     break
                 text = "".join(parts)
                 event["generated_text"] = req.inputs + text if req.parameters.return_full_text else text
@@ -177,7 +178,7 @@ class TGIRoutes:
                     event["details"] = {"finish_reason": _finish_reason(ev, self.state.eos_ids),
                                         "generated_tokens": ev.index, "seed": self._seed(gen),
                                         "input_length": len(gen.prompt_ids)}
-            await _write(response, event)
+            await writer.send(event, hold=ev.more)
         await response.write_eof()
         return response
 
@@ -186,7 +187,3 @@ class TGIRoutes:
         if req.stream:
             return await self.generate_stream(request, req)
         return await self.generate(request, wrap_in_list=True, req=req)
-
-
-async def _write(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(f"data:{dumps(body)}\n\n".encode())

@@ -112,7 +112,7 @@ def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
     assert setup.phases["capture_cuda_graphs"] >= setup.cuda_graph_warmup_seconds + sum(
         setup.cuda_graph_capture_seconds.values())
     assert setup.cuda_graph_pool_bytes >= 0
-    text = ServerMetrics("m").render(AsyncEngine(engine)).decode()
+    text = ServerMetrics("m").render(AsyncEngine(engine), engine.setup).decode()
     samples = {(s.name, s.labels.get("batch_size")): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     for size, seconds in setup.cuda_graph_capture_seconds.items():

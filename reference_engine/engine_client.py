@@ -1,0 +1,160 @@
+"""The front end's handle on an engine-core process (`engine_core.py`): the same interface as `AsyncEngine`.
+
+Two threads carry the pipes so the event loop never blocks on them: a writer sends the commands queued since
+its last send as one message, and a reader takes each step's report and hands it to the loop in one callback.
+Neither side can stall the other: the reader always drains the core's output, and the core reads commands
+between steps. If the core reports a failed step or its process ends, every in-flight request gets
+EngineDeadError, `error` is set (so /health answers 503) and new requests are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import queue
+import threading
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from reference_engine.config import EngineConfig, SamplingParams
+from reference_engine.engine import EngineStats
+from reference_engine.engine_core import CoreOutput, StepReport, run_engine_core
+from reference_engine.engine_info import EngineInfo
+from reference_engine.request_streams import EngineDeadError, RequestStreams
+
+log = logging.getLogger("reference_engine.client")
+STOP_TIMEOUT_S = 30.0
+
+
+async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_level: str, log_format: str,
+                             max_waiting: int | None = None) -> EngineClient:
+    """Start the engine core, wait until its engine is built, and return the client (not yet started).
+
+    An engine that fails to build raises here the exception it raised in the core (ValueError for a bad
+    config, FileNotFoundError for a missing model, ...)."""
+    ctx = multiprocessing.get_context("spawn")
+    commands_recv, commands_send = ctx.Pipe(duplex=False)
+    results_recv, results_send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
+                          args=(config, commands_recv, results_send, cpu_threads, log_level, log_format))
+    process.start()
+    commands_recv.close()  # the child's ends: closing ours lets each side see the other go away as EOF
+    results_send.close()
+    try:
+        kind, payload = await asyncio.to_thread(results_recv.recv)
+    except EOFError:
+        await asyncio.to_thread(process.join)
+        raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready") from None
+    if kind == "failed":
+        await asyncio.to_thread(process.join)
+        raise payload
+    log.info("engine core running in process %d", process.pid)
+    return EngineClient(process, commands_send, results_recv, payload, max_waiting)
+
+
+class EngineClient(RequestStreams):
+    def __init__(self, process: BaseProcess, commands: Connection, results: Connection, info: EngineInfo,
+                 max_waiting: int | None = None) -> None:
+        super().__init__(max_waiting)
+        self.process = process
+        self.info = info
+        self._commands = commands
+        self._results = results
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._num_sent = 0  # add commands sent; the core reports how many it has taken
+        self._num_taken = 0
+        self._stats = EngineStats(0, 0, info.limits.num_kv_blocks, 0, info.limits.num_kv_blocks, 0, 0, 0)
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._threads = [threading.Thread(target=self._write, name="engine-core-writer", daemon=True),
+                         threading.Thread(target=self._read, args=(loop,), name="engine-core-reader", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._stats.waiting + self._num_sent - self._num_taken
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        self.info.limits.validate(prompt, params)
+
+    def _send(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        self._num_sent += 1
+        self._outbox.put(("add", request_id, prompt, params))
+
+    def _cancel(self, request_id: str) -> None:
+        self._outbox.put(("abort", request_id))
+
+    # ---- the pipes' threads -----------------------------------------------------------------------------
+
+    def _write(self) -> None:
+        """Send queued commands, all that have piled up as one message, until the sentinel None."""
+        while True:
+            batch = [self._outbox.get()]
+            while not self._outbox.empty():
+                batch.append(self._outbox.get_nowait())
+            last = batch[-1] is None
+            batch = [command for command in batch if command is not None]
+            try:
+                if batch:
+                    self._commands.send(batch)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                return  # the core is gone; the reader reports it
+            if last:
+                return
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand each message of the core to the event loop; report the core's end when its pipe closes."""
+        while True:
+            try:
+                message = self._results.recv()
+            except (EOFError, OSError):
+                self.process.join(5.0)
+                message = ("exited", self.process.exitcode)
+            try:
+                loop.call_soon_threadsafe(self._on_message, message)
+            except RuntimeError:  # the loop is closed: the server has stopped
+                return
+            if message[0] in ("exited", "dead"):
+                return
+
+    # ---- on the event loop ------------------------------------------------------------------------------
+
+    def _on_message(self, message: tuple) -> None:
+        kind, payload = message
+        if kind == "step":
+            report: StepReport = payload
+            self._stats, self._num_taken = report.stats, report.num_added
+            self.num_steps, self.step_seconds = report.num_steps, report.step_seconds
+            for request_id, why in report.rejected:
+                self._refuse(request_id, ValueError(why))
+            self._deliver(CoreOutput(*row) for row in report.outputs)
+        elif kind == "dead":
+            self._fail_all(EngineDeadError(f"an engine step failed: {payload}"))
+        elif not self._closing:
+            log.error("the engine core process ended unexpectedly (exit code %s)", payload)
+            self._fail_all(EngineDeadError(f"the engine core process ended (exit code {payload})"))
+
+    async def close(self) -> None:
+        """Ask the core to stop, wait for it (then terminate it if it does not), and end the pipe threads."""
+        self._closing = True
+        self._outbox.put(("shutdown",))
+        self._outbox.put(None)
+        if not self._threads:  # never started: send it ourselves
+            self._write()
+        await asyncio.to_thread(self.process.join, STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            log.warning("the engine core did not stop in %.0f s; terminating it", STOP_TIMEOUT_S)
+            self.process.terminate()
+            await asyncio.to_thread(self.process.join, 5.0)
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join, 5.0)
+        self._commands.close()
+        self._results.close()
