@@ -93,7 +93,7 @@ BAD_RUNS = [
     (["--backends", "nosuch"], "unknown backend"),
     (["--backends", "openai"], "cannot start it"),
     (["--backends", "reference:turbo"], "unknown variant"),
-    (["--endpoint", "vllm=http://127.0.0.1:9"], "not in --backends"),
+    (["--backends", "reference", "--endpoint", "vllm=http://127.0.0.1:9"], "not in --backends"),
     (["--endpoint", "vllm"], "NAME=URL"),
     (["--model", "MISSING"], "no such file"),
     (["--ray-cells"], "needs --ray"),
