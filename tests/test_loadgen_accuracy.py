@@ -1,17 +1,11 @@
 """The load generator's timings against the scripted server's own write times, at 64 concurrent streams: every
 event is matched to the server's truth, the errors follow their definitions (`workloads/accuracy.py`), and
-no event is stamped before the data its socket read brought had been sent.
+no event is stamped before the data its socket read brought had been sent (tests/causality.py says why that,
+and not "no event before its own write", is what holds on a busy machine).
 
 How small the errors are (the 1 ms goal at the 99th percentile) is measured by benchmarks/loadgen_accuracy.py,
 on a quiet machine, with its results committed: on a machine busy with other work the client and the server
 are not scheduled in time, and no bound on the size of the errors would say anything about the code.
-
-What holds on any machine, busy or not: a socket read carries the kernel's receive stamp of the oldest segment
-it returns that no earlier read had returned (Linux merges segments that arrive while the reader holds the
-socket, e.g. preempted inside a read, and the merged one keeps the first one's stamp). So an event that came
-in the same read as earlier data carries that data's time, which may precede the event's own write by as long
-as the reader was held up (tens of ms on a loaded machine): the stamp is never earlier than the write of the
-oldest data in its read, and this test checks exactly that, read by read.
 """
 
 from __future__ import annotations
@@ -21,20 +15,16 @@ import math
 import random
 
 import pytest
+from causality import stamped_before_sent
 
 from adapters import get_adapter
 from workloads.accuracy import compare
 from workloads.loadgen import run_load_sync
-from workloads.records import RequestRecord
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
 from workloads.spec import RequestSpec
 
 STREAMS = 64
-# Both ends stamp with the kernel's wall clock, each process taking it back to the shared monotonic clock
-# through an offset measured to within a microsecond; a send's stamp precedes the receive stamp of the same
-# bytes by about a microsecond. 0.2 ms is far above both, and far below what a misread clock would give.
-CLOCK_TOLERANCE_S = 2e-4
 # Only a wrong definition (another clock, a missing origin) puts the typical event seconds away from the truth;
 # a loaded machine delays the server's writes and the client's reads by milliseconds, not by this much.
 GROSS_S = 0.5
@@ -43,21 +33,6 @@ GROSS_S = 0.5
 def specs(prefix: str, n: int, rng: random.Random, out: tuple[int, int]) -> list[RequestSpec]:
     return [RequestSpec(f"{prefix}-{i}", (1, 2, 3), "a b c", rng.randint(*out), extra_headers={
         "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0.005, 0.05), "itl_s": 0.02})}) for i in range(n)]
-
-
-def stamped_before_sent(record: RequestRecord, entry: dict) -> list[tuple[int, float]]:
-    """(event index, seconds early) of each event whose client time precedes the server's write of the oldest
-    data that can have come in the same socket read: events sharing one client time came in one read, and the
-    first event's read may also have carried the response head (written after `headers_s`)."""
-    t0 = record.t0_monotonic - (record.clock_offset_s or 0.0)
-    early, read_time, oldest_sent = [], None, 0.0
-    for i, ((t, _, _), (sent, _, _)) in enumerate(zip(record.events, entry["events"], strict=True)):
-        client = t0 + t
-        if client != read_time:  # a new read: its oldest data is this event (or, for the first, the head)
-            read_time, oldest_sent = client, entry["headers_s"] if i == 0 else sent
-        if client < oldest_sent - CLOCK_TOLERANCE_S:
-            early.append((i, oldest_sent - client))
-    return early
 
 
 @pytest.mark.slow
