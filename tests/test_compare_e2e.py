@@ -105,6 +105,7 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), first)
 
 
+@pytest.mark.timing
 @pytest.mark.live
 @pytest.mark.slow
 def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_path):
@@ -179,6 +180,7 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     assert "disagree on their token count" in report.split("## Warnings", 1)[1]
 
 
+@pytest.mark.timing
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -24,6 +24,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 STREAMS = 64
 # Only a wrong definition (another clock, a missing origin) puts the typical event seconds away from the truth;
 # a loaded machine delays the server's writes and the client's reads by milliseconds, not by this much.
@@ -36,7 +38,6 @@ def specs(prefix: str, n: int, rng: random.Random, out: tuple[int, int]) -> list
 
 
 @pytest.mark.slow
-@pytest.mark.timing
 def test_timings_match_the_servers_writes_at_64_streams(tmp_path):
     rng = random.Random(0)
     log = tmp_path / "events.jsonl"

@@ -15,6 +15,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -23,6 +23,8 @@ from workloads.schedule import ClosedLoop, OpenLoop, TraceReplay
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parents[1]
 

@@ -25,6 +25,8 @@ from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted
 from workloads.spec import RequestSpec
 from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=12))
 def test_cutting_at_marks_keeps_every_byte_in_order(body, offsets):

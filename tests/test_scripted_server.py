@@ -18,6 +18,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 REPO = Path(__file__).parents[1]
 
 

@@ -14,6 +14,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
