@@ -150,7 +150,8 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
             str(out),
         )
     summary = pd.read_csv(out / "summary.csv").set_index(["backend", "load_point"])
-    late_ms = 25  # the most a busy machine may add to a median TTFT here (the servers' TTFTs differ by 60 ms)
+    # the most a busy machine may add to a median TTFT here (seen: 18 ms); 20 + 40 ms stays below the slow 80
+    late_ms = 40
     assert 20 - 2 <= summary.loc[("vllm", "c=1"), "ttft_p50_ms"] < 20 + late_ms
     assert 80 - 2 <= summary.loc[("tgi", "c=1"), "ttft_p50_ms"] < 80 + late_ms
     # TPOT spreads the lateness of two writes over 19 gaps: it stays close to the schedule
