@@ -26,7 +26,10 @@ for _ in $(seq "$burners"); do
   pids+=($!)
 done
 echo "+ python -m pytest -m timing $*   (beside $burners CPU burners)"
-# in the background, so that a signal reaches the traps at once instead of after pytest ends
+# In the background, so that a signal reaches the traps at once instead of after pytest ends; with job
+# control on, as a background job of a script would otherwise start with SIGINT ignored, and so would every
+# process the tests start (the tests that stop a run with Ctrl-C would see it ignored).
+set -m
 python -m pytest -m timing "$@" &
 test_pid=$!
 status=0
