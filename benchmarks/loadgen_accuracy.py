@@ -15,6 +15,13 @@ The client and the server run pinned to two different CPUs (by default the last 
 a server that wakes the client tends to pull it onto its own CPU, and the client then waits for the server's
 burst to end before it reads. The machine is shared: CPU pressure (/proc/pressure/cpu, share of time some
 task waited for a CPU) is recorded for every run, and a point is rerun while it is high.
+
+The goal: at the 99th percentile, the event, TTFT, ITL and TPOT errors within 1 ms (GOAL_P99_MS) at every
+point; the table says which points meet it. Under CPU contention single events can come out early (negative
+errors of several ms): segments that arrive while the client holds its socket are merged and keep the first
+one's stamp, so an event read together with earlier data carries that data's time.
+tests/test_loadgen_accuracy.py checks what holds on any machine (every event matched, each read stamped no
+earlier than its oldest data was written); this script measures how close the timings are.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ from workloads.spec import RequestSpec
 
 # streams -> (inter-token gap s, requests per stream): ~3-10k events/s in total, 10k+ events per point
 ACCURACY = {1: (0.01, 20), 64: (0.02, 3), 256: (0.05, 2), 1000: (0.1, 2)}
+GOAL_P99_MS = 1.0  # every error's 99th percentile, at every point
+
+
+def meets_goal(point: dict) -> bool:
+    return all(point.get(f"{name}_p99_ms", float("inf")) <= GOAL_P99_MS for name in ("event", "ttft", "itl", "tpot"))
 
 
 def cpu_pressure_total_us() -> int | None:
@@ -187,15 +199,16 @@ def markdown(result: dict) -> str:
              "Errors in ms against the scripted server's write times (client arrival minus server write per "
              "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
              "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a point "
-             "is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try is kept.\n",
+             "is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try is kept. "
+             f"Goal: every p99 within {GOAL_P99_MS:g} ms.\n",
              "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event max "
-             "| client CPU | server CPU | cpu pressure | failed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| p99 goal met | client CPU | server CPU | cpu pressure | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["accuracy"]:
         lines.append(f"| {r['streams']} | {'yes' if r['aligned_steps'] else 'no'} | {r['events_per_s']} | "
                      f"{r['event_p50_ms']:.3f} | {r['event_p99_ms']:.3f} | {r['ttft_p99_ms']:.3f} | "
                      f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
-                     f"{r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
+                     f"{'yes' if meets_goal(r) else 'no'} | {r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
     if result.get("rate"):
         lines += ["", "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
                   "(one process, one event loop: 100% is one core), and events handled per second of client "
@@ -259,6 +272,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "loadgen_accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
         (args.out / "loadgen_accuracy.md").write_text(text)
+    missed = [f"{r['streams']}{' aligned' if r['aligned_steps'] else ''}" for r in result["accuracy"]
+              if not meets_goal(r)]
+    if missed:
+        sys.exit(f"p99 goal ({GOAL_P99_MS:g} ms) missed at: {', '.join(missed)}")
 
 
 if __name__ == "__main__":

@@ -105,12 +105,14 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), first)
 
 
+@pytest.mark.timing
 @pytest.mark.live
 @pytest.mark.slow
 def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_path):
     """vLLM-shaped OpenAI completions: TTFT 20 ms, 4 ms per token; TGI's own stream: TTFT 80 ms, 12 ms per
     token. Both protocols are read for real; the fast one must win both classes, with high confidence, and
-    the measured latencies must match the schedules."""
+    the measured latencies must match the schedules: never below them (the server is never early), and above
+    them by at most what a busy machine adds (it writes and reads late), far less than the two servers differ."""
     fast = ScriptedSchedule(ttft_s=0.02, itl_s=0.004)
     slow = ScriptedSchedule(ttft_s=0.08, itl_s=0.012)
     out = tmp_path / "run"
@@ -141,23 +143,28 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
             "--output-len",
             "20",
             "--slo",
-            "ttft=50ms",
+            "ttft=70ms",
             "--n-boot",
             "300",
             "--out",
             str(out),
         )
     summary = pd.read_csv(out / "summary.csv").set_index(["backend", "load_point"])
-    assert summary.loc[("vllm", "c=1"), "ttft_p50_ms"] == pytest.approx(20, abs=8)
-    assert summary.loc[("tgi", "c=1"), "ttft_p50_ms"] == pytest.approx(80, abs=8)
+    # the most a busy machine may add to a median TTFT here (seen: 18 ms); 20 + 40 ms stays below the slow 80
+    late_ms = 40
+    assert 20 - 2 <= summary.loc[("vllm", "c=1"), "ttft_p50_ms"] < 20 + late_ms
+    assert 80 - 2 <= summary.loc[("tgi", "c=1"), "ttft_p50_ms"] < 80 + late_ms
+    # TPOT spreads the lateness of two writes over 19 gaps: it stays close to the schedule
     assert summary.loc[("vllm", "c=1"), "tpot_p50_ms"] == pytest.approx(4, abs=2)
     assert summary.loc[("tgi", "c=1"), "tpot_p50_ms"] == pytest.approx(12, abs=3)
     assert summary.loc[("tgi", "c=4"), "output_tok_s"] < summary.loc[("vllm", "c=4"), "output_tok_s"]
-    # the open-loop point: offered 25 requests/s, sent on time, lag reported with its n
+    # the open-loop point: offered 25 requests/s, sent on time (never early; most sends close to their time
+    # even on a busy machine, where the client may wake late), lag reported with its n
     open_loop = summary.loc[("vllm", "r=25")]
     assert open_loop["mode"] == "open" and open_loop["offered_rps"] == 25 and open_loop["lag_n"] == 16
-    assert 10 < open_loop["achieved_rps"] < 60 and open_loop["lag_p99_ms"] < 100
-    # the SLO (TTFT <= 50 ms) is met by the fast server's requests and missed by the slow one's
+    assert 10 < open_loop["achieved_rps"] < 60 and 0 <= open_loop["lag_p50_ms"] < 100
+    # the SLO (TTFT <= 70 ms) is met by every one of the fast server's requests (TTFT 20 ms: 50 ms to spare
+    # for a busy machine) and missed by every one of the slow one's (80 ms: the server is never early)
     assert (
         summary.loc[("vllm", "c=1"), "goodput_frac"] == 1.0 and summary.loc[("tgi", "c=1"), "goodput_n"] == 0
     )
@@ -174,6 +181,7 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     assert "disagree on their token count" in report.split("## Warnings", 1)[1]
 
 
+@pytest.mark.timing
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -109,6 +109,7 @@ def test_launch_failure_quotes_the_log(tmp_path):
     assert launcher.report.exit_code == 3
 
 
+@pytest.mark.timing
 def test_startup_timeout_stops_the_server(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('warming up forever', flush=True); time.sleep(120)"]
     launcher = ProcessLauncher(
@@ -120,6 +121,7 @@ def test_startup_timeout_stops_the_server(tmp_path):
     assert launcher.proc.poll() is not None
 
 
+@pytest.mark.timing
 def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
     """A server that starts a helper of its own: Ctrl-C in the middle of the run stops both."""
     port = free_port()
@@ -146,7 +148,7 @@ def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
         raise KeyboardInterrupt
     assert launcher.proc.poll() is not None
     helper = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # it goes at once; a loaded machine may take a while to reap it
     while alive(helper) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(helper)

@@ -15,6 +15,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -39,9 +41,10 @@ FAULTS = [
     ("in-stream-error", {"fault": "error_event", "fault_after_events": 2}, ErrorKind.STREAM_ERROR, "scripted failure"),
     ("no-final", {"fault": "no_final"}, ErrorKind.INCOMPLETE_STREAM, "without its final event"),
     ("cut-early", {"fault": "no_final", "fault_after_events": 5}, ErrorKind.INCOMPLETE_STREAM, "final event"),
-    # pauses each shorter than the read timeout, together longer than the whole-request timeout
-    ("stall-total", {"stalls": [{"after_event": 2, "seconds": 0.8}, {"after_event": 3, "seconds": 0.8}]},
-     ErrorKind.TIMEOUT, "longer than 1.5 s"),
+    # pauses each shorter than the read timeout, together longer than the whole-request timeout (margins in
+    # test_every_fault_is_recorded_with_its_kind)
+    ("stall-total", {"stalls": [{"after_event": 2, "seconds": 1.05}, {"after_event": 3, "seconds": 1.05}]},
+     ErrorKind.TIMEOUT, "longer than 2.0 s"),
     ("slow-headers-ok", {"headers_delay_s": 0.4}, None, None),
     ("slow-headers", {"headers_delay_s": 2.5}, ErrorKind.HEADERS_TIMEOUT, "no response headers"),
 ]
@@ -50,7 +53,11 @@ FAULTS = [
 def test_every_fault_is_recorded_with_its_kind(server, tmp_path):
     out = tmp_path / "requests.jsonl"
     sent = [spec(rid, schedule) for rid, schedule, _, _ in FAULTS]
-    timeouts = Timeouts(request_s=1.5, read_s=1.0, connect_s=2.0)
+    # Margins for a busy machine, where the server writes late and the client reads late: each stall of
+    # stall-total is 0.45 s shorter than read_s; together they end >= 0.1 s after request_s (the server is
+    # never early), so the whole-request timeout ends it; slow-headers' header timeout (read_s after sending)
+    # comes 0.5 s before the whole-request timeout; slow-headers-ok's headers come 1.1 s before read_s.
+    timeouts = Timeouts(request_s=2.0, read_s=1.5, connect_s=2.0)
     records = run_load_sync(server.url, get_adapter("vllm"), sent, ClosedLoop(len(sent)), output_path=out,
                             timeouts=timeouts)
     by_id = {r.request_id: r for r in records}

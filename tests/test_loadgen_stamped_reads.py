@@ -13,7 +13,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from hypothesis import given
+from causality import stamped_before_sent
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters import get_adapter
@@ -24,7 +25,10 @@ from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted
 from workloads.spec import RequestSpec
 from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
+
+@settings(deadline=None)  # a pure function: a busy machine, not the code, would pass Hypothesis' 200 ms deadline
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=12))
 def test_cutting_at_marks_keeps_every_byte_in_order(body, offsets):
     # marks as the protocol makes them: rising cumulative offsets, the last at the end of the body
@@ -106,7 +110,9 @@ async def post_while_busy(url: str, tokens: int, busy_s: float, every_s: float) 
 
 
 def token_write_times(event_log: Path) -> list[float]:
-    entry = json.loads(event_log.read_text().splitlines()[-1])
+    """The token write times of the one request in the log (the server logs it a moment after the response
+    ends, so wait for it)."""
+    entry = read_event_log(event_log, expect=["scripted-0"])["scripted-0"]
     return [t for t, n, kind in entry["events"] if kind == "token"]
 
 
@@ -114,9 +120,10 @@ def token_write_times(event_log: Path) -> list[float]:
 @pytest.mark.parametrize("kernel", [True, False])
 def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, monkeypatch, kernel):
     """Tokens 30 ms apart reach a client that is blocked 20 ms of every 25: most arrive while it is blocked and
-    are read up to 20 ms late. With the kernel's stamps each keeps its arrival time (within 2 ms of the
-    server's write); with the process's clock (the option refused) the lateness shows. The pair shows the
-    test can tell them apart."""
+    are read up to 20 ms late. With the kernel's stamps each read keeps the arrival time of what it brought
+    (within 2 ms of the server's write); with the process's clock (the option refused) the lateness shows.
+    The pair shows the test can tell them apart. A busy machine may write two tokens into one blocked spell:
+    their read then carries one stamp, no earlier than the first one's write and no later than the last's."""
     if not kernel:
         monkeypatch.setattr(StampedSocket, "enable_stamps", lambda self: False)
     log = tmp_path / "events.jsonl"
@@ -124,14 +131,17 @@ def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, m
         with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
             chunks = runner.run(post_while_busy(server.url, 12, busy_s=0.02, every_s=0.025))
         written = token_write_times(log)
-    read = [t for t, piece in chunks if b'"text"' in piece]
-    assert len(read) == len(written) == 12  # one read per token: no two arrive within one blocked spell
-    lateness_ms = [(r - w) * 1e3 for r, w in zip(read, written, strict=True)]
-    assert min(lateness_ms) > -0.5  # never before the server wrote it
+    reads = [(t, piece.count(b'"text"')) for t, piece in chunks if b'"text"' in piece]
+    assert sum(n for _, n in reads) == len(written) == 12
+    lateness_ms, first = [], 0  # per read: its stamp minus the writes of the first and last token it brought
+    for t, n in reads:
+        lateness_ms.append(((t - written[first]) * 1e3, (t - written[first + n - 1]) * 1e3))
+        first += n
+    assert min(early for early, _ in lateness_ms) > -0.5, lateness_ms  # never before the server wrote it
     if kernel:
-        assert max(lateness_ms) < 2.0, lateness_ms
+        assert max(late for _, late in lateness_ms) < 2.0, lateness_ms
     else:
-        assert max(lateness_ms) > 5.0, lateness_ms
+        assert max(late for _, late in lateness_ms) > 5.0, lateness_ms
 
 
 def wait_for_receive_stamps(server: StampedSocket, client: StampedSocket, tries: int = 200) -> None:
@@ -187,7 +197,6 @@ def test_busy_poll_measures_the_same_and_stops_with_the_run(tmp_path):
     assert [r.ok for r in records] == [True] * 4
     assert all(sum(n for _, n, _ in r.events) == 6 for r in records)
     written = read_event_log(log, expect=[r.request_id for r in records])
-    for r in records:  # every token event after the server wrote it
-        server_tokens = [t for t, n, kind in written[r.request_id]["events"] if kind == "token"]
-        client_tokens = [r.t0_monotonic + t for t, n, _ in r.events if n > 0]
-        assert all(c >= s - 1e-4 for c, s in zip(client_tokens, server_tokens, strict=True))
+    for r in records:  # every event matched, and no read stamped before the server wrote what it brought
+        assert [n for _, n, _ in r.events] == [n for _, n, _ in written[r.request_id]["events"]]
+        assert not stamped_before_sent(r, written[r.request_id])

@@ -18,6 +18,8 @@ from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
 from workloads.spec import RequestSpec
 
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
+
 REPO = Path(__file__).parents[1]
 
 
@@ -44,6 +46,7 @@ def test_schedule_is_kept(server):
              for i in range(3)]
     run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(3))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
+    late = []
     for spec in specs:
         entry = log[spec.request_id]
         tokens = [t for t, n, kind in entry["events"] if kind == "token"]
@@ -51,9 +54,13 @@ def test_schedule_is_kept(server):
         due_gaps = np.array([0.01, 0.02, 0.01 + 0.05, 0.02, 0.01, 0.02, 0.01])
         # each write is due on the absolute schedule, so lateness never accumulates from gap to gap
         due = entry["received_s"] + 0.03 + np.concatenate([[0], np.cumsum(due_gaps)])
-        late = np.array(tokens) - due
-        assert np.all(late >= -2e-3), late
-        assert np.median(late) < 0.02, late  # behaviour, not precision: a busy machine writes late
+        late.append(np.array(tokens) - due)
+    late = np.array(late)  # (request, token)
+    assert np.all(late >= -2e-3), late  # no gap or stall shortened, however busy the machine
+    # No gap or stall lengthened either: a busy machine makes some writes late, but a schedule read wrong (a
+    # stall applied twice, a gap in the wrong unit) would make every write after it late. So the least late
+    # write before the stall and the least late after it (of the three streams) are each near their due time.
+    assert late[:, :4].min() < 0.02 and late[:, 4:].min() < 0.02, late
 
 
 def test_steps_align_concurrent_streams(server):
@@ -62,11 +69,18 @@ def test_steps_align_concurrent_streams(server):
              for i in range(4)]
     run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(4))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
+    late = []
     for spec in specs:
-        tokens = np.array([t for t, n, kind in log[spec.request_id]["events"] if kind == "token"])
-        phase = np.mod(tokens, 0.04)
-        # written just after a step boundary (unaligned writes would spread evenly over the 40 ms)
-        assert np.all((phase < 0.015) | (phase > 0.04 - 2e-3)), phase
+        entry = log[spec.request_id]
+        tokens = np.array([t for t, n, kind in entry["events"] if kind == "token"])
+        # due every 20 ms from arrival, each rounded up to the next 40 ms step boundary of the monotonic clock
+        boundary = np.ceil((entry["received_s"] + 0.02 * np.arange(len(tokens))) / 0.04) * 0.04
+        late.extend(tokens - boundary)
+    # Never written before the boundary (the loop's timers may fire a little early): unaligned writes, due
+    # 20 ms apart, would come before it. However busy the machine, that holds.
+    assert min(late) >= -2e-3, late
+    # Not rounded past it: a busy machine makes some writes late, a wrong rounding (a step too far) every one.
+    assert min(late) < 0.02, late
 
 
 def test_token_texts():

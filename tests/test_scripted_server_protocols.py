@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from causality import stamped_before_sent
 
 from adapters import get_adapter
 from workloads.loadgen import run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.spec import RequestSpec
+
+pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +77,10 @@ def test_every_token_event_is_timed_after_its_write(server):
     truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record in records:
         logged = truth[record.request_id]
-        for (t, _, _), (written, _, _) in zip(record.events, logged["events"], strict=True):
-            assert record.t0_monotonic + t >= written  # nothing is seen before it is sent
+        # nothing is seen before it is sent: no socket read stamped before the oldest data it brought was
+        # written (an event read together with earlier data may carry that data's time: tests/causality.py)
+        assert [n for _, n, _ in record.events] == [n for _, n, _ in logged["events"]]
+        assert not stamped_before_sent(record, logged)
         assert record.t0_monotonic + record.send_s <= logged["received_s"]
         assert record.t0_monotonic + record.headers_s >= logged["headers_s"]
 

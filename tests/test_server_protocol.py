@@ -217,6 +217,7 @@ async def _open_and_drop(url: str, rng: random.Random) -> None:
         resp.close()  # drops the connection, mid-stream (or before the first token)
 
 
+@pytest.mark.timing
 def test_dropped_streams_free_every_block(tiny_server):
     rng = random.Random()
     before = _metric(requests.get(tiny_server.url + "/metrics", timeout=10).text,
@@ -226,7 +227,7 @@ def test_dropped_streams_free_every_block(tiny_server):
         await asyncio.gather(*(_open_and_drop(tiny_server.url, rng) for _ in range(200)))
 
     asyncio.run(main())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a wait on the server's state: a loaded machine may need a while
     while time.monotonic() < deadline:
         text = requests.get(tiny_server.url + "/metrics", timeout=10).text
         if (_metric(text, "reference:kv_cache_blocks_used") == 0 and _metric(text, "reference:num_requests_running")
@@ -254,11 +255,12 @@ def test_api_key(llama_dir, tmp_path, protocol):
         assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
 
+@pytest.mark.timing
 def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
     with reference_server(str(llama_dir), tmp_path, "--max-num-seqs", "1", "--max-waiting", "2",
                           "--max-model-len", "1024") as server:
         async def wait_for(session, name: str, value: float) -> None:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a wait on the server's state: a loaded machine may need a while
             while time.monotonic() < deadline:
                 if _metric(await (await session.get(server.url + "/metrics")).text(), name) == value:
                     return
@@ -287,6 +289,7 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
         assert tgi_status == 503 and tgi_payload["error_type"] == "overloaded"
 
 
+@pytest.mark.timing
 def test_sigterm_drains_running_requests_and_exits_zero(llama_dir, tmp_path):
     with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512", "--shutdown-timeout", "20") as server:
         async def main():
