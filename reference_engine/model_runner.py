@@ -36,25 +36,30 @@ class StepInputs:
     sample_rows: list[int] = field(default_factory=list)
     sample_seqs: list[Sequence] = field(default_factory=list)
 
+    def add(self, token_ids: list[int], start: int, table: list[int], block_size: int) -> int:
+        """Append one sequence's new tokens at positions start, start+1, ... (a decode for one token, else a
+        prefill chunk); returns the flat row of its last token."""
+        bs, n = block_size, len(token_ids)
+        offset = len(self.input_ids)
+        self.input_ids.extend(token_ids)
+        self.positions.extend(range(start, start + n))
+        self.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+        if n == 1:
+            self.decode_tables.append(table)
+            self.decode_lens.append(start + 1)
+        else:
+            self.prefills.append((offset, n, start + n, table))
+        return offset + n - 1
+
 
 def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInputs:
-    bs = block_size
     ordered = [it for it in items if it[1] == 1] + [it for it in items if it[1] > 1]
     step = StepInputs()
     for seq, n in ordered:
         start = seq.num_computed_tokens
-        table = seq.block_table
-        offset = len(step.input_ids)
-        step.input_ids.extend(seq.token_ids[start:start + n])
-        step.positions.extend(range(start, start + n))
-        step.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-        if n == 1:
-            step.decode_tables.append(table)
-            step.decode_lens.append(start + 1)
-        else:
-            step.prefills.append((offset, n, start + n, table))
+        last = step.add(seq.token_ids[start:start + n], start, seq.block_table, block_size)
         if start + n == len(seq):
-            step.sample_rows.append(offset + n - 1)
+            step.sample_rows.append(last)
             step.sample_seqs.append(seq)
     return step
 
@@ -193,19 +198,9 @@ class ModelRunner:
         on the cache's first blocks; token ids drawn at random."""
         bs = self.block_size
         step = StepInputs()
-        rows = [(context - 1, 1)] * decodes + prefills
-        for start, n in rows:
+        for start, n in [(context - 1, 1)] * decodes + prefills:
             table = list(range(-(-(start + n) // bs)))
-            offset = len(step.input_ids)
-            step.input_ids.extend(torch.randint(self.spec.vocab_size, (n,)).tolist())
-            step.positions.extend(range(start, start + n))
-            step.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            if n == 1:
-                step.decode_tables.append(table)
-                step.decode_lens.append(start + 1)
-            else:
-                step.prefills.append((offset, n, start + n, table))
-            step.sample_rows.append(offset + n - 1)
+            step.sample_rows.append(step.add(torch.randint(self.spec.vocab_size, (n,)).tolist(), start, table, bs))
         return step
 
     def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None) -> CaptureReport:
