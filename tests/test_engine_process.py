@@ -18,7 +18,7 @@ from servers import reference_server
 
 from reference_engine import Engine, EngineConfig, SamplingParams
 from reference_engine.engine_client import EngineClient, launch_engine_core
-from reference_engine.request_streams import EngineDeadError
+from reference_engine.request_streams import EngineDeadError, RequestStream
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13], [3] * 20, [40, 41]]
@@ -34,9 +34,9 @@ async def started(model_dir, **kwargs) -> EngineClient:
     return client
 
 
-async def collect(client: EngineClient, request_id: str) -> list[int]:
+async def collect(stream: RequestStream) -> list[int]:
     tokens = []
-    async for out in client.stream(request_id):
+    async for out in stream:
         tokens.extend(out.new_token_ids)
     return tokens
 
@@ -97,13 +97,14 @@ def test_abort_frees_the_cores_blocks_and_others_finish(llama_dir):
         try:
             client.submit("long", [5, 6, 7], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
             client.submit("short", [8, 9], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            short_stream = client.stream("short")  # taken now, as a handler does: it may finish before it is read
             seen = 0
             async with aclosing(client.stream("long")) as stream:
                 async for out in stream:
                     seen += len(out.new_token_ids)
                     if seen >= 3:
                         break  # leaving the stream early aborts the request
-            short = await collect(client, "short")
+            short = await collect(short_stream)
             await wait_until(lambda: client.stats().running == 0 and client.stats().kv_blocks_used == 0,
                              "the core freeing the aborted request")
             return short, client.num_aborted, client.num_active, client.error
