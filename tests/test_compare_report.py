@@ -212,6 +212,13 @@ def test_failed_requests_are_named_and_cannot_win(tmp_path):
     assert "fast wl c=1: 2 of 30 requests failed (http_status: 2)" in report  # and under Warnings
 
 
+def headless_chromium(chromium: str, profile: Path) -> list[str]:
+    """Chromium headless with a throwaway profile, no network chatter and no scrollbars in the picture."""
+    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+            "--hide-scrollbars"]
+
+
 def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):
     run = make_run(
         tmp_path / "run", {"reference:graphs": 0.05, "reference:eager": 0.06}, setups_graphs_vs_eager()
@@ -226,16 +233,7 @@ def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):
     png = tmp_path / "report.png"
     subprocess.run(
         [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--hide-scrollbars",
+            *headless_chromium(chromium, tmp_path / "profile"),
             "--window-size=1200,7000",
             f"--screenshot={png}",
             (run.path / "report.html").as_uri(),
@@ -658,16 +656,7 @@ def render_layout(chromium: str, page: Path, width: int, profile: Path) -> dict:
     probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
     out = subprocess.run(
         [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            "--hide-scrollbars",
+            *headless_chromium(chromium, profile),
             f"--window-size={width},900",
             "--virtual-time-budget=5000",
             "--dump-dom",
