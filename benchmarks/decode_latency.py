@@ -26,6 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from knobs import add_set_option, set_knobs
+
 from reference_engine.model_config import ModelSpec, named_shape
 
 PROMPT_LEN = 512
@@ -201,24 +203,6 @@ def run_vllm(shape: str, mode: str, batches: list[int], repeats: int) -> list[di
     return rows
 
 
-def set_knobs(assignments: list[str]) -> dict:
-    """Apply NAME=VALUE settings to reference_engine.triton_ops (same-machine A/B runs of a kernel choice)."""
-    if not assignments:
-        return {}
-    from reference_engine import triton_ops
-
-    knobs = {}
-    for assignment in assignments:
-        name, _, text = assignment.partition("=")
-        if not hasattr(triton_ops, name):
-            raise SystemExit(f"--set: reference_engine.triton_ops has no knob {name!r}")
-        current = getattr(triton_ops, name)
-        value = bool(int(text)) if isinstance(current, bool) else type(current)(text)
-        setattr(triton_ops, name, value)
-        knobs[name] = value
-    return knobs
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["reference", "hf", "vllm"], required=True)
@@ -228,9 +212,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                   help="set a launch knob of reference_engine.triton_ops first (0/1 for booleans), e.g. "
-                        "ATTENTION_PDL=1; repeatable; recorded in each row")
+    add_set_option(p)
     args = p.parse_args()
     knobs = set_knobs(args.set)
     bandwidth = copy_bandwidth()

@@ -30,6 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from knobs import add_set_option, set_knobs  # benchmarks/knobs.py, beside this script
+
 from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import Engine
 
@@ -140,9 +142,11 @@ def main() -> None:
     p.add_argument("--profile-out", default="profile.txt")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the engine is built")
+    add_set_option(p)
     p.add_argument("--label", default="")
     p.add_argument("--out", default=None, help="JSON lines to append to")
     args = p.parse_args()
+    knobs = set_knobs(args.set)
     count_triton_compiles()
     warm_up = {"auto": None, "on": True, "off": False}[args.warm_up]
     overrides_extra = {"enable_prefix_caching": False} if args.no_prefix_caching else {}
@@ -167,7 +171,7 @@ def main() -> None:
                 window = range(int(first), int(last)) if r + 1 in {int(x) for x in rounds.split(",")} else None
             result = run_round(engine, concurrency, args.requests, args.input_len, args.output_len, rng, window,
                                f"{args.profile_out}.round{r + 1}")
-            line = {"label": args.label, "shape": args.shape, "concurrency": concurrency, "round": r + 1,
+            line = {"label": args.label, "knobs": knobs, "shape": args.shape, "concurrency": concurrency, "round": r + 1,
                     "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor(),
                     "max_num_seqs": engine.config.max_num_seqs,
                     "max_num_batched_tokens": engine.config.max_num_batched_tokens, "setup": setup, **result}

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask
+from reference_engine.attention import (
+    AttentionBatch,
+    PrefillBatch,
+    PrefillChunk,
+    decode_mask,
+    prefill_batch_lists,
+)
 from reference_engine.cpu_linear import onednn_linear_available, pack_linears
 from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
 from reference_engine.host_copy import lists_to_device, to_device
@@ -233,16 +239,29 @@ class ModelRunner:
         return self.model.logits(hidden.index_select(0, sample_rows))
 
     def attention_batch(self, step: StepInputs, slot_mapping: torch.Tensor) -> AttentionBatch:
-        """The step's paging on the device: block tables and context lengths (int32) in one copy."""
+        """The step's paging on the device: block tables, context lengths and prefill chunks (int32) in one copy."""
         dev = self.device
         width = max((len(t) for t in step.decode_tables), default=0)
         tables = [block for t in step.decode_tables for block in t + [0] * (width - len(t))]
-        prefill_tables = [table for _, _, _, table in step.prefills]
-        tables, decode_lens, *prefill_tables = lists_to_device([tables, step.decode_lens, *prefill_tables], dev,
-                                                               torch.int32)
-        batch = AttentionBatch(slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
-                               prefills=[PrefillChunk(start, n, ctx, table) for (start, n, ctx, _), table
-                                         in zip(step.prefills, prefill_tables, strict=True)])
+        tile_tokens = self.ops.prefill_tile_tokens(self.spec.num_heads // self.spec.num_kv_heads)
+        if step.prefills and tile_tokens is not None:  # the ops attend every chunk in one launch
+            chunks, prefill_tables, tiles, prefill_width = prefill_batch_lists(step.prefills, tile_tokens)
+            tables, decode_lens, chunks, prefill_tables, tiles = lists_to_device(
+                [tables, step.decode_lens, chunks, prefill_tables, tiles], dev, torch.int32)
+            prefill_tables = prefill_tables.view(len(step.prefills), prefill_width)
+            batch = AttentionBatch(
+                slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
+                prefills=[PrefillChunk(start, n, ctx, prefill_tables[i, :len(table)])
+                          for i, (start, n, ctx, table) in enumerate(step.prefills)],
+                prefill_batch=PrefillBatch(chunks.view(-1, 3), prefill_tables, tiles.view(-1, 2),
+                                           max(ctx for _, _, ctx, _ in step.prefills)))
+        else:
+            prefill_tables = [table for _, _, _, table in step.prefills]
+            tables, decode_lens, *prefill_tables = lists_to_device([tables, step.decode_lens, *prefill_tables], dev,
+                                                                   torch.int32)
+            batch = AttentionBatch(slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
+                                   prefills=[PrefillChunk(start, n, ctx, table) for (start, n, ctx, _), table
+                                             in zip(step.prefills, prefill_tables, strict=True)])
         if step.decode_lens:
             batch.decode_block_tables = tables.view(len(step.decode_tables), width)
             batch.decode_context_lens = decode_lens

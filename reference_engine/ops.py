@@ -75,6 +75,11 @@ class TorchOps:
                scale: float) -> torch.Tensor:
         return attention.paged_attention(q, k_cache, v_cache, batch, scale)
 
+    def prefill_tile_tokens(self, group: int) -> int | None:
+        """New tokens per program of a kernel that attends every prefill chunk in one launch (the model runner
+        then builds `AttentionBatch.prefill_batch`), or None: here each chunk runs on its own."""
+        return None
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -5,6 +5,9 @@
   their log-sum-exp. A GQA group is padded to 16 query rows so that q.k and p.v run on the tensor cores
   (`tl.dot`); with one query head per KV head (MHA) there is nothing to share, and the kernel works on one
   query vector with plain reductions;
+- paged prefill attention: every prefill chunk of a step in one launch, one program per (tile of a chunk's
+  new tokens, kv head), its GQA group's heads stacked into the tile's rows, reading keys and values through the
+  block table up to each query's own position (FlashAttention's online softmax, on the tensor cores);
 - rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
   slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
 - RMSNorm, with the residual add fused in;
@@ -209,6 +212,68 @@ def _merge_partitions_kernel(
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
     _let_next_kernel_launch(PDL and not NEXT_EARLY)
+
+
+# Which chunk a program works on, the chunks' rows and contexts, and their block tables come from one copy per step
+# whose pieces' sizes (and so alignment) change with the step, as does the tables' row stride; the longest
+# context only bounds the interpreter's loop. Specialising on any of them would compile new variants mid-traffic.
+@triton.jit(do_not_specialize=["tables_ptr", "chunks_ptr", "tiles_ptr", "stride_bt", "max_context"])
+def _prefill_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, chunks_ptr, tiles_ptr,
+    scale, max_context,
+    stride_qt, stride_qh,
+    stride_cb, stride_ct, stride_ch,
+    stride_bt,
+    stride_yt, stride_yh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr,
+    TILE_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, DYNAMIC_LOOP: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # One program: TILE_TOKENS consecutive new tokens of one prefill chunk, times the GQA group's query heads of
+    # one KV head (GROUP padded to GROUP_ROWS), as the rows of one query tile, so that every row reads the same
+    # keys and both products run on the tensor cores. Keys come from the paged cache (the chunk's own tokens
+    # were written there before), up to the tile's last query position: causal, cached prefix included.
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    chunk = tl.load(tiles_ptr + 2 * tile)
+    first = tl.load(tiles_ptr + 2 * tile + 1)  # the tile's first token, counted within the chunk
+    row0 = tl.load(chunks_ptr + 3 * chunk)  # the chunk's first row in the flat batch
+    new = tl.load(chunks_ptr + 3 * chunk + 1)
+    ctx = tl.load(chunks_ptr + 3 * chunk + 2)  # context after the chunk: its query i sits at ctx - new + i
+    offs_m = tl.arange(0, TILE_TOKENS * GROUP_ROWS)
+    token = first + offs_m // GROUP_ROWS
+    g = offs_m % GROUP_ROWS
+    heads = kv_head * GROUP + g
+    m_mask = (token < new) & (g < GROUP)
+    position = ctx - new + token
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = (row0 + token).to(tl.int64) * stride_qt + heads * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=m_mask[:, None], other=0.0)
+    m_i = tl.full([TILE_TOKENS * GROUP_ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([TILE_TOKENS * GROUP_ROWS], tl.float32)
+    acc = tl.zeros([TILE_TOKENS * GROUP_ROWS, HEAD_DIM], tl.float32)
+    end = tl.minimum(ctx, ctx - new + first + TILE_TOKENS)  # past the tile's last query: nothing it may see
+    table = tables_ptr + chunk * stride_bt
+    # Compiled, the loop stops at the tile's last key; the interpreter cannot loop to a loaded value, so there it
+    # runs to the batch's longest context and masks the rest. Key 0 is in every row's first tile, so no row's
+    # running maximum stays -inf after it.
+    for n0 in range(0, end if DYNAMIC_LOOP else max_context, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+        kv_rows = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+        k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= position[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    y_rows = (row0 + token).to(tl.int64) * stride_yt + heads * stride_yh
+    tl.store(out_ptr + y_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
 @triton.jit

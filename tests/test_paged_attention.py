@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask, write_kv
+from reference_engine.attention import (
+    AttentionBatch,
+    PrefillBatch,
+    PrefillChunk,
+    decode_mask,
+    prefill_batch_lists,
+    write_kv,
+)
 from reference_engine.ops import TorchOps
 
 
@@ -47,6 +55,17 @@ def scatter_into_cache(num_blocks, block_size, seqs_kv, rng):
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def prefill_batch(rows: list[tuple[int, int, int, list[int]]], tile_tokens: int | None,
+                  device: torch.device) -> PrefillBatch | None:
+    """The chunks as the model runner hands them to a one-launch prefill kernel (None where the ops have none)."""
+    if tile_tokens is None or not rows:
+        return None
+    chunks, tables, tiles, width = prefill_batch_lists(rows, tile_tokens)
+    as_tensor = partial(torch.tensor, dtype=torch.int32, device=device)
+    return PrefillBatch(as_tensor(chunks).view(-1, 3), as_tensor(tables).view(-1, width), as_tensor(tiles).view(-1, 2),
+                        max(ctx for _, _, ctx, _ in rows))
+
+
 @pytest.fixture(params=["torch", "triton"])
 def ops(request):
     """Both implementations; Triton runs compiled on a GPU and under its interpreter on the CPU."""
@@ -66,10 +85,26 @@ DTYPES = [torch.float32, torch.bfloat16] if DEVICE.type == "cuda" else [torch.fl
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
 def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype):
     rng = random.Random()
-    head_dim = 16
-    scale = head_dim**-0.5
     # Ragged contexts; each sequence has some tokens already cached and some new this step.
     specs = [(rng.randint(1, 70), 1) for _ in range(5)] + [(rng.randint(0, 40), rng.randint(2, 30)) for _ in range(4)]
+    check_against_dense(ops, specs, block_size, heads, kv_heads, 16, dtype, rng)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 32), (8, 2, 64)])
+def test_long_prefill_chunks_match_dense(ops, heads, kv_heads, head_dim):
+    """Chunks longer than a prefill kernel's tile (several programs per chunk, the causal limit inside a tile), one
+    starting a sequence and one continuing a long cached prefix, beside a few decodes."""
+    rng = random.Random()
+    specs = [(rng.randint(1, 300), 1) for _ in range(3)] + [(0, rng.randint(65, 160)), (rng.randint(100, 200),
+                                                                                       rng.randint(65, 130))]
+    check_against_dense(ops, specs, 16, heads, kv_heads, head_dim, DTYPES[-1], rng)
+
+
+def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int, head_dim: int,
+                        dtype: torch.dtype, rng: random.Random) -> None:
+    """`ops.attend` over a flat batch of (cached, new) token counts per sequence (decodes first) against dense
+    causal attention per sequence."""
+    scale = head_dim**-0.5
     seqs = []
     for cached, new in specs:
         ctx = cached + new
@@ -87,7 +122,7 @@ def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype)
             v_cache[table[i // block_size], i % block_size] = v_prior[i]
     # Flat batch: decodes (new == 1) first, then prefill chunks.
     q_rows, k_rows, v_rows, slots = [], [], [], []
-    prefills, decode_tables, decode_lens = [], [], []
+    prefills, prefill_rows, decode_tables, decode_lens = [], [], [], []
     for (k, v, q, cached, new), table in zip(seqs, tables, strict=True):
         start = len(q_rows)
         for i in range(new):
@@ -101,6 +136,7 @@ def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype)
             decode_lens.append(cached + 1)
         else:
             prefills.append(PrefillChunk(start, new, cached + new, torch.tensor(table)))
+            prefill_rows.append((start, new, cached + new, table))
     width = max(len(t) for t in decode_tables)
     dev = DEVICE
     lens = torch.tensor(decode_lens, dtype=torch.int32, device=dev)
@@ -111,7 +147,8 @@ def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype)
         decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.int32,
                                          device=dev),
         decode_context_lens=lens, decode_max_context=max(decode_lens),
-        decode_mask=decode_mask(lens, width * block_size), prefills=prefills)
+        decode_mask=decode_mask(lens, width * block_size), prefills=prefills,
+        prefill_batch=prefill_batch(prefill_rows, ops.prefill_tile_tokens(heads // kv_heads), dev))
     k_cache, v_cache = k_cache.to(dev, dtype), v_cache.to(dev, dtype)
     write_kv(k_cache, v_cache, torch.stack(k_rows).to(dev, dtype), torch.stack(v_rows).to(dev, dtype),
              batch.slot_mapping)
