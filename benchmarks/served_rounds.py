@@ -8,7 +8,7 @@ It launches `python -m reference_engine.server` on 127.0.0.1 (or drives `--url`)
 `--input-len` random tokens (fresh each round: no prefix-cache hits) for exactly `--output-len` tokens, with the
 project's load generator, and prints one JSON line per round: output tokens/s, TTFT, TPOT and ITL percentiles,
 the number of inter-token gaps over 50 and 250 ms. With `--py-spy-round`, py-spy samples the server process
-(every thread, idle included, GIL holder marked) during that round and writes collapsed stacks, the input of a
+(every thread of it and of its engine-core child, idle included, GIL holder marked) during that round and writes collapsed stacks, the input of a
 flame graph, so the served step's host time can be attributed.
 """
 
@@ -116,7 +116,7 @@ def main() -> None:
                 spy = None
                 if args.py_spy_round == r and proc is not None:
                     spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw", "--idle",
-                                            "--threads", "--gil", "--rate", "200", "--nonblocking",
+                                            "--threads", "--gil", "--subprocesses", "--rate", "200", "--nonblocking",
                                             "-o", args.py_spy_out], stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL)
                     time.sleep(1.0)

@@ -97,10 +97,10 @@ class InFlightStep:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.setup = SetupReport()
         t0 = time.perf_counter()
         self.device = _resolve_device(config.device)
+        self.config = config = config.for_device(self.device.type)
         self.dtype = resolve_dtype(config.dtype, self.device)
         resolved = resolve_model(config.model)
         self.spec = resolved.spec

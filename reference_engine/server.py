@@ -212,8 +212,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--kv-cache-memory", default=None, help="KV-cache budget, e.g. 2GiB")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default: 256 on a GPU, 64 on a CPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step, prefill chunks included (default: 8192 on a GPU, 2048 on a CPU)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,

@@ -208,3 +208,22 @@ def test_warm_up_runs_every_step_shape_and_leaves_no_trace(llama_dir):
         assert not layer.self_attn.k_cache.any() and not layer.self_attn.v_cache.any()
     assert [o.token_ids for o in warm.generate(prompts, GREEDY)] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
     assert_nothing_held(warm)
+
+
+def test_scheduling_limits_default_by_device_and_keep_what_is_given():
+    from reference_engine.config import EngineConfig
+
+    gpu, cpu = EngineConfig().for_device("cuda"), EngineConfig().for_device("cpu")
+    assert (gpu.max_num_seqs, gpu.max_num_batched_tokens) == (256, 8192)  # 128 streams all served on a GPU
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens) == (64, 2048)
+    given = EngineConfig(max_num_seqs=5, max_num_batched_tokens=77).for_device("cuda")
+    assert (given.max_num_seqs, given.max_num_batched_tokens) == (5, 77)
+
+
+def test_graph_buckets_reach_max_num_seqs():
+    from reference_engine.cuda_graphs import graph_batch_sizes
+
+    assert graph_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+    assert graph_batch_sizes(100)[-2:] == [96, 100]  # the largest batch the scheduler makes replays a graph too
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert graph_batch_sizes(256, [3, 300]) == [3]
