@@ -46,8 +46,11 @@ class Watcher:
     point: Callable[[str, int | None], AbstractContextManager[ShowProgress]] = _no_progress
 
 
-def measure(plan: RunPlan, run_dir: Any, watcher: Watcher = Watcher(), load: Callable | None = None) -> int:
-    """Measure every point of `plan` into `run_dir` with `load` (default `run_load_sync`); the exit code.
+def measure(
+    plan: RunPlan, run_dir: Any, watcher: Watcher = Watcher(), load: Callable[[Any], Any] | None = None
+) -> int:
+    """Measure every point of `plan` into `run_dir` with `load(PointJob)` (default `run_load_sync`); the exit
+    code.
     Raises KeyboardInterrupt when a point was interrupted (launched servers are stopped first)."""
     from workloads.loadgen import run_load_sync
 
@@ -218,7 +221,7 @@ class _Point:
     ) -> bool:
         """Run the point with its progress shown; True when it was interrupted."""
         from compare.metrics import running_output_rate
-        from workloads.loadgen import Timeouts
+        from workloads.loadgen import PointJob, Timeouts
         from workloads.records import read_run_summaries
 
         plan, backend, schedule = self.plan, self.backend, self.schedule
@@ -243,24 +246,26 @@ class _Point:
                 show(len(measured), rate, sum(1 for r in measured if r.error_kind is not None))
 
             load(
-                self.url,
-                self.adapter,
-                specs,
-                schedule,
-                output_path=run_dir.requests_path,
-                summary_path=run_dir.runs_path,
-                warmup_specs=warm_specs[: plan.warmup_count(schedule)],
-                backend=backend.name,
-                variant=backend.variant,
-                load_point=schedule.label,
-                timeouts=Timeouts(request_s=plan.request_timeout),
-                max_requests=plan.num_requests,
-                max_duration_s=plan.duration,
-                tokenizer=tokenizer,
-                progress=update,
-                progress_interval_s=0.5,
-                run_id=run_id,
-                **({"busy_poll": True} if plan.busy_poll else {}),
+                PointJob(
+                    self.url,
+                    self.adapter,
+                    specs,
+                    schedule,
+                    output_path=run_dir.requests_path,
+                    summary_path=run_dir.runs_path,
+                    warmup_specs=warm_specs[: plan.warmup_count(schedule)],
+                    max_requests=plan.num_requests,
+                    max_duration_s=plan.duration,
+                    backend=backend.name,
+                    variant=backend.variant,
+                    load_point=schedule.label,
+                    run_id=run_id,
+                    timeouts=Timeouts(request_s=plan.request_timeout),
+                    tokenizer=tokenizer,
+                    busy_poll=plan.busy_poll,
+                    progress=update,
+                    progress_interval_s=0.5,
+                )
             )
         summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
         return bool(summaries and summaries[-1].interrupted)

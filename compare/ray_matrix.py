@@ -146,14 +146,14 @@ def _stream(out: queue.SimpleQueue) -> Iterator[dict[str, Any]]:
 
 def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event, controls: dict) -> Callable:
     """`run_load_sync` that streams as it goes, and can be stopped from another thread."""
-    from workloads.loadgen import new_runner, run_load
+    from workloads.loadgen import PointJob, new_runner, run_load
 
-    def load(url: str, adapter: Any, specs: Any, schedule: Any, **kwargs: Any) -> list[RequestRecord]:
-        run_id = kwargs["run_id"]
+    def load(job: PointJob) -> list[RequestRecord]:
+        run_id = job.run_id
         entry = next(p for p in run_dir.manifest["points"] if p["run_id"] == run_id)
         out.put(("point", entry))
         sizes = {
-            s.request_id: (s.prompt_len, s.wanted_output_tokens) for s in (*specs, *kwargs["warmup_specs"])
+            s.request_id: (s.prompt_len, s.wanted_output_tokens) for s in (*job.specs, *job.warmup_specs)
         }
 
         def started(request_id: str, scheduled: float, start: float, warmup: bool) -> None:
@@ -164,20 +164,15 @@ def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event,
             controls["loop"], controls["task"] = asyncio.get_running_loop(), asyncio.current_task()
             if stop.is_set():
                 raise asyncio.CancelledError
-            return await run_load(
-                url,
-                adapter,
-                specs,
-                schedule,
-                on_start=started,
-                on_record=lambda r: out.put(("r", r.model_dump_json())),
-                **kwargs,
+            streaming = dataclasses.replace(
+                job, on_start=started, on_record=lambda r: out.put(("r", r.model_dump_json()))
             )
+            return await run_load(streaming)
 
         with new_runner() as runner:
             records = runner.run(main())
         controls.clear()
-        for line in reversed(Path(kwargs["summary_path"]).read_text().splitlines()):
+        for line in reversed(Path(job.summary_path).read_text().splitlines()):
             if f'"run_id":"{run_id}"' in line:
                 out.put(("summary", line))
                 break

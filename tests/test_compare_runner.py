@@ -39,10 +39,10 @@ def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
     expected = summarize(records, n_boot=0).iloc[0]["output_tok_s"]
     last_end = max(r.end_s for r in records)
 
-    def fake_load(*args, progress, summary_path, **kwargs):
+    def fake_load(job):
         t0 = time.perf_counter() - last_end  # the point's last request has just finished
-        progress([r.model_copy(update={"t0_monotonic": t0}) for r in records])
-        Path(summary_path).touch()
+        job.progress([r.model_copy(update={"t0_monotonic": t0}) for r in records])
+        Path(job.summary_path).touch()
 
     out = io.StringIO()
     monkeypatch.setattr(cli, "console", Console(file=out, width=200, force_terminal=False))
