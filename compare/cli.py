@@ -15,6 +15,7 @@ succeeded; 2 the options are wrong; 130 interrupted (Ctrl-C or SIGTERM; a partia
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import sys
@@ -34,6 +35,7 @@ from typer.core import TyperCommand
 
 from compare.exit_codes import EXIT_USAGE
 from compare.measure import ShowProgress, Watcher
+from compare.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
 from compare.text import plural
 
 APP_HELP = (
@@ -100,15 +102,6 @@ def demo(
 # -- compare run --------------------------------------------------------------------------------------------
 
 
-WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
-SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-out (Ray)"
-
-
-def _opt(*names: str, help: str, panel: str, metavar: str | None = None, **kwargs: Any) -> Any:
-    """An option of `run`, in its help panel; the help is escaped, so `[default: ...]` reads as written."""
-    return typer.Option(*names, help=escape(help), rich_help_panel=panel, metavar=metavar, **kwargs)
-
-
 def ray_value(args: list[str]) -> list[str]:
     """`--ray` with no value (last, or before another option) means a local instance: a click option either
     always or never takes a value, so the value `local` is written in before parsing."""
@@ -127,305 +120,7 @@ class RunCommand(TyperCommand):
         return super().parse_args(ctx, ray_value(args))
 
 
-LOCAL_RAY = "local"
-
-
-@app.command(cls=RunCommand)
-def run(
-    backends: Annotated[
-        str | None,
-        _opt(
-            help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]",
-            panel=BACKENDS,
-            metavar="NAME[:VARIANT][,...]",
-        ),
-    ] = None,
-    endpoint: Annotated[
-        list[str] | None,
-        _opt(
-            help="a running server (repeat); backends without one are launched (--launch)",
-            panel=BACKENDS,
-            metavar="NAME=URL",
-        ),
-    ] = None,
-    launch: Annotated[
-        str | None,
-        _opt(
-            help="how backends without an endpoint are started [default: process]",
-            panel=BACKENDS,
-            metavar="process|docker",
-        ),
-    ] = None,
-    vllm_bin: Annotated[
-        str | None,
-        _opt(
-            help="the vllm executable for --launch process [default: $LLM_COMPARE_VLLM, else vllm]",
-            panel=BACKENDS,
-            metavar="PATH",
-        ),
-    ] = None,
-    image: Annotated[
-        list[str] | None,
-        _opt(
-            help="the container image of a backend or server family, for --launch docker (repeat)",
-            panel=BACKENDS,
-            metavar="NAME=IMAGE",
-        ),
-    ] = None,
-    dtype: Annotated[
-        str | None,
-        _opt(help="weights dtype for launched servers [default: auto]", panel=BACKENDS, metavar="DTYPE"),
-    ] = None,
-    max_model_len: Annotated[
-        int | None, _opt(help="context length for launched servers", panel=BACKENDS, metavar="N")
-    ] = None,
-    model: Annotated[
-        str | None,
-        _opt(
-            help="checkpoint dir, hub id or built-in name [default: smollm2-135m]",
-            panel=BACKENDS,
-            metavar="MODEL",
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        str | None,
-        _opt(
-            help="tokenizer for token-exact prompts: a directory or hub id [default: the model's]",
-            panel=WORKLOAD,
-            metavar="TOKENIZER",
-        ),
-    ] = None,
-    served_model: Annotated[
-        str | None,
-        _opt(help="model name sent in requests [default: --model]", panel=BACKENDS, metavar="NAME"),
-    ] = None,
-    server_args: Annotated[
-        str | None,
-        _opt(help="extra arguments for launched servers, one string", panel=BACKENDS, metavar="ARGS"),
-    ] = None,
-    startup_timeout: Annotated[
-        float | None,
-        _opt(
-            help="seconds a launched server may take to be ready [default: 600]", panel=BACKENDS, metavar="S"
-        ),
-    ] = None,
-    repeats: Annotated[
-        int | None,
-        _opt(
-            help="launch every backend this many times, in alternating order, and check that a winner wins "
-            "in each [default: 1]",
-            panel=BACKENDS,
-            metavar="N",
-        ),
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        _opt(
-            help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
-            "--dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) "
-            "[default: random]",
-            panel=WORKLOAD,
-            metavar="NAME",
-        ),
-    ] = None,
-    dataset_path: Annotated[
-        str | None, _opt(help="the file of --dataset sharegpt or jsonl", panel=WORKLOAD, metavar="FILE")
-    ] = None,
-    input_len: Annotated[
-        str | None,
-        _opt(
-            help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, "
-            "normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
-            panel=WORKLOAD,
-            metavar="LEN",
-        ),
-    ] = None,
-    output_len: Annotated[
-        str | None,
-        _opt(
-            help="output tokens (random, prefix; jsonl: N for lines without their own), same forms "
-            "[default: 32]",
-            panel=WORKLOAD,
-            metavar="LEN",
-        ),
-    ] = None,
-    prefix_len: Annotated[
-        int | None,
-        _opt(help="prefix: tokens the requests of a group share [default: 256]", panel=WORKLOAD, metavar="N"),
-    ] = None,
-    prefix_groups: Annotated[
-        int | None,
-        _opt(help="prefix: groups, each with a prefix of its own [default: 4]", panel=WORKLOAD, metavar="N"),
-    ] = None,
-    seed: Annotated[
-        int | None, _opt(help="dataset and arrival seed [default: 0]", panel=WORKLOAD, metavar="N")
-    ] = None,
-    concurrency: Annotated[
-        str | None,
-        _opt(
-            help="closed-loop load points: requests kept in flight, e.g. 1,8,32 [default: 1,4, unless --rate "
-            "or --trace is given]",
-            panel=LOAD,
-            metavar="N[,N...]",
-        ),
-    ] = None,
-    rate: Annotated[
-        str | None,
-        _opt(
-            help="open-loop load points in requests/s, e.g. 2,8; inf sends every request at once (a burst, "
-            "capped by --max-concurrency)",
-            panel=LOAD,
-            metavar="R[,R...]",
-        ),
-    ] = None,
-    arrival: Annotated[
-        str | None,
-        _opt(
-            help="open loop: gaps between sends [default: poisson]",
-            panel=LOAD,
-            metavar="poisson|gamma|constant",
-        ),
-    ] = None,
-    burstiness: Annotated[
-        float | None,
-        _opt(help="gamma arrival shape, < 1 burstier [default: 1]", panel=LOAD, metavar="K"),
-    ] = None,
-    max_concurrency: Annotated[
-        int | None, _opt(help="open loop and trace: cap on requests in flight", panel=LOAD, metavar="N")
-    ] = None,
-    trace: Annotated[
-        str | None,
-        _opt(
-            help="one more load point, replaying a trace: one send time per line, in seconds (or JSON lines "
-            'with a "timestamp"), made relative to the first',
-            panel=LOAD,
-            metavar="FILE",
-        ),
-    ] = None,
-    trace_scale: Annotated[
-        float | None,
-        _opt(
-            help="multiply the trace's gaps by X (0.5: twice as fast) [default: 1]", panel=LOAD, metavar="X"
-        ),
-    ] = None,
-    num_requests: Annotated[
-        int | None,
-        _opt(
-            help="measured requests per load point; 0: bound by --duration only [default: 16]",
-            panel=LOAD,
-            metavar="N",
-        ),
-    ] = None,
-    duration: Annotated[
-        str | None,
-        _opt(help="bound per load point, e.g. 60s; 0: none [default: 30s]", panel=LOAD, metavar="TIME"),
-    ] = None,
-    warmup: Annotated[
-        int | None,
-        _opt(help="warm-up requests per load point [default: one per stream]", panel=LOAD, metavar="N"),
-    ] = None,
-    request_timeout: Annotated[
-        float | None, _opt(help="seconds one request may take [default: 600]", panel=LOAD, metavar="S")
-    ] = None,
-    busy_poll: Annotated[
-        bool | None,
-        _opt(
-            "--busy-poll",
-            metavar="",
-            help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can "
-            "then merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
-            panel=LOAD,
-        ),
-    ] = None,
-    pin: Annotated[
-        str | None,
-        _opt(
-            help="auto: client and launched servers on CPUs of their own when there are >= 4 [default: auto]",
-            panel=LOAD,
-            metavar="auto|off",
-        ),
-    ] = None,
-    slo: Annotated[
-        str | None,
-        _opt(
-            help="latency objectives for goodput, e.g. ttft=200ms,tpot=50ms,e2e=2s (a bare number is ms)",
-            panel=SLO_COST,
-            metavar="METRIC=TIME[,...]",
-        ),
-    ] = None,
-    gpu_price: Annotated[
-        float | None,
-        _opt(help="price per GPU-hour, for the cost per 1M output tokens", panel=SLO_COST, metavar="PRICE"),
-    ] = None,
-    mem_bandwidth: Annotated[
-        float | None,
-        _opt(help="memory bandwidth in GB/s, for the roofline", panel=SLO_COST, metavar="GB/S"),
-    ] = None,
-    model_bytes: Annotated[
-        float | None,
-        _opt(help="bytes of weights a decode step reads, for the roofline", panel=SLO_COST, metavar="BYTES"),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        _opt(
-            "--config",
-            "-c",
-            help="YAML run file: the same keys as the options, plus matrices of backends, variants, load "
-            "points and workloads; options given here win over it",
-            panel=OUTPUT,
-            metavar="FILE",
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        _opt(help="run directory, new or empty [default: runs/<timestamp>]", panel=OUTPUT, metavar="DIR"),
-    ] = None,
-    n_boot: Annotated[
-        int, _opt(help="bootstrap resamples for the intervals", panel=OUTPUT, metavar="N", min=1)
-    ] = 1000,
-    ray: Annotated[
-        str | None,
-        _opt(
-            "--ray",
-            help="run on Ray: --ray alone starts a local instance; --ray ADDRESS joins a cluster (HOST:PORT, "
-            "auto, ray://HOST:PORT)",
-            panel=SCALE_OUT,
-            metavar="[ADDRESS]",
-        ),
-    ] = None,
-    ray_actors: Annotated[
-        int | None,
-        _opt(
-            help="with --ray: load generators per load point [default: one per node; local: 2]",
-            panel=SCALE_OUT,
-            metavar="N",
-        ),
-    ] = None,
-    ray_actor_cpus: Annotated[
-        float | None,
-        _opt(
-            help="with --ray: CPUs each load generator reserves [default: 1]", panel=SCALE_OUT, metavar="CPUS"
-        ),
-    ] = None,
-    ray_cells: Annotated[
-        bool | None,
-        _opt(
-            "--ray-cells",
-            metavar="",
-            help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads "
-            "and stops its server on the node it is given",
-            panel=SCALE_OUT,
-        ),
-    ] = None,
-    ray_cell_resources: Annotated[
-        str | None,
-        _opt(
-            help="with --ray-cells: resources per cell [default: GPU=1 on a cluster with GPUs, else CPU=1]",
-            panel=SCALE_OUT,
-            metavar="NAME=AMOUNT[,...]",
-        ),
-    ] = None,
-) -> None:
+def run(**given: Any) -> None:
     """Measure backends under load and write the run directory with its reports.
 
     Exit codes: 0 every load point ran; 1 a backend could not be started or reached, or no request
@@ -433,55 +128,12 @@ def run(
     SIGTERM (in-flight requests are recorded as cancelled, launched servers stopped, a partial report
     written).
     """
-    from compare.plan import PlanError, build_plan
+    from compare.plan import build_plan
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    options = dict(
-        backends=backends,
-        endpoints=endpoint,
-        model=model,
-        tokenizer=tokenizer,
-        served_model=served_model,
-        dataset=dataset,
-        dataset_path=dataset_path,
-        input_len=input_len,
-        output_len=output_len,
-        prefix_len=prefix_len,
-        prefix_groups=prefix_groups,
-        concurrency=concurrency,
-        rate=rate,
-        arrival=arrival,
-        burstiness=burstiness,
-        max_concurrency=max_concurrency,
-        trace=trace,
-        trace_scale=trace_scale,
-        num_requests=num_requests,
-        duration=duration,
-        warmup=warmup,
-        slo=slo,
-        seed=seed,
-        gpu_price=gpu_price,
-        mem_bandwidth_gbs=mem_bandwidth,
-        model_bytes=model_bytes,
-        server_args=server_args,
-        startup_timeout=startup_timeout,
-        request_timeout=request_timeout,
-        busy_poll=busy_poll,
-        pin=pin,
-        repeats=repeats,
-        launch=launch,
-        vllm_bin=vllm_bin,
-        images=image,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        ray=ray,
-        ray_actors=ray_actors,
-        ray_actor_cpus=ray_actor_cpus,
-        ray_cells=ray_cells,
-        ray_cell_resources=ray_cell_resources,
-    )
+    config, out, n_boot = given.pop("config"), given.pop("out"), given.pop("n_boot")
     try:
-        plan = build_plan(options, config)
+        plan = build_plan(given, config)
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
@@ -491,6 +143,27 @@ def run(
         console.print(f"[red]error:[/red] {exc}")
         code = EXIT_USAGE
     raise typer.Exit(code)
+
+
+def _parameter(option: RunOption) -> inspect.Parameter:
+    """The typer parameter of a run option: not given (None) unless the command line alone has it; the help
+    escaped, so that `[default: ...]` reads as written."""
+    info = typer.Option(
+        *option.flags,
+        help=escape(option.help),
+        rich_help_panel=option.panel,
+        metavar=option.metavar,
+        min=option.minimum,
+    )
+    kind = option.type if not option.plan and option.default is not None else option.type | None
+    default = None if option.plan else option.default
+    return inspect.Parameter(
+        option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
+    )
+
+
+run.__signature__ = inspect.Signature([_parameter(o) for o in RUN_OPTIONS])  # type: ignore[attr-defined]
+app.command(cls=RunCommand)(run)
 
 
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
