@@ -50,8 +50,7 @@ def measure(
     plan: RunPlan, run_dir: Any, watcher: Watcher = Watcher(), load: Callable[[Any], Any] | None = None
 ) -> int:
     """Measure every point of `plan` into `run_dir` with `load(PointJob)` (default `run_load_sync`); the exit
-    code.
-    Raises KeyboardInterrupt when a point was interrupted (launched servers are stopped first)."""
+    code. Raises KeyboardInterrupt when a point was interrupted (launched servers are stopped first)."""
     from workloads.loadgen import run_load_sync
 
     model_path, tokenizer = _model_and_tokenizer(plan, watcher)
@@ -123,19 +122,15 @@ class _Prompts:
         )
 
 
+@dataclass(frozen=True)
 class _Launch:
     """One backend in one repeat: started (or reached), measured at every point, stopped."""
 
-    def __init__(
-        self, plan: RunPlan, run_dir: Any, backend: BackendSpec, repeat: int, watcher: Watcher
-    ) -> None:
-        self.plan, self.run_dir, self.backend, self.repeat, self.watcher = (
-            plan,
-            run_dir,
-            backend,
-            repeat,
-            watcher,
-        )
+    plan: RunPlan
+    run_dir: Any
+    backend: BackendSpec
+    repeat: int
+    watcher: Watcher
 
     def run(
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
@@ -186,7 +181,8 @@ class _Launch:
                 self.run_dir.set_setup(launcher.report)
 
     def _start(self, launcher: Any, adapter: Any, cold_spec: Any) -> tuple[Any, Any]:
-        """Start the server, time it, measure its cold first token: (the adapter for it, its set-up report)."""
+        """Start the server, time it, measure its cold first token: (the adapter for it, its set-up
+        report)."""
         from adapters import get_adapter
         from compare.backend_launch import measure_cold_first_token
 

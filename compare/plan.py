@@ -173,8 +173,8 @@ def parse_backend(
     endpoint = endpoint or endpoints.get(key) or endpoints.get(name)
     if endpoint is None and name not in LAUNCHABLE:
         raise PlanError(
-            f"backend {key}: llm-compare cannot start it; give its endpoint (--endpoint {name}=http://HOST:PORT). "
-            f"It launches {', '.join(sorted(LAUNCHABLE))}"
+            f"backend {key}: llm-compare cannot start it; give its endpoint "
+            f"(--endpoint {name}=http://HOST:PORT). It launches {', '.join(sorted(LAUNCHABLE))}"
         )
     if endpoint is None:
         if not variant and ADAPTERS[name].server_family == "reference":
@@ -380,7 +380,8 @@ OPTIONS_USED = {
 
 
 def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
-    """One workload from the merged options or a run file's `workloads` entry (defaults for what is absent)."""
+    """One workload from the merged options or a run file's `workloads` entry (defaults for what is
+    absent)."""
     dataset = str(values.get("dataset", "random"))
     prefix = dataset == "prefix"
     return WorkloadSpec(
@@ -412,7 +413,8 @@ def _listed_workload(item: Any) -> WorkloadSpec:
 
 
 def _check_workload(w: WorkloadSpec, cli_given: set[str]) -> None:
-    """Everything about a workload that can be known without a tokenizer: the dataset, its file, its lengths."""
+    """Everything about a workload that can be known without a tokenizer: the dataset, its file, its
+    lengths."""
     if w.dataset not in DATASET_NAMES:
         raise PlanError(f"unknown dataset {w.dataset!r}; known: {', '.join(DATASET_NAMES)}")
     if w.dataset in FILE_DATASETS:

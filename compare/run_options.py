@@ -263,7 +263,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "repeats",
         int,
         1,
-        help="launch every backend this many times, in alternating order, and check that a winner wins in each [default: 1]",
+        help="launch every backend this many times, in alternating order, and check that a winner wins in "
+        "each [default: 1]",
         panel=BACKENDS,
         metavar="N",
         read=_repeats,
@@ -273,7 +274,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "dataset",
         str,
         "random",
-        help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: --dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) [default: random]",
+        help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
+        "--dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) "
+        "[default: random]",
         panel=WORKLOAD,
         metavar="NAME",
     ),
@@ -289,7 +292,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "input_len",
         str,
         "128",
-        help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
+        help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, "
+        "normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
         panel=WORKLOAD,
         metavar="LEN",
     ),
@@ -331,7 +335,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "concurrency",
         str,
         [1, 4],
-        help="closed-loop load points: requests kept in flight, e.g. 1,8,32 [default: 1,4, unless --rate or --trace is given]",
+        help="closed-loop load points: requests kept in flight, e.g. 1,8,32 [default: 1,4, unless --rate or "
+        "--trace is given]",
         panel=LOAD,
         metavar="N[,N...]",
     ),
@@ -339,7 +344,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "rate",
         str,
         [],
-        help="open-loop load points in requests/s, e.g. 2,8; inf sends every request at once (a burst, capped by --max-concurrency)",
+        help="open-loop load points in requests/s, e.g. 2,8; inf sends every request at once (a burst, "
+        "capped by --max-concurrency)",
         panel=LOAD,
         metavar="R[,R...]",
     ),
@@ -371,7 +377,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "trace",
         str,
         None,
-        help='one more load point, replaying a trace: one send time per line, in seconds (or JSON lines with a "timestamp"), made relative to the first',
+        help="one more load point, replaying a trace: one send time per line, in seconds (or JSON lines "
+        'with a "timestamp"), made relative to the first',
         panel=LOAD,
         metavar="FILE",
     ),
@@ -427,7 +434,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "busy_poll",
         bool,
         False,
-        help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can then merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
+        help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can "
+        "then merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
         panel=LOAD,
         metavar="",
         flags=("--busy-poll",),
@@ -489,7 +497,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "config",
         Path,
         None,
-        help="YAML run file: the same keys as the options, plus matrices of backends, variants, load points and workloads; options given here win over it",
+        help="YAML run file: the same keys as the options, plus matrices of backends, variants, load points "
+        "and workloads; options given here win over it",
         panel=OUTPUT,
         metavar="FILE",
         flags=("--config", "-c"),
@@ -518,7 +527,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "ray",
         str,
         None,
-        help="run on Ray: --ray alone starts a local instance; --ray ADDRESS joins a cluster (HOST:PORT, auto, ray://HOST:PORT)",
+        help="run on Ray: --ray alone starts a local instance; --ray ADDRESS joins a cluster (HOST:PORT, "
+        "auto, ray://HOST:PORT)",
         panel=SCALE_OUT,
         metavar="[ADDRESS]",
         read=_ray_address,
@@ -548,7 +558,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "ray_cells",
         bool,
         False,
-        help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads and stops its server on the node it is given",
+        help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads "
+        "and stops its server on the node it is given",
         panel=SCALE_OUT,
         metavar="",
         flags=("--ray-cells",),

@@ -71,7 +71,8 @@ TokenCounter = Callable[[str], int]
 
 
 def token_counter(tokenizer: Any) -> TokenCounter:
-    """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a callable."""
+    """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a
+    callable."""
     if hasattr(tokenizer, "encode"):
         def count(text: str) -> int:
             ids = tokenizer.encode(text, add_special_tokens=False)
@@ -251,9 +252,8 @@ class _Run:
             if self._failures % GC_EVERY_FAILURES == 0:
                 gc.collect()
         end = perf_counter()
-        self.finished.append((item, scheduled, warmup,
-                              _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming,
-                                           error)))
+        raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error)
+        self.finished.append((item, scheduled, warmup, raw))
         self._work.set()
         if cancelled:
             raise asyncio.CancelledError
@@ -299,7 +299,8 @@ class _Run:
         usage_completion = reading.usage_completion_tokens
         event_tokens = reading.event_tokens
         retokenized = self.count_tokens(reading.text) if self.count_tokens is not None and events else None
-        known = {n for n in (usage_completion, event_tokens if events else None, retokenized) if n is not None}
+        counts = (usage_completion, event_tokens if events else None, retokenized)
+        known = {n for n in counts if n is not None}
         return RequestRecord(
             run_id=self.run_id, request_id=item.request_id, backend=self.backend, variant=self.variant,
             load_point=self.load_point, warmup=warmup, t0_monotonic=t0,
@@ -308,7 +309,8 @@ class _Run:
             scheduled_s=scheduled - t0, start_s=raw.start - t0,
             send_s=None if raw.send is None else raw.send - t0,
             headers_s=None if raw.headers is None else raw.headers - t0, end_s=raw.end - t0,
-            events=[(t - t0, n, len(e.text)) for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
+            events=[(t - t0, n, len(e.text))
+                    for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
             http_status=raw.status, finish_reason=reading.finish_reason,
             usage_prompt_tokens=reading.usage_prompt_tokens, usage_completion_tokens=usage_completion,
             event_tokens=event_tokens,
@@ -437,7 +439,8 @@ def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeo
             return ErrorKind.CONNECTION_REFUSED, text
         return ErrorKind.CONNECT_FAILED, text
     causes = list(_chain(exc))
-    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET for c in causes):
+    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET
+           for c in causes):
         return ErrorKind.CONNECTION_RESET, text
     if isinstance(exc, aiohttp.ClientPayloadError) and "ConnectionResetError" in str(exc):
         # aiohttp keeps the socket error of a body cut short only in the message of ClientPayloadError
@@ -509,7 +512,8 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
     schedule, timeouts = job.schedule, job.timeouts
     pool = schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency or 0
     connector = StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
-    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s)
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s,
+                                           sock_read=timeouts.read_s)
     interrupted = False
     progress_task = None
     with _collection_paused():
