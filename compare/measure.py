@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compare.exit_codes import EXIT_FAILED, EXIT_OK
-from compare.plan import BackendSpec, RunPlan, WorkloadSpec
+from compare.run_options import BackendSpec, RunPlan, WorkloadSpec
 from compare.text import plural
 from workloads.schedule import Schedule
 

@@ -22,7 +22,6 @@ checked here, before any work: a wrong option fails the run at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,11 @@ from adapters.launch_spec import LaunchSpecError, Variant
 from compare import default_candidates
 from compare.run_options import (
     DEFAULTS,
-    RUN_OPTIONS,
+    PLANNED,
+    BackendSpec,
     PlanError,
+    RunPlan,
+    WorkloadSpec,
     checked_number,
     flag,
     parse_endpoints,
@@ -48,109 +50,6 @@ from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
 LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
 ARRIVALS = ("poisson", "gamma", "constant")
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """One backend in one variant, and where it comes from (an endpoint, or launched by us)."""
-
-    name: str  # adapter name
-    variant: str = ""
-    endpoint: str | None = None
-    server_args: tuple[str, ...] = ()
-    options: tuple[tuple[str, Any], ...] = ()  # variant keys a run file gave (graph_sizes, block_size, ...)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}:{self.variant}" if self.variant else self.name
-
-    @property
-    def launched(self) -> bool:
-        return self.endpoint is None
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    dataset: str = "random"
-    input_len: str = "128"
-    output_len: str = "16"
-    path: str | None = None
-    name: str = ""
-    prefix_len: int | None = None  # dataset prefix only
-    prefix_groups: int | None = None
-
-    @property
-    def label(self) -> str:
-        if self.name:
-            return self.name
-        if self.dataset == "random":
-            return f"random-{self.input_len}x{self.output_len}"
-        if self.dataset == "prefix":
-            return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
-        if self.dataset in ("sharegpt", "jsonl") and self.path:
-            return f"{self.dataset}-{Path(self.path).stem}"
-        return self.dataset
-
-
-@dataclass
-class RunPlan:
-    """What a run will do. Besides backends, workloads and load points, a field per run option that the plan
-    keeps as read (`compare.run_options`: its default, help and manifest key are there)."""
-
-    backends: list[BackendSpec]
-    workloads: list[WorkloadSpec]
-    load_points: list[Schedule]
-    model: str
-    tokenizer: str | None
-    served_model: str | None
-    num_requests: int | None
-    duration: float | None
-    warmup: int | None  # None: one per concurrent stream (closed loop), 2 before an open loop
-    slo: dict[str, float]  # seconds
-    seed: int
-    gpu_price: float | None  # per GPU-hour
-    mem_bandwidth_gbs: float | None
-    model_bytes: float | None
-    request_timeout: float
-    startup_timeout: float
-    pin: str
-    repeats: int  # launches of every backend, in alternating order (ABBA...), pooled per point
-    launch: str  # how backends without an endpoint are started: process | docker
-    vllm_bin: str | None
-    images: dict[str, str]  # server family or backend -> container image
-    dtype: str
-    max_model_len: int | None
-    busy_poll: bool  # the load generator's loop polls without sleeping (workloads.loadgen.keep_awake)
-    ray: str | None  # None: no Ray; `local` or a cluster address
-    ray_actors: int | None  # load generators per point (None: one per node)
-    ray_actor_cpus: float
-    ray_cells: bool  # backend x variant x load point as Ray tasks
-    ray_cell_resources: dict[str, float]  # per cell; {} = the default
-    candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
-
-    def warmup_count(self, schedule: Schedule) -> int:
-        if self.warmup is not None:
-            return self.warmup
-        return schedule.concurrency if isinstance(schedule, ClosedLoop) else 2
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-ready, for the manifest: the backends, workloads and load points, then every option's value
-        under its manifest key (the Ray ones in an entry of their own, present only with Ray)."""
-        config: dict[str, Any] = {
-            "backends": [asdict(b) | {"key": b.key, "launched": b.launched} for b in self.backends],
-            "workloads": [asdict(w) | {"label": w.label} for w in self.workloads],
-            "load_points": [s.describe() | {"label": s.label} for s in self.load_points],
-        }
-        ray: dict[str, Any] = {}
-        for option in PLANNED:
-            group, _, key = str(option.manifest).rpartition(".")
-            (ray if group == "ray" else config)[key] = getattr(self, option.name)
-        config["candidates_reason"] = self.candidates_reason or None
-        return config | ({} if self.ray is None else {"ray": ray})
-
-
-#: the options that are RunPlan fields, read by `build_plan` and described by `RunPlan.describe`
-PLANNED = tuple(o for o in RUN_OPTIONS if o.manifest is not None)
 
 
 def parse_backend(

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from compare.measure import Watcher, measure
-from compare.plan import RunPlan
+from compare.run_options import RunPlan
 
 LOCAL = "local"
 OBJECT_STORE_BYTES = 128 * 2**20  # a local instance: records are small, keep the shared memory small

@@ -1,19 +1,22 @@
-"""Every option of `compare run`, declared once: its command-line flag, run-file key, built-in default, help,
-help panel, how the plan reads it, and its key in the manifest. The typer command (`compare.cli`), the run
-file's known keys, the defaults and `RunPlan.describe()` (`compare.plan`) are all made from `RUN_OPTIONS`.
+"""Every option of `compare run`, declared once, and the `RunPlan` they make.
 
-A run option is one `RunOption` here; one that the plan keeps as it is (after `read`) is also a typed field
-of `RunPlan` (and has a `manifest` key). Options that `compare.plan` combines (backends, workloads and load
-points) have no `manifest` key: the plan describes what it made of them.
+`RUN_OPTIONS` holds each option's command-line flag, run-file key, built-in default, help, help panel, how
+the plan reads it, and its key in the manifest. The typer command (`compare.cli`), the run file's known keys
+and defaults (`compare.plan`) and `RunPlan.describe()` are all made from it. An option that the plan keeps as
+it is (after `read`) has a `manifest` key and a typed field of `RunPlan`, below; the options that
+`compare.plan.build_plan` combines (backends, workloads and load points) have neither: the plan holds and
+describes what it made of them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from workloads.schedule import ClosedLoop, Schedule
 
 WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
 SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-out (Ray)"
@@ -585,6 +588,111 @@ DEFAULTS: dict[str, Any] = {o.name: o.default for o in RUN_OPTIONS if o.plan}
 def flag(key: str) -> str:
     """The command-line flag of a run-file key, for messages."""
     return OPTIONS[key].flag if key in OPTIONS else "--" + key.replace("_", "-")
+
+
+# -- the plan they make -----------------------------------------------------------------------------------
+
+#: the options that are RunPlan fields, read by `compare.plan.build_plan` and described by `RunPlan.describe`
+PLANNED = tuple(o for o in RUN_OPTIONS if o.manifest is not None)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend in one variant, and where it comes from (an endpoint, or launched by us)."""
+
+    name: str  # adapter name
+    variant: str = ""
+    endpoint: str | None = None
+    server_args: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()  # variant keys a run file gave (graph_sizes, block_size, ...)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.variant}" if self.variant else self.name
+
+    @property
+    def launched(self) -> bool:
+        return self.endpoint is None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    dataset: str = "random"
+    input_len: str = "128"
+    output_len: str = "16"
+    path: str | None = None
+    name: str = ""
+    prefix_len: int | None = None  # dataset prefix only
+    prefix_groups: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.dataset == "random":
+            return f"random-{self.input_len}x{self.output_len}"
+        if self.dataset == "prefix":
+            return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
+        if self.dataset in ("sharegpt", "jsonl") and self.path:
+            return f"{self.dataset}-{Path(self.path).stem}"
+        return self.dataset
+
+
+@dataclass
+class RunPlan:
+    """What a run will do (made by `compare.plan.build_plan`). Besides backends, workloads and load points,
+    a field per option of `PLANNED`, as its `read` made it (its default and help are in `RUN_OPTIONS`)."""
+
+    backends: list[BackendSpec]
+    workloads: list[WorkloadSpec]
+    load_points: list[Schedule]
+    model: str
+    tokenizer: str | None
+    served_model: str | None
+    num_requests: int | None
+    duration: float | None
+    warmup: int | None  # None: one per concurrent stream (closed loop), 2 before an open loop
+    slo: dict[str, float]  # seconds
+    seed: int
+    gpu_price: float | None  # per GPU-hour
+    mem_bandwidth_gbs: float | None
+    model_bytes: float | None
+    request_timeout: float
+    startup_timeout: float
+    pin: str
+    repeats: int  # launches of every backend, in alternating order (ABBA...), pooled per point
+    launch: str  # how backends without an endpoint are started: process | docker
+    vllm_bin: str | None
+    images: dict[str, str]  # server family or backend -> container image
+    dtype: str
+    max_model_len: int | None
+    busy_poll: bool  # the load generator's loop polls without sleeping (workloads.loadgen.keep_awake)
+    ray: str | None  # None: no Ray; `local` or a cluster address
+    ray_actors: int | None  # load generators per point (None: one per node)
+    ray_actor_cpus: float
+    ray_cells: bool  # backend x variant x load point as Ray tasks
+    ray_cell_resources: dict[str, float]  # per cell; {} = the default
+    candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
+
+    def warmup_count(self, schedule: Schedule) -> int:
+        if self.warmup is not None:
+            return self.warmup
+        return schedule.concurrency if isinstance(schedule, ClosedLoop) else 2
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready, for the manifest: the backends, workloads and load points, then every option's value
+        under its manifest key (the Ray ones in an entry of their own, present only with Ray)."""
+        config: dict[str, Any] = {
+            "backends": [asdict(b) | {"key": b.key, "launched": b.launched} for b in self.backends],
+            "workloads": [asdict(w) | {"label": w.label} for w in self.workloads],
+            "load_points": [s.describe() | {"label": s.label} for s in self.load_points],
+        }
+        ray: dict[str, Any] = {}
+        for option in PLANNED:
+            group, _, key = str(option.manifest).rpartition(".")
+            (ray if group == "ray" else config)[key] = getattr(self, option.name)
+        config["candidates_reason"] = self.candidates_reason or None
+        return config | ({} if self.ray is None else {"ray": ray})
 
 
 # -- parsing values ---------------------------------------------------------------------------------------

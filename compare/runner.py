@@ -15,7 +15,7 @@ from typing import Any
 
 from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from compare.measure import Watcher, measure
-from compare.plan import RunPlan
+from compare.run_options import RunPlan
 
 
 @dataclass

@@ -126,7 +126,7 @@ def test_every_planned_option_is_a_plan_field():
     """An option with a manifest key is kept by the plan as read: RunPlan has a field of its name."""
     from dataclasses import fields
 
-    from compare.plan import PLANNED, RunPlan
+    from compare.run_options import PLANNED, RunPlan
 
     made = {"backends", "workloads", "load_points", "candidates_reason"}
     assert {f.name for f in fields(RunPlan)} - made == {o.name for o in PLANNED}
