@@ -29,15 +29,15 @@ from adapters import get_adapter
 from reference_engine.builtin_models import builtin_checkpoint
 from workloads import timing
 from workloads.datasets import random_dataset
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 
 
 def measure(url: str, adapter_name: str, model: str, warmup, specs, concurrency: int, tokenizer) -> dict:
     adapter = get_adapter(adapter_name, model=model)
-    run_load_sync(url, adapter, warmup, ClosedLoop(1), tokenizer=tokenizer)
+    run_load_sync(PointJob(url, adapter, warmup, ClosedLoop(1), tokenizer=tokenizer))
     start = time.perf_counter()
-    records = run_load_sync(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer)
+    records = run_load_sync(PointJob(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer))
     wall = time.perf_counter() - start
     ok = [r for r in records if r.error_kind is None]
     out_tokens = sum(r.output_tokens or 0 for r in ok)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from adapters import get_adapter
 from workloads.accuracy import compare
 from workloads.kernel_stamps import stamped_loop_factory
-from workloads.loadgen import new_runner, run_load_sync
+from workloads.loadgen import PointJob, new_runner, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
 from workloads.spec import RequestSpec
@@ -119,7 +119,9 @@ def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Pa
         try:
             pressure0, cpu0, server0, t0 = (cpu_pressure_total_us(), self_cpu_s(),
                                             process_cpu_s(server.process.pid), time.perf_counter())
-            records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
+            records = run_load_sync(
+                PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
+            )
             wall = time.perf_counter() - t0
             client_cpu, server_cpu = self_cpu_s() - cpu0, process_cpu_s(server.process.pid) - server0
             pressure1 = cpu_pressure_total_us()
@@ -153,8 +155,8 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
         pin.apply(server.process.pid)
         try:
             pressure0, server0, t0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid), time.perf_counter()
-            records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), progress=sample,
-                                    progress_interval_s=0.1)
+            records = run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(streams),
+                                             progress=sample, progress_interval_s=0.1))
             wall = time.perf_counter() - t0
             server_cpu = process_cpu_s(server.process.pid) - server0
             pressure1 = cpu_pressure_total_us()

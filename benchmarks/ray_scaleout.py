@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from adapters import get_adapter
 from workloads import timing
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.records import RequestRecord
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, scripted_server
@@ -84,12 +84,14 @@ def one_run(load, server, gap: float, args, label: str, pids: list[int]) -> dict
     server_cpu, own, pressure = process_cpu_s(server.process.pid), self_cpu_s(), cpu_pressure_total_us()
     started = time.perf_counter()
     records = load(
-        server.url,
-        get_adapter("vllm", model="scripted-model"),
-        specs(n, args.tokens, f"{label}-{gap}"),
-        ClosedLoop(args.streams),
-        warmup_specs=specs(args.streams, 4, f"w{label}-{gap}"),
-        max_requests=n,
+        PointJob(
+            server.url,
+            get_adapter("vllm", model="scripted-model"),
+            specs(n, args.tokens, f"{label}-{gap}"),
+            ClosedLoop(args.streams),
+            warmup_specs=specs(args.streams, 4, f"w{label}-{gap}"),
+            max_requests=n,
+        )
     )
     wall = time.perf_counter() - started
     measured = [r for r in records if not r.warmup]

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters import get_adapter
 from workloads import timing
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.spec import RequestSpec
 
@@ -121,7 +121,7 @@ def main() -> None:
                                            stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
                 t0 = time.perf_counter()
-                records = run_load_sync(url, adapter, specs, ClosedLoop(concurrency))
+                records = run_load_sync(PointJob(url, adapter, specs, ClosedLoop(concurrency)))
                 wall = time.perf_counter() - t0
                 if spy is not None:
                     spy.send_signal(2)

@@ -39,7 +39,7 @@ from reference_engine.model_config import named_shape
 from reference_engine.tokenizer import synthetic_tokenizer
 from workloads import timing
 from workloads.datasets import random_dataset
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 
 MODEL = "random:tiny"
@@ -83,7 +83,7 @@ def measure(url: str, pid: int, specs, concurrency: int, tokenizer) -> dict:
     adapter = get_adapter("reference", model=MODEL)
     before, cpu_before = scrape(url), server_cpu_seconds(pid)
     start = time.perf_counter()
-    records = run_load_sync(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer)
+    records = run_load_sync(PointJob(url, adapter, specs, ClosedLoop(concurrency), tokenizer=tokenizer))
     wall = time.perf_counter() - start
     after, cpu_after = scrape(url), server_cpu_seconds(pid)
     front_cpu, child_cpu = (cpu_after[i] - cpu_before[i] for i in range(2))
@@ -123,7 +123,7 @@ def main() -> None:
     load_before = os.getloadavg()
     with reference_server(MODEL, work, *server_flags) as server:
         warmup = random_dataset(tokenizer, 8, args.input_len, 16, seed=99, id_prefix="warmup")
-        run_load_sync(server.url, get_adapter("reference", model=MODEL), warmup, ClosedLoop(8))
+        run_load_sync(PointJob(server.url, get_adapter("reference", model=MODEL), warmup, ClosedLoop(8)))
         for i, c in enumerate(concurrencies):
             # Fresh prompts per point, so no point is served from the prefix cache the previous one filled.
             specs = random_dataset(tokenizer, args.requests_per_stream * c, args.input_len, args.output_len,

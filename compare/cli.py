@@ -15,10 +15,9 @@ succeeded; 2 the options are wrong; 130 interrupted (Ctrl-C or SIGTERM; a partia
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
-import os
-import signal
 import sys
 import time
 from collections.abc import Collection, Iterator
@@ -34,6 +33,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperCommand
 
+from compare.exit_codes import EXIT_USAGE
+from compare.measure import ShowProgress, Watcher
+from compare.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
 from compare.text import plural
 
 APP_HELP = (
@@ -50,7 +52,6 @@ DEMO_PROMPTS = [
     "Explain in one sentence why batching helps LLM serving.",
     "List three prime numbers.",
 ]
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 @app.command()
@@ -101,15 +102,6 @@ def demo(
 # -- compare run --------------------------------------------------------------------------------------------
 
 
-WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
-SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-out (Ray)"
-
-
-def _opt(*names: str, help: str, panel: str, metavar: str | None = None, **kwargs: Any) -> Any:
-    """An option of `run`, in its help panel; the help is escaped, so `[default: ...]` reads as written."""
-    return typer.Option(*names, help=escape(help), rich_help_panel=panel, metavar=metavar, **kwargs)
-
-
 def ray_value(args: list[str]) -> list[str]:
     """`--ray` with no value (last, or before another option) means a local instance: a click option either
     always or never takes a value, so the value `local` is written in before parsing."""
@@ -128,305 +120,7 @@ class RunCommand(TyperCommand):
         return super().parse_args(ctx, ray_value(args))
 
 
-LOCAL_RAY = "local"
-
-
-@app.command(cls=RunCommand)
-def run(
-    backends: Annotated[
-        str | None,
-        _opt(
-            help="adapter names, each optionally :variant (vllm,tgi,reference:eager) [default: reference]",
-            panel=BACKENDS,
-            metavar="NAME[:VARIANT][,...]",
-        ),
-    ] = None,
-    endpoint: Annotated[
-        list[str] | None,
-        _opt(
-            help="a running server (repeat); backends without one are launched (--launch)",
-            panel=BACKENDS,
-            metavar="NAME=URL",
-        ),
-    ] = None,
-    launch: Annotated[
-        str | None,
-        _opt(
-            help="how backends without an endpoint are started [default: process]",
-            panel=BACKENDS,
-            metavar="process|docker",
-        ),
-    ] = None,
-    vllm_bin: Annotated[
-        str | None,
-        _opt(
-            help="the vllm executable for --launch process [default: $LLM_COMPARE_VLLM, else vllm]",
-            panel=BACKENDS,
-            metavar="PATH",
-        ),
-    ] = None,
-    image: Annotated[
-        list[str] | None,
-        _opt(
-            help="the container image of a backend or server family, for --launch docker (repeat)",
-            panel=BACKENDS,
-            metavar="NAME=IMAGE",
-        ),
-    ] = None,
-    dtype: Annotated[
-        str | None,
-        _opt(help="weights dtype for launched servers [default: auto]", panel=BACKENDS, metavar="DTYPE"),
-    ] = None,
-    max_model_len: Annotated[
-        int | None, _opt(help="context length for launched servers", panel=BACKENDS, metavar="N")
-    ] = None,
-    model: Annotated[
-        str | None,
-        _opt(
-            help="checkpoint dir, hub id or built-in name [default: smollm2-135m]",
-            panel=BACKENDS,
-            metavar="MODEL",
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        str | None,
-        _opt(
-            help="tokenizer for token-exact prompts: a directory or hub id [default: the model's]",
-            panel=WORKLOAD,
-            metavar="TOKENIZER",
-        ),
-    ] = None,
-    served_model: Annotated[
-        str | None,
-        _opt(help="model name sent in requests [default: --model]", panel=BACKENDS, metavar="NAME"),
-    ] = None,
-    server_args: Annotated[
-        str | None,
-        _opt(help="extra arguments for launched servers, one string", panel=BACKENDS, metavar="ARGS"),
-    ] = None,
-    startup_timeout: Annotated[
-        float | None,
-        _opt(
-            help="seconds a launched server may take to be ready [default: 600]", panel=BACKENDS, metavar="S"
-        ),
-    ] = None,
-    repeats: Annotated[
-        int | None,
-        _opt(
-            help="launch every backend this many times, in alternating order, and check that a winner wins "
-            "in each [default: 1]",
-            panel=BACKENDS,
-            metavar="N",
-        ),
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        _opt(
-            help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
-            "--dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) "
-            "[default: random]",
-            panel=WORKLOAD,
-            metavar="NAME",
-        ),
-    ] = None,
-    dataset_path: Annotated[
-        str | None, _opt(help="the file of --dataset sharegpt or jsonl", panel=WORKLOAD, metavar="FILE")
-    ] = None,
-    input_len: Annotated[
-        str | None,
-        _opt(
-            help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, "
-            "normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
-            panel=WORKLOAD,
-            metavar="LEN",
-        ),
-    ] = None,
-    output_len: Annotated[
-        str | None,
-        _opt(
-            help="output tokens (random, prefix; jsonl: N for lines without their own), same forms "
-            "[default: 32]",
-            panel=WORKLOAD,
-            metavar="LEN",
-        ),
-    ] = None,
-    prefix_len: Annotated[
-        int | None,
-        _opt(help="prefix: tokens the requests of a group share [default: 256]", panel=WORKLOAD, metavar="N"),
-    ] = None,
-    prefix_groups: Annotated[
-        int | None,
-        _opt(help="prefix: groups, each with a prefix of its own [default: 4]", panel=WORKLOAD, metavar="N"),
-    ] = None,
-    seed: Annotated[
-        int | None, _opt(help="dataset and arrival seed [default: 0]", panel=WORKLOAD, metavar="N")
-    ] = None,
-    concurrency: Annotated[
-        str | None,
-        _opt(
-            help="closed-loop load points: requests kept in flight, e.g. 1,8,32 [default: 1,4, unless --rate "
-            "or --trace is given]",
-            panel=LOAD,
-            metavar="N[,N...]",
-        ),
-    ] = None,
-    rate: Annotated[
-        str | None,
-        _opt(
-            help="open-loop load points in requests/s, e.g. 2,8; inf sends every request at once (a burst, "
-            "capped by --max-concurrency)",
-            panel=LOAD,
-            metavar="R[,R...]",
-        ),
-    ] = None,
-    arrival: Annotated[
-        str | None,
-        _opt(
-            help="open loop: gaps between sends [default: poisson]",
-            panel=LOAD,
-            metavar="poisson|gamma|constant",
-        ),
-    ] = None,
-    burstiness: Annotated[
-        float | None,
-        _opt(help="gamma arrival shape, < 1 burstier [default: 1]", panel=LOAD, metavar="K"),
-    ] = None,
-    max_concurrency: Annotated[
-        int | None, _opt(help="open loop and trace: cap on requests in flight", panel=LOAD, metavar="N")
-    ] = None,
-    trace: Annotated[
-        str | None,
-        _opt(
-            help="one more load point, replaying a trace: one send time per line, in seconds (or JSON lines "
-            'with a "timestamp"), made relative to the first',
-            panel=LOAD,
-            metavar="FILE",
-        ),
-    ] = None,
-    trace_scale: Annotated[
-        float | None,
-        _opt(
-            help="multiply the trace's gaps by X (0.5: twice as fast) [default: 1]", panel=LOAD, metavar="X"
-        ),
-    ] = None,
-    num_requests: Annotated[
-        int | None,
-        _opt(
-            help="measured requests per load point; 0: bound by --duration only [default: 16]",
-            panel=LOAD,
-            metavar="N",
-        ),
-    ] = None,
-    duration: Annotated[
-        str | None,
-        _opt(help="bound per load point, e.g. 60s; 0: none [default: 30s]", panel=LOAD, metavar="TIME"),
-    ] = None,
-    warmup: Annotated[
-        int | None,
-        _opt(help="warm-up requests per load point [default: one per stream]", panel=LOAD, metavar="N"),
-    ] = None,
-    request_timeout: Annotated[
-        float | None, _opt(help="seconds one request may take [default: 600]", panel=LOAD, metavar="S")
-    ] = None,
-    busy_poll: Annotated[
-        bool | None,
-        _opt(
-            "--busy-poll",
-            metavar="",
-            help="keep the load generator's CPU polling instead of sleeping between events: no CPU wake-up can "
-            "then merge two events into one read (exact at low concurrency on VMs); costs one CPU for the run",
-            panel=LOAD,
-        ),
-    ] = None,
-    pin: Annotated[
-        str | None,
-        _opt(
-            help="auto: client and launched servers on CPUs of their own when there are >= 4 [default: auto]",
-            panel=LOAD,
-            metavar="auto|off",
-        ),
-    ] = None,
-    slo: Annotated[
-        str | None,
-        _opt(
-            help="latency objectives for goodput, e.g. ttft=200ms,tpot=50ms,e2e=2s (a bare number is ms)",
-            panel=SLO_COST,
-            metavar="METRIC=TIME[,...]",
-        ),
-    ] = None,
-    gpu_price: Annotated[
-        float | None,
-        _opt(help="price per GPU-hour, for the cost per 1M output tokens", panel=SLO_COST, metavar="PRICE"),
-    ] = None,
-    mem_bandwidth: Annotated[
-        float | None,
-        _opt(help="memory bandwidth in GB/s, for the roofline", panel=SLO_COST, metavar="GB/S"),
-    ] = None,
-    model_bytes: Annotated[
-        float | None,
-        _opt(help="bytes of weights a decode step reads, for the roofline", panel=SLO_COST, metavar="BYTES"),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        _opt(
-            "--config",
-            "-c",
-            help="YAML run file: the same keys as the options, plus matrices of backends, variants, load "
-            "points and workloads; options given here win over it",
-            panel=OUTPUT,
-            metavar="FILE",
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        _opt(help="run directory, new or empty [default: runs/<timestamp>]", panel=OUTPUT, metavar="DIR"),
-    ] = None,
-    n_boot: Annotated[
-        int, _opt(help="bootstrap resamples for the intervals", panel=OUTPUT, metavar="N", min=1)
-    ] = 1000,
-    ray: Annotated[
-        str | None,
-        _opt(
-            "--ray",
-            help="run on Ray: --ray alone starts a local instance; --ray ADDRESS joins a cluster (HOST:PORT, "
-            "auto, ray://HOST:PORT)",
-            panel=SCALE_OUT,
-            metavar="[ADDRESS]",
-        ),
-    ] = None,
-    ray_actors: Annotated[
-        int | None,
-        _opt(
-            help="with --ray: load generators per load point [default: one per node; local: 2]",
-            panel=SCALE_OUT,
-            metavar="N",
-        ),
-    ] = None,
-    ray_actor_cpus: Annotated[
-        float | None,
-        _opt(
-            help="with --ray: CPUs each load generator reserves [default: 1]", panel=SCALE_OUT, metavar="CPUS"
-        ),
-    ] = None,
-    ray_cells: Annotated[
-        bool | None,
-        _opt(
-            "--ray-cells",
-            metavar="",
-            help="with --ray: each backend x variant x load point is a Ray task that launches, warms up, loads "
-            "and stops its server on the node it is given",
-            panel=SCALE_OUT,
-        ),
-    ] = None,
-    ray_cell_resources: Annotated[
-        str | None,
-        _opt(
-            help="with --ray-cells: resources per cell [default: GPU=1 on a cluster with GPUs, else CPU=1]",
-            panel=SCALE_OUT,
-            metavar="NAME=AMOUNT[,...]",
-        ),
-    ] = None,
-) -> None:
+def run(**given: Any) -> None:
     """Measure backends under load and write the run directory with its reports.
 
     Exit codes: 0 every load point ran; 1 a backend could not be started or reached, or no request
@@ -434,55 +128,12 @@ def run(
     SIGTERM (in-flight requests are recorded as cancelled, launched servers stopped, a partial report
     written).
     """
-    from compare.plan import PlanError, build_plan
+    from compare.plan import build_plan
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    options = dict(
-        backends=backends,
-        endpoints=endpoint,
-        model=model,
-        tokenizer=tokenizer,
-        served_model=served_model,
-        dataset=dataset,
-        dataset_path=dataset_path,
-        input_len=input_len,
-        output_len=output_len,
-        prefix_len=prefix_len,
-        prefix_groups=prefix_groups,
-        concurrency=concurrency,
-        rate=rate,
-        arrival=arrival,
-        burstiness=burstiness,
-        max_concurrency=max_concurrency,
-        trace=trace,
-        trace_scale=trace_scale,
-        num_requests=num_requests,
-        duration=duration,
-        warmup=warmup,
-        slo=slo,
-        seed=seed,
-        gpu_price=gpu_price,
-        mem_bandwidth_gbs=mem_bandwidth,
-        model_bytes=model_bytes,
-        server_args=server_args,
-        startup_timeout=startup_timeout,
-        request_timeout=request_timeout,
-        busy_poll=busy_poll,
-        pin=pin,
-        repeats=repeats,
-        launch=launch,
-        vllm_bin=vllm_bin,
-        images=image,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        ray=ray,
-        ray_actors=ray_actors,
-        ray_actor_cpus=ray_actor_cpus,
-        ray_cells=ray_cells,
-        ray_cell_resources=ray_cell_resources,
-    )
+    config, out, n_boot = given.pop("config"), given.pop("out"), given.pop("n_boot")
     try:
-        plan = build_plan(options, config)
+        plan = build_plan(given, config)
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
@@ -494,382 +145,71 @@ def run(
     raise typer.Exit(code)
 
 
+def _parameter(option: RunOption) -> inspect.Parameter:
+    """The typer parameter of a run option: not given (None) unless the command line alone has it; the help
+    escaped, so that `[default: ...]` reads as written."""
+    info = typer.Option(
+        *option.flags,
+        help=escape(option.help),
+        rich_help_panel=option.panel,
+        metavar=option.metavar,
+        min=option.minimum,
+    )
+    kind = option.type if not option.plan and option.default is not None else option.type | None
+    default = None if option.plan else option.default
+    return inspect.Parameter(
+        option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
+    )
+
+
+run.__signature__ = inspect.Signature([_parameter(o) for o in RUN_OPTIONS])  # type: ignore[attr-defined]
+app.command(cls=RunCommand)(run)
+
+
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
-    from compare.store import RunDir, default_run_dir
+    """Run `plan` with progress bars and messages on the console, then print its summary; the exit code."""
+    from compare.runner import run_plan
+    from compare.store import default_run_dir
 
-    run_dir = RunDir.create(out or default_run_dir(), plan.describe(), ["compare", *sys.argv[1:]])
-    console.print(f"run directory: [bold]{run_dir.path}[/bold]")
-    if plan.candidates_reason:
-        console.print(plan.candidates_reason, highlight=False)
-    code = EXIT_OK
-    shown: set[str] = set()  # notes already printed as errors: the summary's warnings skip them
-    with _interruptible():
-        try:
-            code = _measure_on_ray(plan, run_dir) if plan.ray else _measure(plan, run_dir)
-        except KeyboardInterrupt:
-            code = EXIT_INTERRUPTED
-        except Exception as exc:  # the run failed; report what was measured and say why
-            note = f"failed: {type(exc).__name__}: {exc}"
-            run_dir.manifest["notes"].append(note)
-            shown.add(note)
-            console.print(f"[red]error:[/red] {exc}")
-            code = EXIT_FAILED
-    run_dir.manifest["status"] = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
-    run_dir.save()
-    if code == EXIT_INTERRUPTED:
-        console.print("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
-    try:
-        with _sigint_ignored():
-            results = _report(run_dir, n_boot, plan.seed, shown)
-    except Exception as exc:
-        console.print(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
-    if code == EXIT_OK and (results.summary.empty or results.summary["requests_ok"].sum() == 0):
-        code = EXIT_FAILED
-    return code
+    outcome = run_plan(plan, out or default_run_dir(), ["compare", *sys.argv[1:]], n_boot, _console_watcher())
+    if outcome.results is not None:
+        _print_report(outcome.results, outcome.run_dir.path, outcome.shown)
+    return outcome.code
 
 
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """SIGINT and SIGTERM both take the Ctrl-C path (in-flight requests recorded as cancelled, servers
-    stopped, partial report), whatever the parent did: a shell starts background jobs with SIGINT ignored,
-    and Python then leaves it ignored, so both handlers are set here rather than inherited."""
+def _console_watcher() -> Watcher:
+    """Messages printed, and each load point a progress bar: requests done, output tok/s, errors."""
 
-    def on_sigterm(_signum: int, frame: Any) -> None:
-        # whoever handles SIGINT now (the load generator's event loop cancels its run) handles this too
-        handler = signal.getsignal(signal.SIGINT)
-        if not callable(handler):
-            raise KeyboardInterrupt
-        handler(signal.SIGINT, frame)
-
-    try:
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """While the (partial) report is written, a second Ctrl-C must not leave it half-written."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _resolve_model(model: str) -> str:
-    from reference_engine.builtin_models import BUILTIN_MODELS, builtin_checkpoint
-
-    if model in BUILTIN_MODELS:
-        console.print(f"built-in model {model}: preparing the checkpoint (converted once, then cached)")
-        return str(builtin_checkpoint(model))
-    return model
-
-
-def _load_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
-
-    if name.startswith("random:"):  # random weights of a named shape: the server's synthetic tokenizer
-        from reference_engine.loader import resolve_model
-        from reference_engine.tokenizer import synthetic_tokenizer
-
-        return synthetic_tokenizer(resolve_model(name).spec)
-    try:
-        return AutoTokenizer.from_pretrained(name)
-    except Exception as exc:
-        raise RuntimeError(
-            f"cannot load the tokenizer {name!r} (give --tokenizer a local directory): {exc}"
-        ) from exc
-
-
-def _pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if plan.pin == "off":
-        return None, None, f"off (asked); {plural(len(cpus), 'CPU')} shared by client and servers"
-    if len(cpus) < 4:
-        return (
-            None,
-            None,
-            (
-                f"none: only {plural(len(cpus), 'CPU')}, too few to give the client and the servers CPUs of "
-                "their own; they share them"
-            ),
-        )
-    return (
-        {cpus[-1]},
-        set(cpus[:-1]),
-        f"client on CPU {cpus[-1]}, launched servers on CPUs {cpus[0]}-{cpus[-2]}",
-    )
-
-
-def _measure_on_ray(plan: Any, run_dir: Any) -> int:
-    from compare.ray_run import measure_on_ray
-
-    return measure_on_ray(plan, run_dir, _measure, console.print)
-
-
-def _measure(plan: Any, run_dir: Any, load: Any = None) -> int:
-    from adapters import get_adapter
-    from compare.backend_launch import make_launcher, measure_cold_first_token
-    from compare.launch import LaunchError, endpoint_report
-    from workloads.datasets import make_dataset
-    from workloads.loadgen import Timeouts, run_load_sync
-
-    launched = [b for b in plan.backends if b.launched]
-    model_path = _resolve_model(plan.model) if (launched or plan.tokenizer is None) else plan.model
-    tok_name = plan.tokenizer or model_path
-    tokenizer = _load_tokenizer(_resolve_model(tok_name) if tok_name == plan.model else tok_name)
-    client_cpus, server_cpus, pin_note = _pinning(plan)
-    run_dir.manifest["pinning"] = pin_note
-    run_dir.manifest["model_path"] = model_path
-    run_dir.save()
-
-    # Each load point gets prompts of its own (one backend's server would otherwise answer a later point
-    # from its prefix cache), and every backend gets the same prompts at the same point.
-    n = plan.num_requests or 256
-    points = len(plan.load_points)
-    slices = points * plan.repeats  # a running endpoint keeps its prefix cache from one repeat to the next
-    workloads = [
-        (w, _slices(make_dataset, w, tokenizer, n, slices, plan.seed + i))
-        for i, w in enumerate(plan.workloads)
-    ]
-    warm_n = max(plan.warmup_count(s) for s in plan.load_points)
-    warm_all = (
-        make_dataset(
-            "random",
-            tokenizer,
-            max(warm_n, 1) * slices,
-            input_len=16,
-            output_len=8,
-            seed=plan.seed + 999,
-            id_prefix="warmup",
-        )
-        if warm_n
-        else []
-    )
-    warm_specs = [warm_all[k * warm_n : (k + 1) * warm_n] for k in range(slices)]
-    # one short request right after each launch is ready: the cold first token (its own prompts)
-    cold_specs = make_dataset(
-        "random", tokenizer, plan.repeats, input_len=16, output_len=4, seed=plan.seed + 555, id_prefix="cold"
-    )
-
-    saved_affinity = os.sched_getaffinity(0) if client_cpus else None
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
-    code = EXIT_OK
-    try:
-        for repeat, backend in launch_order(plan.backends, plan.repeats):
-            served = plan.served_model or plan.model
-            options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
-            adapter = get_adapter(backend.name, **options)
-            launcher = None
-            try:
-                if backend.launched:
-                    launcher = make_launcher(
-                        plan, backend, run_dir, repeat, model_path, server_cpus, lambda m: console.print(m)
-                    )
-                    if launcher.served_as:
-                        adapter = get_adapter(backend.name, model=launcher.served_as)
-                    console.print(
-                        f"[bold]{backend.key}[/bold]: starting the server ({plan.launch}; log: "
-                        f"{launcher.log_path})"
-                    )
-                    setup = launcher.start()
-                    launcher.report.repeat = repeat
-                    measure_cold_first_token(launcher, adapter, cold_specs[repeat], plan.request_timeout)
-                    console.print(
-                        f"{backend.key}: ready in {setup.ready_s:.1f} s, first token "
-                        f"{setup.cold_first_token_s * 1e3:.0f} ms later"
-                    )
-                else:
-                    setup = endpoint_report(
-                        backend.name, backend.variant, backend.endpoint, adapter.health_path
-                    )
-                    setup.repeat = repeat
-                run_dir.set_setup(setup)
-                for w, per_point in workloads:
-                    for k, schedule in enumerate(plan.load_points):
-                        interrupted = _one_point(
-                            load or run_load_sync,
-                            Timeouts,
-                            run_dir,
-                            plan,
-                            backend,
-                            adapter,
-                            setup.url,
-                            w,
-                            per_point[repeat * points + k],
-                            warm_specs[repeat * points + k],
-                            schedule,
-                            tokenizer,
-                            repeat,
-                        )
-                        if interrupted:
-                            raise KeyboardInterrupt
-            except LaunchError as exc:
-                console.print(
-                    f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:"
-                    f"[/red] {exc}"
-                )
-                run_dir.manifest["notes"].append(
-                    str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
-                )
-                code = EXIT_FAILED
-            finally:
-                if launcher is not None:
-                    launcher.stop()
-                    run_dir.set_setup(launcher.report)
-    finally:
-        if saved_affinity:
-            os.sched_setaffinity(0, saved_affinity)
-    return code
-
-
-def launch_order(backends: list, repeats: int) -> list[tuple[int, Any]]:
-    """Each backend `repeats` times, every other round in reverse (A B, B A, A B, ...), so that what drifts
-    with time on the machine (other load, caches, clocks) does not favour whoever always runs second."""
-    return [(r, b) for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
-
-
-def _slices(make_dataset: Any, w: Any, tokenizer: Any, n: int, slices: int, seed: int) -> list[list]:
-    """`slices` lists of `n` requests, one per load point and launch. A shared-prefix workload gets prefixes
-    of its own in each, so that no point is served from the prefix cache another point filled."""
-    if w.dataset == "prefix":
-        return [
-            _prefix_dataset(make_dataset, w, tokenizer, n, seed * PREFIX_SEEDS + k, k) for k in range(slices)
+    @contextlib.contextmanager
+    def point(title: str, total: int | None) -> Iterator[ShowProgress]:
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
+            TimeElapsedColumn(),
         ]
-    specs = _dataset(make_dataset, w, tokenizer, n * slices, seed)
-    return [specs[k * n : (k + 1) * n] or specs for k in range(slices)]
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(title, total=total, rate="–", errors=0)
+
+            def show(done: int, rate: float, errors: int) -> None:
+                shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
+                progress.update(task, completed=done, rate=shown, errors=errors)
+
+            yield show
+
+    return Watcher(say=lambda message: console.print(message), point=point)
 
 
-PREFIX_SEEDS = 1_000_003  # seeds of a workload's slices: seed * PREFIX_SEEDS + slice
+def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:
+    from compare.runner import write_report
+
+    _print_report(write_report(run_dir, n_boot, seed), run_dir.path)
 
 
-def _prefix_dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int, k: int) -> list:
-    """`n` requests in `w.prefix_groups` groups (the last ones cut off when the groups do not divide `n`)."""
-    per_group = -(-n // w.prefix_groups)
-    specs = make_dataset(
-        "prefix",
-        tokenizer,
-        w.prefix_groups,
-        per_group,
-        w.prefix_len,
-        w.input_len,
-        w.output_len,
-        seed=seed,
-        id_prefix=f"prefix{k}",
-    )
-    return specs[:n]
-
-
-def _dataset(make_dataset: Any, w: Any, tokenizer: Any, n: int, seed: int) -> list:
-    if w.dataset == "random":
-        return make_dataset("random", tokenizer, n, input_len=w.input_len, output_len=w.output_len, seed=seed)
-    if w.dataset == "fixed":
-        return make_dataset("fixed", tokenizer, n, seed=seed)
-    if w.dataset == "sharegpt":
-        return make_dataset("sharegpt", w.path, tokenizer, n=n, seed=seed)
-    return make_dataset("jsonl", w.path, tokenizer, output_tokens=int(w.output_len))
-
-
-def _one_point(
-    run_load_sync: Any,
-    timeouts_cls: Any,
-    run_dir: Any,
-    plan: Any,
-    backend: Any,
-    adapter: Any,
-    url: str,
-    workload: Any,
-    specs: list,
-    warm_specs: list,
-    schedule: Any,
-    tokenizer: Any,
-    repeat: int = 0,
-) -> bool:
-    """Run one load point with a progress display; True when it was interrupted."""
-    import uuid
-
-    from compare.metrics import running_output_rate
-    from workloads.records import read_run_summaries
-
-    run_id = uuid.uuid4().hex[:12]
-    label = schedule.label
-    run_dir.add_point(
-        run_id, backend.name, backend.variant, workload.label, label, schedule.describe(), repeat
-    )
-    n_warm = plan.warmup_count(schedule)
-    total = plan.num_requests
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
-        TimeElapsedColumn(),
-    ]
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(
-            f"{backend.key} {workload.label} {label}"
-            + (f" (launch {repeat + 1})" if plan.repeats > 1 else ""),
-            total=total,
-            rate="–",
-            errors=0,
-        )
-
-        def update(records: list) -> None:
-            measured = [r for r in records if not r.warmup]
-            rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
-            errors = sum(1 for r in measured if r.error_kind is not None)
-            shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
-            progress.update(task, completed=len(measured), rate=shown, errors=errors)
-
-        run_load_sync(
-            url,
-            adapter,
-            specs,
-            schedule,
-            output_path=run_dir.requests_path,
-            summary_path=run_dir.runs_path,
-            warmup_specs=warm_specs[:n_warm],
-            backend=backend.name,
-            variant=backend.variant,
-            load_point=label,
-            timeouts=timeouts_cls(request_s=plan.request_timeout),
-            max_requests=plan.num_requests,
-            max_duration_s=plan.duration,
-            tokenizer=tokenizer,
-            progress=update,
-            progress_interval_s=0.5,
-            run_id=run_id,
-            **({"busy_poll": True} if plan.busy_poll else {}),
-        )
-    summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
-    return bool(summaries and summaries[-1].interrupted)
-
-
-def _report(run_dir: Any, n_boot: int, seed: int = 0, shown: Collection[str] = ()) -> Any:
-    from compare.report import analyze, write_reports
-
-    results = analyze(run_dir, n_boot=n_boot, seed=seed)
-    write_reports(results)
+def _print_report(results: Any, path: Path, shown: Collection[str] = ()) -> None:
     print_summary(results, shown)
-    console.print(
-        f"reports: {run_dir.path / 'report.md'}, {run_dir.path / 'report.html'}, "
-        f"{run_dir.path / 'summary.csv'}"
-    )
-    return results
+    console.print(f"reports: {path / 'report.md'}, {path / 'report.html'}, {path / 'summary.csv'}")
 
 
 def _ms(value: Any) -> str:

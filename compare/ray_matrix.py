@@ -32,6 +32,8 @@ from typing import Any
 
 import ray
 
+from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED
+from compare.measure import measure
 from workloads.clocks import Started, lost_record
 from workloads.distributed import stream_batches
 from workloads.records import RecordWriter, RequestRecord
@@ -90,10 +92,8 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
 
 def run_cell(cell: Cell) -> Iterator[dict[str, Any]]:
     """The Ray task (a streaming generator): measure one cell, stream it, clean up after itself."""
-    from compare import cli
     from compare.store import RunDir
 
-    cli.console.quiet = True  # progress bars belong to the driver's terminal
     out: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
     controls: dict[str, Any] = {}
@@ -101,20 +101,21 @@ def run_cell(cell: Cell) -> Iterator[dict[str, Any]]:
         run_dir = RunDir.create(Path(tmp) / "run", cell.plan.describe(), cell.command)
         result: dict[str, Any] = {}
 
-        def measure() -> None:
+        def measure_cell() -> None:
             try:
-                result["code"] = cli._measure(
-                    cell.plan, run_dir, _streaming_load(run_dir, out, stop, controls)
+                # silent: progress bars belong to the driver's terminal
+                result["code"] = measure(
+                    cell.plan, run_dir, load=_streaming_load(run_dir, out, stop, controls)
                 )
             except KeyboardInterrupt:
-                result["code"] = cli.EXIT_INTERRUPTED
+                result["code"] = EXIT_INTERRUPTED
             except BaseException as exc:
                 run_dir.manifest["notes"].append(f"failed: {type(exc).__name__}: {exc}")
-                result["code"] = cli.EXIT_FAILED
+                result["code"] = EXIT_FAILED
             finally:
                 out.put(("end", None))
 
-        worker = threading.Thread(target=measure, daemon=True)
+        worker = threading.Thread(target=measure_cell, daemon=True)
         worker.start()
         try:
             yield from _stream(out)
@@ -128,7 +129,7 @@ def run_cell(cell: Cell) -> Iterator[dict[str, Any]]:
         manifest = run_dir.manifest
         yield {
             "final": {
-                "code": result.get("code", cli.EXIT_FAILED),
+                "code": result.get("code", EXIT_FAILED),
                 "setups": manifest.get("setups", []),
                 "notes": manifest.get("notes", []),
                 "pinning": manifest.get("pinning"),
@@ -145,14 +146,14 @@ def _stream(out: queue.SimpleQueue) -> Iterator[dict[str, Any]]:
 
 def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event, controls: dict) -> Callable:
     """`run_load_sync` that streams as it goes, and can be stopped from another thread."""
-    from workloads.loadgen import new_runner, run_load
+    from workloads.loadgen import PointJob, new_runner, run_load
 
-    def load(url: str, adapter: Any, specs: Any, schedule: Any, **kwargs: Any) -> list[RequestRecord]:
-        run_id = kwargs["run_id"]
+    def load(job: PointJob) -> list[RequestRecord]:
+        run_id = job.run_id
         entry = next(p for p in run_dir.manifest["points"] if p["run_id"] == run_id)
         out.put(("point", entry))
         sizes = {
-            s.request_id: (s.prompt_len, s.wanted_output_tokens) for s in (*specs, *kwargs["warmup_specs"])
+            s.request_id: (s.prompt_len, s.wanted_output_tokens) for s in (*job.specs, *job.warmup_specs)
         }
 
         def started(request_id: str, scheduled: float, start: float, warmup: bool) -> None:
@@ -163,20 +164,15 @@ def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event,
             controls["loop"], controls["task"] = asyncio.get_running_loop(), asyncio.current_task()
             if stop.is_set():
                 raise asyncio.CancelledError
-            return await run_load(
-                url,
-                adapter,
-                specs,
-                schedule,
-                on_start=started,
-                on_record=lambda r: out.put(("r", r.model_dump_json())),
-                **kwargs,
+            streaming = dataclasses.replace(
+                job, on_start=started, on_record=lambda r: out.put(("r", r.model_dump_json()))
             )
+            return await run_load(streaming)
 
         with new_runner() as runner:
             records = runner.run(main())
         controls.clear()
-        for line in reversed(Path(kwargs["summary_path"]).read_text().splitlines()):
+        for line in reversed(Path(job.summary_path).read_text().splitlines()):
             if f'"run_id":"{run_id}"' in line:
                 out.put(("summary", line))
                 break
@@ -302,8 +298,6 @@ class _Gather:
 
 def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
     """Run every cell as a Ray task and gather them into `run_dir`; the worst cell's exit code."""
-    from compare import cli
-
     cells = cells_of(plan, run_dir.manifest.get("command", []))
     gather = _Gather(run_dir, plan, say)
     remote = ray.remote(run_cell)
@@ -332,7 +326,7 @@ def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
             except Exception as exc:
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 gather.lose(cell, f"the cell's task died ({type(exc).__name__}: {text})")
-                gather.codes.append(cli.EXIT_FAILED)
+                gather.codes.append(EXIT_FAILED)
             finally:
                 running.pop(cell.index, None)
 
@@ -367,4 +361,4 @@ def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
             if gather.inflight.get(cell.index):
                 gather.lose(cell, "the run was stopped", cancelled=True)
         raise KeyboardInterrupt
-    return max(gather.codes, default=cli.EXIT_FAILED)
+    return max(gather.codes, default=EXIT_FAILED)

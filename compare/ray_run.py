@@ -17,8 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+from compare.measure import Watcher, measure
+from compare.run_options import RunPlan
 
 LOCAL = "local"
 OBJECT_STORE_BYTES = 128 * 2**20  # a local instance: records are small, keep the shared memory small
@@ -69,9 +72,10 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[dict[str,
         ray.shutdown()
 
 
-def measure_on_ray(plan: Any, run_dir: Any, measure: Callable[..., int], say: Callable[[str], None]) -> int:
-    """Run `plan` on Ray; `measure(plan, run_dir, load)` is the ordinary measuring loop with `load` in
-    place of `run_load_sync`."""
+def measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+    """Measure `plan` on Ray: the ordinary measuring loop with the load of every point split over load
+    generators on the cluster, or every cell a Ray task; the exit code."""
+    say = watcher.say
     with ray_session(plan.ray, plan.ray_actors or 2) as info:
         run_dir.manifest["ray"] = info
         run_dir.save()
@@ -81,14 +85,13 @@ def measure_on_ray(plan: Any, run_dir: Any, measure: Callable[..., int], say: Ca
 
             info["mode"] = "cells"
             return run_cells(plan, run_dir, say)
-        return _split(plan, run_dir, measure, say, info)
+        return _split(plan, run_dir, watcher, info)
 
 
-def _split(
-    plan: Any, run_dir: Any, measure: Callable[..., int], say: Callable[[str], None], info: dict[str, Any]
-) -> int:
+def _split(plan: RunPlan, run_dir: Any, watcher: Watcher, info: dict[str, Any]) -> int:
     from workloads.distributed import LoadGenerators, RayLoad, default_generators
 
+    say = watcher.say
     info["mode"] = "split"
     count = plan.ray_actors or (2 if plan.ray == LOCAL else default_generators())
     generators = LoadGenerators(count, cpus=plan.ray_actor_cpus)
@@ -112,7 +115,7 @@ def _split(
                     say(f"[yellow]warning:[/yellow] {note}")
             run_dir.save()
 
-        return measure(plan, run_dir, RayLoad(generators, on_point))
+        return measure(plan, run_dir, watcher, RayLoad(generators, on_point))
     finally:
         generators.shutdown()
         info["notes"] += generators.notes

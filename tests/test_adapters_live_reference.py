@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from adapters import get_adapter
 from adapters.prometheus import common_metrics
 from workloads.datasets import random_dataset
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.records import read_records
 from workloads.schedule import ClosedLoop
 
@@ -25,8 +25,8 @@ def test_live_stream_counts(tiny_server, llama_dir, tokenizer, tmp_path, name):
     adapter = get_adapter(name, model=str(llama_dir))
     specs = random_dataset(tokenizer, 6, "uniform:4:40", "uniform:5:30", seed=0)
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(tiny_server.url, adapter, specs, ClosedLoop(3), output_path=out, backend=name,
-                            tokenizer=tokenizer)
+    records = run_load_sync(PointJob(tiny_server.url, adapter, specs, ClosedLoop(3), output_path=out,
+                                     backend=name, tokenizer=tokenizer))
     assert len(records) == 6 and [r.request_id for r in read_records(out)]
     for record, spec in zip(sorted(records, key=lambda r: r.request_id), sorted(specs, key=lambda s: s.request_id),
                             strict=True):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compare.plan import PlanError, build_plan, parse_duration, parse_endpoints, parse_slo
+from compare.plan import build_plan
+from compare.run_options import PlanError, parse_duration, parse_endpoints, parse_slo
 from workloads.schedule import ClosedLoop, OpenLoop
 
 
@@ -119,3 +120,13 @@ gpu_price: 3.5
 def test_parse_endpoints_rejects_non_http():
     with pytest.raises(PlanError, match="http"):
         parse_endpoints(["vllm=127.0.0.1:8000"])
+
+
+def test_every_planned_option_is_a_plan_field():
+    """An option with a manifest key is kept by the plan as read: RunPlan has a field of its name."""
+    from dataclasses import fields
+
+    from compare.run_options import PLANNED, RunPlan
+
+    made = {"backends", "workloads", "load_points", "candidates_reason"}
+    assert {f.name for f in fields(RunPlan)} - made == {o.name for o in PLANNED}

@@ -479,22 +479,6 @@ def test_a_winner_that_loses_one_launch_is_called_a_tie(tmp_path):
     assert "ready in 30.5 s (median of 2 launches: 30.0, 31.0 s)" in text
 
 
-def test_launch_order_alternates():
-    from compare.cli import launch_order
-
-    assert [(r, b) for r, b in launch_order(["A", "B", "C"], 3)] == [
-        (0, "A"),
-        (0, "B"),
-        (0, "C"),
-        (1, "C"),
-        (1, "B"),
-        (1, "A"),
-        (2, "A"),
-        (2, "B"),
-        (2, "C"),
-    ]
-
-
 def test_pay_back_table_follows_the_decision_verdict(tmp_path):
     """Eight requests each are too few to establish a difference: the decision says so, and the set-up
     table must not say the faster one pays back after N requests."""
@@ -564,67 +548,6 @@ def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
     for backend in ("fast", "slow"):  # the summary's interval is the same computation, around its rate
         row = summary.loc[backend]
         assert row["output_tok_s_lo"] < row["output_tok_s"] < row["output_tok_s_hi"]
-
-
-def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
-    """The bar's tok/s is the summary's output tokens/s (finished requests' tokens over the measured
-    window), not a count over a fixed recent window: fed the finished point, it shows the same number."""
-    import io
-    import time
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    import compare.cli as cli
-
-    records = requests_for("b", "", "p", "c=4", 40, 0.05, np.random.default_rng(0), concurrency=4)
-    expected = summarize(records, n_boot=0).iloc[0]["output_tok_s"]
-    last_end = max(r.end_s for r in records)
-
-    def fake_load(*args, progress, summary_path, **kwargs):
-        t0 = time.perf_counter() - last_end  # the point's last request has just finished
-        progress([r.model_copy(update={"t0_monotonic": t0}) for r in records])
-        Path(summary_path).touch()
-
-    out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, width=200, force_terminal=False))
-    run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
-    plan = SimpleNamespace(
-        warmup_count=lambda s: 0,
-        num_requests=40,
-        repeats=1,
-        request_timeout=10,
-        duration=None,
-        busy_poll=False,
-    )
-    schedule = SimpleNamespace(label="c=4", describe=lambda: {"kind": "closed", "concurrency": 4})
-    backend = SimpleNamespace(name="b", variant="", key="b")
-    cli._one_point(
-        fake_load,
-        dict,
-        run,
-        plan,
-        backend,
-        None,
-        "http://x",
-        SimpleNamespace(label="wl"),
-        [],
-        [],
-        schedule,
-        None,
-    )
-    shown = float(out.getvalue().split(" tok/s")[0].split()[-1].replace(",", ""))
-    assert shown == pytest.approx(expected, rel=0.01), out.getvalue()
-
-
-def test_cli_messages_count_one_cpu_in_the_singular(monkeypatch):
-    from types import SimpleNamespace
-
-    import compare.cli as cli
-
-    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert cli._pinning(SimpleNamespace(pin="off"))[2] == "off (asked); 1 CPU shared by client and servers"
-    assert cli._pinning(SimpleNamespace(pin="auto"))[2].startswith("none: only 1 CPU, too few")
 
 
 LAYOUT_PROBE = """<script>

@@ -19,7 +19,7 @@ from causality import stamped_before_sent
 
 from adapters import get_adapter
 from workloads.accuracy import compare
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
 from workloads.spec import RequestSpec
@@ -42,8 +42,9 @@ def test_timings_match_the_servers_writes_at_64_streams(tmp_path):
     rng = random.Random(0)
     log = tmp_path / "events.jsonl"
     with scripted_server(event_log=log) as server:
-        records = run_load_sync(server.url, get_adapter("vllm"), specs("m", 3 * STREAMS, rng, (20, 120)),
-                                ClosedLoop(STREAMS), warmup_specs=specs("w", STREAMS, rng, (4, 8)))
+        records = run_load_sync(PointJob(server.url, get_adapter("vllm"),
+                                         specs("m", 3 * STREAMS, rng, (20, 120)), ClosedLoop(STREAMS),
+                                         warmup_specs=specs("w", STREAMS, rng, (4, 8))))
     assert all(r.ok for r in records), [r.error_message for r in records if not r.ok][:3]
     measured = [r for r in records if not r.warmup]
     truth = read_event_log(log, expect=[r.request_id for r in records])

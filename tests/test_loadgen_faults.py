@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from adapters import get_adapter
-from workloads.loadgen import Timeouts, new_runner, run_load, run_load_sync
+from workloads.loadgen import PointJob, Timeouts, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, scripted_server
@@ -58,8 +58,8 @@ def test_every_fault_is_recorded_with_its_kind(server, tmp_path):
     # never early), so the whole-request timeout ends it; slow-headers' header timeout (read_s after sending)
     # comes 0.5 s before the whole-request timeout; slow-headers-ok's headers come 1.1 s before read_s.
     timeouts = Timeouts(request_s=2.0, read_s=1.5, connect_s=2.0)
-    records = run_load_sync(server.url, get_adapter("vllm"), sent, ClosedLoop(len(sent)), output_path=out,
-                            timeouts=timeouts)
+    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), sent, ClosedLoop(len(sent)),
+                                     output_path=out, timeouts=timeouts))
     by_id = {r.request_id: r for r in records}
     assert len(records) == len(FAULTS) and set(by_id) == {rid for rid, *_ in FAULTS}
     for rid, _, kind, text in FAULTS:
@@ -77,8 +77,8 @@ def test_every_fault_is_recorded_with_its_kind(server, tmp_path):
 
 def test_stall_between_reads(server):
     sent = [spec("stall-read", {"stalls": [{"after_event": 3, "seconds": 1.5}]})]
-    [record] = run_load_sync(server.url, get_adapter("vllm"), sent, ClosedLoop(1),
-                             timeouts=Timeouts(request_s=30, read_s=0.5))
+    [record] = run_load_sync(PointJob(server.url, get_adapter("vllm"), sent, ClosedLoop(1),
+                                      timeouts=Timeouts(request_s=30, read_s=0.5)))
     assert record.error_kind == ErrorKind.STALL and record.event_tokens == 3
 
 
@@ -86,8 +86,8 @@ def test_connection_refused():
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    records = run_load_sync(f"http://127.0.0.1:{port}", get_adapter("tgi"), [spec(f"r{i}", {}) for i in range(3)],
-                            ClosedLoop(2))
+    records = run_load_sync(PointJob(f"http://127.0.0.1:{port}", get_adapter("tgi"),
+                                     [spec(f"r{i}", {}) for i in range(3)], ClosedLoop(2)))
     assert [r.error_kind for r in records] == [ErrorKind.CONNECTION_REFUSED] * 3
     assert all(r.send_s is None and r.events == [] for r in records)
 
@@ -100,7 +100,9 @@ def test_server_killed_mid_run(tmp_path):
         sent = [RequestSpec(f"k{i}", (1,), "x", 200) for i in range(10)]
 
         async def scenario():
-            run = asyncio.create_task(run_load(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out))
+            run = asyncio.create_task(run_load(
+                PointJob(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out)
+            ))
             await asyncio.to_thread(doomed.wait_streaming, 4)  # all four streams have tokens: none is connecting
             doomed.kill()
             return await run

@@ -17,7 +17,7 @@ import pytest
 
 from adapters import get_adapter
 from workloads import timing
-from workloads.loadgen import new_runner, run_load, run_load_sync
+from workloads.loadgen import PointJob, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records, read_run_summaries
 from workloads.schedule import ClosedLoop, OpenLoop, TraceReplay
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
@@ -52,7 +52,7 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 def test_closed_loop_keeps_exactly_n_in_flight(server):
     specs = make_specs("closed", 30, out=10, schedule={"itl_s": [0.002, 0.011, 0.005]})
-    records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(5))
+    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(5)))
     assert len(records) == 30 and all(r.ok for r in records)
     log = read_event_log(server.event_log, expect=[r.request_id for r in records])
     spans = [(log[r.request_id]["received_s"], log[r.request_id]["events"][-1][0]) for r in records]
@@ -63,7 +63,9 @@ def test_closed_loop_keeps_exactly_n_in_flight(server):
 def test_open_loop_sends_on_schedule_and_reports_lag(server, tmp_path):
     schedule = OpenLoop(rate=50.0, arrival="poisson", seed=4)
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(server.url, get_adapter("vllm"), make_specs("open", 40), schedule, output_path=out)
+    records = run_load_sync(
+        PointJob(server.url, get_adapter("vllm"), make_specs("open", 40), schedule, output_path=out)
+    )
     records.sort(key=lambda r: r.scheduled_s)
     start = records[0].scheduled_s
     assert [r.scheduled_s - start for r in records] == pytest.approx(schedule.offsets(40).tolist(), abs=1e-9)
@@ -79,15 +81,15 @@ def test_open_loop_sends_on_schedule_and_reports_lag(server, tmp_path):
 
 def test_open_loop_concurrency_cap_shows_as_lag(server):
     slow = {"ttft_s": 0.05, "itl_s": 0.01}
-    records = run_load_sync(server.url, get_adapter("vllm"), make_specs("capped", 6, 5, slow),
-                            OpenLoop(rate=1000.0, arrival="constant", max_concurrency=2))
+    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("capped", 6, 5, slow),
+                                     OpenLoop(rate=1000.0, arrival="constant", max_concurrency=2)))
     lags = sorted(timing.client_lag(r) for r in records)
     assert lags[-1] > 0.15  # the last ones waited for two earlier pairs of ~90 ms requests
 
 
 def test_trace_replay(server):
     trace = TraceReplay.from_file(DATA / "trace.txt", time_scale=0.05)
-    records = run_load_sync(server.url, get_adapter("tgi"), make_specs("trace", 6), trace)
+    records = run_load_sync(PointJob(server.url, get_adapter("tgi"), make_specs("trace", 6), trace))
     records.sort(key=lambda r: r.scheduled_s)
     offsets = [r.scheduled_s - records[0].scheduled_s for r in records]
     assert offsets == pytest.approx([0.0, 0.0125, 0.025, 0.075, 0.075, 0.15], abs=1e-9)
@@ -97,8 +99,8 @@ def test_trace_replay(server):
 @pytest.mark.parametrize("schedule", [ClosedLoop(3), OpenLoop(100.0)], ids=["closed", "open"])
 def test_warmup_is_recorded_and_flagged(server, tmp_path, schedule):
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(server.url, get_adapter("vllm"), make_specs("measured", 6), schedule, output_path=out,
-                            warmup_specs=make_specs("warm", 3))
+    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("measured", 6), schedule,
+                                     output_path=out, warmup_specs=make_specs("warm", 3)))
     assert sorted(r.request_id for r in records if r.warmup) == ["warm-0", "warm-1", "warm-2"]
     assert len(read_records(out, include_warmup=False)) == 6
     [summary] = read_run_summaries(tmp_path / "runs.jsonl")
@@ -108,13 +110,15 @@ def test_warmup_is_recorded_and_flagged(server, tmp_path, schedule):
 
 
 def test_bounds_by_count_and_by_duration(server):
-    records = run_load_sync(server.url, get_adapter("vllm"), make_specs("b", 3), ClosedLoop(2), max_requests=7)
+    records = run_load_sync(
+        PointJob(server.url, get_adapter("vllm"), make_specs("b", 3), ClosedLoop(2), max_requests=7)
+    )
     assert sorted(r.request_id for r in records) == sorted(
         ["b-0", "b-1", "b-2", "b-0~1", "b-1~1", "b-2~1", "b-0~2"])
     # Two streams of requests that last >= 50 ms (the server waits that long for the first token) for 1 s: at
     # most 2 * (1 / 0.05 + 1) requests, and at least three, so a spec is reused, however slow the machine.
-    timed = run_load_sync(server.url, get_adapter("vllm"), make_specs("d", 2, 4, {"ttft_s": 0.05}), ClosedLoop(2),
-                          max_duration_s=1.0)
+    timed = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("d", 2, 4, {"ttft_s": 0.05}),
+                                   ClosedLoop(2), max_duration_s=1.0))
     starts = sorted(r.start_s for r in timed)
     assert 3 <= len(timed) <= 42 and starts[-1] - starts[0] < 1.0  # none started after the bound
     assert len({r.request_id for r in timed}) == len(timed)  # cycled specs get fresh ids
@@ -122,21 +126,23 @@ def test_bounds_by_count_and_by_duration(server):
 
 def test_progress_reports(server):
     seen: list[int] = []
-    records = run_load_sync(server.url, get_adapter("vllm"), make_specs("p", 8, 5, {"ttft_s": 0.05}), ClosedLoop(2),
-                            progress=lambda rs: seen.append(len(rs)), progress_interval_s=0.05)
+    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("p", 8, 5, {"ttft_s": 0.05}),
+                                     ClosedLoop(2), progress=lambda rs: seen.append(len(rs)),
+                                     progress_interval_s=0.05))
     assert seen == sorted(seen) and seen[-1] == len(records) == 8 and len(seen) >= 3
 
 
 def test_bad_input_fails_before_sending(server, tmp_path):
     with pytest.raises(ValueError, match="no request specs"):
-        run_load_sync(server.url, get_adapter("vllm"), [], ClosedLoop(1))
+        run_load_sync(PointJob(server.url, get_adapter("vllm"), [], ClosedLoop(1)))
     with pytest.raises(ValueError, match="appears twice"):
-        run_load_sync(server.url, get_adapter("vllm"), make_specs("x", 1) * 2, ClosedLoop(1))
+        run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("x", 1) * 2, ClosedLoop(1)))
     with pytest.raises(ValueError, match="rejects unknown request fields"):
         bad = [RequestSpec("x", (1,), "x", 2, extra_body={"not_a_field": 1})]
-        run_load_sync(server.url, get_adapter("trtllm", model="m"), bad, ClosedLoop(1), output_path=tmp_path / "r.jsonl")
+        run_load_sync(PointJob(server.url, get_adapter("trtllm", model="m"), bad, ClosedLoop(1),
+                               output_path=tmp_path / "r.jsonl"))
     with pytest.raises(ValueError, match="absolute"):
-        run_load_sync("127.0.0.1:80", get_adapter("vllm"), make_specs("x", 1), ClosedLoop(1))
+        run_load_sync(PointJob("127.0.0.1:80", get_adapter("vllm"), make_specs("x", 1), ClosedLoop(1)))
     assert not (tmp_path / "r.jsonl").exists() or not (tmp_path / "r.jsonl").read_text()
 
 
@@ -145,8 +151,9 @@ def test_cancelling_the_run_records_in_flight_requests(server, tmp_path):
     long = {"ttft_s": 0.01, "itl_s": 0.05}  # 200 tokens: 10 s a stream, far longer than the wait
 
     async def scenario():
-        task = asyncio.create_task(run_load(server.url, get_adapter("vllm"), make_specs("c", 6, 200, long),
-                                            ClosedLoop(3), output_path=out))
+        task = asyncio.create_task(run_load(PointJob(server.url, get_adapter("vllm"),
+                                                     make_specs("c", 6, 200, long), ClosedLoop(3),
+                                                     output_path=out)))
         await asyncio.to_thread(server.wait_streaming, 3)  # every stream has a token before the cancel
         task.cancel()
         return await task  # returns normally: cancellation is recorded, not raised
@@ -164,13 +171,14 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         from adapters import get_adapter
-        from workloads.loadgen import run_load_sync
+        from workloads.loadgen import PointJob, run_load_sync
         from workloads.schedule import ClosedLoop
         from workloads.spec import RequestSpec
         header = {{"X-Scripted-Schedule": json.dumps({{"itl_s": 0.05}})}}
         specs = [RequestSpec(f"sig-{{i}}", (1,), "x", 200, extra_headers=header) for i in range(8)]
         print("started", flush=True)
-        records = run_load_sync({server.url!r}, get_adapter("vllm"), specs, ClosedLoop(4), output_path={str(out)!r})
+        records = run_load_sync(PointJob({server.url!r}, get_adapter("vllm"), specs, ClosedLoop(4),
+                                         output_path={str(out)!r}))
         print(json.dumps(sorted(str(r.error_kind) for r in records)), flush=True)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from adapters import get_adapter
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, stamped_listener
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.spec import RequestSpec
@@ -87,8 +87,9 @@ def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
 
     monkeypatch.setattr(loadgen, "READ_BUFFER", 2**12)  # high water: 8 KiB, ~30 events
     with scripted_server(default_schedule=ScriptedSchedule()) as server:
-        records = run_load_sync(server.url, get_adapter("vllm"), [RequestSpec("big", (1,), "x", 3000)],
-                                ClosedLoop(1), timeouts=Timeouts(request_s=20, read_s=5))
+        records = run_load_sync(PointJob(server.url, get_adapter("vllm"),
+                                         [RequestSpec("big", (1,), "x", 3000)], ClosedLoop(1),
+                                         timeouts=Timeouts(request_s=20, read_s=5)))
     assert records[0].ok and records[0].output_tokens == 3000
 
 
@@ -193,7 +194,9 @@ def test_busy_poll_measures_the_same_and_stops_with_the_run(tmp_path):
     log = tmp_path / "events.jsonl"
     specs = [RequestSpec(f"poll-{i}", (1, 2, 3), "a b c", 6) for i in range(4)]
     with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.005, itl_s=0.004), event_log=log) as server:
-        records = run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(2), busy_poll=True)
+        records = run_load_sync(
+            PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(2), busy_poll=True)
+        )
     assert [r.ok for r in records] == [True] * 4
     assert all(sum(n for _, n, _ in r.events) == 6 for r in records)
     written = read_event_log(log, expect=[r.request_id for r in records])

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compare.plan import PlanError, build_plan
+from compare.plan import build_plan
+from compare.run_options import PlanError
 from workloads import timing
 from workloads.clocks import ClockSample, estimate_offset, to_driver_clock
 from workloads.records import RequestRecord

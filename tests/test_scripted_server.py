@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adapters import get_adapter
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
 from workloads.spec import RequestSpec
@@ -44,7 +44,7 @@ def test_schedule_is_kept(server):
     schedule = {"ttft_s": 0.03, "itl_s": [0.01, 0.02], "stalls": [{"after_event": 3, "seconds": 0.05}]}
     specs = [RequestSpec(f"kept-{i}", (1,), "x", 8, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
              for i in range(3)]
-    run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(3))
+    run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(3)))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     late = []
     for spec in specs:
@@ -67,7 +67,7 @@ def test_steps_align_concurrent_streams(server):
     schedule = {"ttft_s": 0.0, "itl_s": 0.02, "step_s": 0.04}
     specs = [RequestSpec(f"step-{i}", (1,), "x", 5, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
              for i in range(4)]
-    run_load_sync(server.url, get_adapter("vllm"), specs, ClosedLoop(4))
+    run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(4)))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     late = []
     for spec in specs:
@@ -139,5 +139,7 @@ def test_default_schedule_from_a_file(tmp_path):
     log = tmp_path / "events.jsonl"
     with scripted_server(default_schedule=ScriptedSchedule.model_validate_json((tmp_path / "s.json").read_text()),
                          event_log=log) as srv:
-        [record] = run_load_sync(srv.url, get_adapter("tgi"), [RequestSpec("f", (1,), "x", 10)], ClosedLoop(1))
+        [record] = run_load_sync(
+            PointJob(srv.url, get_adapter("tgi"), [RequestSpec("f", (1,), "x", 10)], ClosedLoop(1))
+        )
     assert record.ok and record.output_tokens == 3  # the schedule's length wins over the request's

@@ -9,7 +9,7 @@ import pytest
 from causality import stamped_before_sent
 
 from adapters import get_adapter
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.spec import RequestSpec
@@ -54,7 +54,9 @@ def test_live_stream_counts_match_the_server(server, tmp_path, adapter_name, opt
     steps = 1 if adapter_name == "trtllm-triton" else [1, 3, 2]
     schedule = {"flavor": flavor, "tokens_per_event": steps, "empty_text_every": 4, "comment_every": 5}
     sent = specs(adapter_name, 3, 9, schedule)
-    records = run_load_sync(server.url, adapter, sent, ClosedLoop(3), output_path=tmp_path / "requests.jsonl")
+    records = run_load_sync(
+        PointJob(server.url, adapter, sent, ClosedLoop(3), output_path=tmp_path / "requests.jsonl")
+    )
     truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record, spec in zip(sorted(records, key=lambda r: r.request_id), sent, strict=True):
         assert record.ok, (record.error_kind, record.error_message)
@@ -73,7 +75,9 @@ def test_live_stream_counts_match_the_server(server, tmp_path, adapter_name, opt
 
 def test_every_token_event_is_timed_after_its_write(server):
     schedule = {"ttft_s": 0.02, "itl_s": [0.004, 0.001, 0.003], "tokens_per_event": 2}
-    records = run_load_sync(server.url, get_adapter("vllm"), specs("timed", 4, 12, schedule), ClosedLoop(4))
+    records = run_load_sync(
+        PointJob(server.url, get_adapter("vllm"), specs("timed", 4, 12, schedule), ClosedLoop(4))
+    )
     truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record in records:
         logged = truth[record.request_id]
@@ -91,11 +95,13 @@ def test_retokenisation_is_a_cross_check(server):
     def count_words(text: str) -> int:  # the scripted server's tokens are " t<k>" words
         return len(text.split())
 
-    clean = run_load_sync(server.url, adapter, specs("words-clean", 2, 8, {}), ClosedLoop(2), tokenizer=count_words)
+    clean = run_load_sync(
+        PointJob(server.url, adapter, specs("words-clean", 2, 8, {}), ClosedLoop(2), tokenizer=count_words)
+    )
     assert all(r.retokenized_tokens == r.output_tokens and not r.token_count_mismatch for r in clean)
     # every 3rd token has empty text and its character joins the next word: fewer words than tokens
-    split = run_load_sync(server.url, adapter, specs("words-split", 2, 8, {"empty_text_every": 3}), ClosedLoop(2),
-                          tokenizer=count_words)
+    split = run_load_sync(PointJob(server.url, adapter, specs("words-split", 2, 8, {"empty_text_every": 3}),
+                                   ClosedLoop(2), tokenizer=count_words))
     for r in split:
         assert r.retokenized_tokens < r.output_tokens and r.token_count_mismatch
         assert r.output_tokens_source == "usage"  # the mismatch is flagged, the server's count is kept
@@ -105,8 +111,8 @@ def test_triton_multi_token_steps_show_only_in_the_cross_check(server):
     """With speculative decoding a Triton step can carry several tokens; the protocol does not say so, so
     the per-event count is one per step and only re-tokenising the text reveals the difference."""
     sent = specs("triton-spec", 1, 9, {"flavor": "trtllm", "tokens_per_event": 3})
-    [record] = run_load_sync(server.url, get_adapter("trtllm-triton"), sent, ClosedLoop(1),
-                             tokenizer=lambda text: len(text.split()))
+    [record] = run_load_sync(PointJob(server.url, get_adapter("trtllm-triton"), sent, ClosedLoop(1),
+                                      tokenizer=lambda text: len(text.split())))
     assert record.ok and record.event_tokens == 3 and record.retokenized_tokens == 9
     assert record.token_count_mismatch
 
@@ -116,7 +122,7 @@ def test_events_split_across_reads(server, adapter_name, flavor):
     """Every event written in two pieces 2 ms apart: each arrives in two reads and is still read whole."""
     options = {"model": "scripted-model"} if flavor == "trtllm" else {}
     sent = specs(f"split-{adapter_name}", 2, 5, {"flavor": flavor, "split_events": True})
-    records = run_load_sync(server.url, get_adapter(adapter_name, **options), sent, ClosedLoop(2))
+    records = run_load_sync(PointJob(server.url, get_adapter(adapter_name, **options), sent, ClosedLoop(2)))
     truth = read_event_log(server.event_log, expect=[r.request_id for r in records])
     for record in records:
         assert record.ok and record.output_tokens == record.wanted_output_tokens

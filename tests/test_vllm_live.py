@@ -14,7 +14,7 @@ from adapters import get_adapter
 from adapters.prometheus import common_metrics
 from adapters.startup_log import parse_startup_log
 from workloads.datasets import random_dataset
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 
 pytestmark = pytest.mark.live
@@ -33,8 +33,9 @@ def test_load_against_vllm(served, adapter_name, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     adapter = get_adapter(adapter_name, model=str(checkpoint))
     specs = random_dataset(tokenizer, 8, "uniform:8:64", "uniform:4:24", seed=1)
-    records = run_load_sync(server.url, adapter, specs, ClosedLoop(4), output_path=tmp_path / "requests.jsonl",
-                            backend="vllm", tokenizer=tokenizer)
+    records = run_load_sync(PointJob(server.url, adapter, specs, ClosedLoop(4),
+                                     output_path=tmp_path / "requests.jsonl", backend="vllm",
+                                     tokenizer=tokenizer))
     assert len(records) == len(specs)
     wanted = {s.request_id: s.wanted_output_tokens for s in specs}
     for record in records:

@@ -3,7 +3,7 @@ event loop (`new_runner`), in its own process), each with its share of the sched
 
     generators = LoadGenerators(count=3)              # after ray.init(...); spread over the nodes
     load = RayLoad(generators)                        # called like run_load_sync
-    records = load(url, adapter, specs, ClosedLoop(48), output_path=..., max_requests=2000)
+    records = load(PointJob(url, adapter, specs, ClosedLoop(48), output_path=..., max_requests=2000))
     generators.shutdown()
 
 For each point the driver measures every actor's clock offset (`workloads.clocks`), starts all actors'
@@ -28,8 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields, replace
 from time import perf_counter
 from typing import Any
 
@@ -37,11 +36,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from adapters.base import Adapter
 from workloads.clocks import ClockOffset, ClockSample, Started, estimate_offset, lost_record, to_driver_clock
-from workloads.loadgen import Timeouts, build_summary, new_runner, run_load
+from workloads.loadgen import PointJob, build_summary, new_runner, run_load
 from workloads.records import ErrorKind, RecordWriter, RequestRecord
-from workloads.schedule import ClosedLoop, Schedule
+from workloads.schedule import ClosedLoop
 from workloads.spec import RequestSpec
 from workloads.split import Share, split_point
 
@@ -56,21 +54,16 @@ STOP_GRACE_S = 20.0  # after a stop, how long actors may take to record their in
 
 @dataclass(frozen=True)
 class Job:
-    """What one actor needs for one load point."""
+    """What one actor needs for one load point: its share, and the point's job with what every share has
+    in common (url, adapter, timeouts, labels; its tokenizer an ObjectRef or None)."""
 
     share: Share
-    url: str
-    adapter: Adapter
-    timeouts: Timeouts
-    run_id: str
-    backend: str
-    variant: str
-    load_point: str
-    tokenizer: Any = None  # an ObjectRef to the tokenizer, or None
+    point: PointJob
 
 
-def stream_batches(out: queue.SimpleQueue, controls: dict[str, Callable[[Any], dict[str, Any]]],
-                   flush_s: float) -> Iterator[dict[str, Any]]:
+def stream_batches(
+    out: queue.SimpleQueue, controls: dict[str, Callable[[Any], dict[str, Any]]], flush_s: float
+) -> Iterator[dict[str, Any]]:
     """Read ("s", begun request) / ("r", record) / (control, item) messages from a load thread and yield them
     in batches: at least every `flush_s`, and before every control message (so the driver sees each record
     before what follows it), which is yielded as `controls[kind](item)`. Ends at ("end", None)."""
@@ -151,16 +144,8 @@ class LoadGenerator:
 
     def _drive(self, job: Job, out: queue.SimpleQueue, stats: dict[str, Any]) -> None:
         try:
-            tokenizer = ray.get(job.tokenizer) if job.tokenizer is not None else None
-            share = job.share
-            common = dict(
-                backend=job.backend,
-                variant=job.variant,
-                load_point=job.load_point,
-                timeouts=job.timeouts,
-                run_id=job.run_id,
-                tokenizer=tokenizer,
-            )
+            tokenizer = ray.get(job.point.tokenizer) if job.point.tokenizer is not None else None
+            share, common = job.share, replace(job.point, tokenizer=tokenizer)
 
             def started(request_id: str, scheduled: float, start: float, warmup: bool) -> None:
                 out.put(("s", (request_id, scheduled, start, warmup)))
@@ -175,14 +160,14 @@ class LoadGenerator:
 
                 self._phase(
                     run_load(
-                        job.url,
-                        job.adapter,
-                        share.warmup_specs,
-                        ClosedLoop(share.warmup_concurrency),
-                        max_requests=len(share.warmup_specs),
-                        on_record=warm_record,
-                        on_start=warm_started,
-                        **common,
+                        replace(
+                            common,
+                            specs=share.warmup_specs,
+                            schedule=ClosedLoop(share.warmup_concurrency),
+                            max_requests=len(share.warmup_specs),
+                            on_record=warm_record,
+                            on_start=warm_started,
+                        )
                     )
                 )
             out.put(("warm", None))
@@ -191,16 +176,16 @@ class LoadGenerator:
                 stats["start_at"] = self._start_at
                 self._phase(
                     run_load(
-                        job.url,
-                        job.adapter,
-                        share.specs,
-                        share.schedule,
-                        max_requests=share.max_requests,
-                        max_duration_s=share.max_duration_s,
-                        start_at=self._start_at,
-                        on_start=started,
-                        on_record=lambda r: out.put(("r", r.model_dump_json())),
-                        **common,
+                        replace(
+                            common,
+                            specs=share.specs,
+                            schedule=share.schedule,
+                            max_requests=share.max_requests,
+                            max_duration_s=share.max_duration_s,
+                            start_at=self._start_at,
+                            on_start=started,
+                            on_record=lambda r: out.put(("r", r.model_dump_json())),
+                        )
                     )
                 )
             stats["interrupted"] = self._stop.is_set()
@@ -348,6 +333,10 @@ class _Stream:
         return spec
 
 
+#: what a job may ask of one host's load generator but not of several
+UNSUPPORTED = ("ramp_up_s", "start_at", "busy_poll", "on_record", "on_start")
+
+
 class RayLoad:
     """Runs one load point over the actors of `generators`; called like `run_load_sync`. After each point,
     `on_point(run_id, placement)` receives where it ran: the actors, their shares, the clock offsets before
@@ -360,62 +349,26 @@ class RayLoad:
         self.on_point = on_point
         self._tokenizers: dict[int, Any] = {}
 
-    def __call__(
-        self,
-        url: str,
-        adapter: Adapter,
-        specs: Sequence[RequestSpec],
-        schedule: Schedule,
-        *,
-        output_path: str | Path | None = None,
-        summary_path: str | Path | None = None,
-        warmup_specs: Sequence[RequestSpec] = (),
-        warmup_concurrency: int | None = None,
-        backend: str | None = None,
-        variant: str = "",
-        load_point: str | None = None,
-        timeouts: Timeouts | None = None,
-        max_requests: int | None = None,
-        max_duration_s: float | None = None,
-        tokenizer: Any = None,
-        progress: Callable[[list[RequestRecord]], None] | None = None,
-        progress_interval_s: float = 1.0,
-        run_id: str | None = None,
-        **unsupported: Any,
-    ) -> list[RequestRecord]:
+    def __call__(self, job: PointJob) -> list[RequestRecord]:
+        plain = {f.name: f.default for f in fields(PointJob)}
+        unsupported = [name for name in UNSUPPORTED if getattr(job, name) != plain[name]]
         if unsupported:
-            raise TypeError(f"not supported over Ray: {', '.join(sorted(unsupported))}")
+            raise TypeError(f"not supported over Ray: {', '.join(unsupported)}")
+        job = job.resolved()
         slots = self.generators.live()
         if not slots:
             raise RuntimeError("no load generator is alive")
-        _check_reachable(url, slots)
+        _check_reachable(job.url, slots)
         shares = split_point(
-            specs,
-            warmup_specs,
-            schedule,
+            job.specs,
+            job.warmup_specs,
+            job.schedule,
             len(slots),
-            max_requests=max_requests,
-            max_duration_s=max_duration_s,
-            warmup_concurrency=warmup_concurrency,
+            max_requests=job.max_requests,
+            max_duration_s=job.max_duration_s,
+            warmup_concurrency=job.warmup_concurrency,
         )
-        point = _Point(
-            self,
-            url,
-            adapter,
-            schedule,
-            shares,
-            slots[: len(shares)],
-            output_path,
-            summary_path,
-            backend or adapter.name,
-            variant,
-            load_point or schedule.label,
-            run_id or os.urandom(6).hex(),
-            timeouts or Timeouts(),
-            self._tokenizer_ref(tokenizer),
-            progress,
-            progress_interval_s,
-        )
+        point = _Point(self, job, shares, slots[: len(shares)], self._tokenizer_ref(job.tokenizer))
         with asyncio.Runner() as runner:
             return runner.run(point.run())
 
@@ -434,33 +387,24 @@ class RayLoad:
 
 class _Point:
     def __init__(
-        self,
-        owner: RayLoad,
-        url: str,
-        adapter: Adapter,
-        schedule: Schedule,
-        shares: list[Share],
-        slots: list[Slot],
-        output_path: Any,
-        summary_path: Any,
-        backend: str,
-        variant: str,
-        load_point: str,
-        run_id: str,
-        timeouts: Timeouts,
-        tokenizer: Any,
-        progress: Callable[[list[RequestRecord]], None] | None,
-        progress_interval_s: float,
+        self, owner: RayLoad, job: PointJob, shares: list[Share], slots: list[Slot], tokenizer: Any
     ) -> None:
-        self.owner, self.url, self.adapter, self.schedule = owner, url, adapter, schedule
-        self.shares, self.slots = shares, slots
-        self.backend, self.variant, self.load_point, self.run_id = backend, variant, load_point, run_id
-        self.timeouts, self.tokenizer = timeouts, tokenizer
-        self.progress, self.progress_interval_s = progress, progress_interval_s
-        self.writer = RecordWriter(output_path) if output_path is not None else None
-        if summary_path is None and output_path is not None:
-            summary_path = Path(output_path).with_name("runs.jsonl")
-        self.summary_path = summary_path
+        """`job` resolved (`PointJob.resolved`); `tokenizer` an ObjectRef to its tokenizer, or None."""
+        self.owner, self.job, self.shares, self.slots = owner, job, shares, slots
+        # what every actor's share has in common
+        self.common = PointJob(
+            job.url,
+            job.adapter,
+            (),
+            job.schedule,
+            backend=job.backend,
+            variant=job.variant,
+            load_point=job.load_point,
+            run_id=job.run_id,
+            timeouts=job.timeouts,
+            tokenizer=tokenizer,
+        )
+        self.writer = RecordWriter(job.output_path) if job.output_path is not None else None
         self.records: list[RequestRecord] = []
         self.t0 = perf_counter()
         self.start_at: float | None = None
@@ -474,7 +418,7 @@ class _Point:
         self.t0 = perf_counter()
         interrupted = False
         consumers = [asyncio.create_task(self._consume(s)) for s in self.streams]
-        progress = asyncio.create_task(self._report_progress()) if self.progress is not None else None
+        progress = asyncio.create_task(self._report_progress()) if self.job.progress is not None else None
         try:
             await asyncio.gather(*(s.warm.wait() for s in self.streams))
             lead = START_LEAD_S + PREPARE_S_PER_REQUEST * max(len(s.share.specs) for s in self.streams)
@@ -496,26 +440,14 @@ class _Point:
                 with contextlib.suppress(asyncio.CancelledError):
                     await progress
                 with contextlib.suppress(Exception):
-                    self.progress(self.records)  # type: ignore[misc]
+                    self.job.progress(self.records)  # type: ignore[misc]
         end = perf_counter()
         interrupted = interrupted or any(s.done.get("interrupted") for s in self.streams)
         self._finish(end, interrupted)
         return self.records
 
     async def _consume(self, stream: _Stream) -> None:
-        gen = stream.slot.handle.run.remote(
-            Job(
-                stream.share,
-                self.url,
-                self.adapter,
-                self.timeouts,
-                self.run_id,
-                self.backend,
-                self.variant,
-                self.load_point,
-                self.tokenizer,
-            )
-        )
+        gen = stream.slot.handle.run.remote(Job(stream.share, self.common))
         try:
             async for ref in gen:
                 message = await ref
@@ -569,14 +501,14 @@ class _Point:
         for started in list(stream.inflight.values()):
             record = lost_record(
                 started,
-                run_id=self.run_id,
-                backend=self.backend,
-                variant=self.variant,
-                load_point=self.load_point,
+                run_id=self.job.run_id,
+                backend=self.job.backend,
+                variant=self.job.variant,
+                load_point=self.job.load_point,
                 t0=self.t0,
                 offset_s=stream.offset.offset_s,
                 host=stream.slot.host,
-                forced=self.adapter.forces_output_length,
+                forced=self.job.adapter.forces_output_length,
                 reason=reason,
             )
             if kind != ErrorKind.CLIENT_LOST:
@@ -603,39 +535,36 @@ class _Point:
                 self._lose(s, ErrorKind.CANCELLED, f"the run was stopped; {s.slot.host} {s.died}")
 
     async def _report_progress(self) -> None:
-        assert self.progress is not None
+        progress = self.job.progress
+        assert progress is not None
         while True:
-            await asyncio.sleep(self.progress_interval_s)
+            await asyncio.sleep(self.job.progress_interval_s)
             try:
-                self.progress(self.records)
+                progress(self.records)
             except Exception:
                 log.exception("the progress callback failed; the run goes on")
 
     def _finish(self, end: float, interrupted: bool) -> None:
         if self.writer is not None:
             self.writer.close()
-        describe = self.schedule.describe() | {
-            "adapter": self.adapter.describe(),
+        describe = self.job.schedule.describe() | {
+            "adapter": self.job.adapter.describe(),
             "load_generators": len(self.streams),
         }
         summary = build_summary(
             self.records,
-            self.schedule,
-            run_id=self.run_id,
-            backend=self.backend,
-            variant=self.variant,
-            load_point=self.load_point,
+            self.job,
             t0=self.t0,
             measured_start=self.start_at or end,
             end=end,
             interrupted=interrupted,
             describe=describe,
         )
-        if self.summary_path is not None:
-            with RecordWriter(self.summary_path) as writer:
+        if self.job.summary_path is not None:
+            with RecordWriter(self.job.summary_path) as writer:
                 writer.append(summary)
         if self.owner.on_point is not None:
-            self.owner.on_point(self.run_id, self._placement())
+            self.owner.on_point(self.job.run_id, self._placement())
 
     def _placement(self) -> dict[str, Any]:
         out = []

@@ -15,8 +15,8 @@ ended, and many requests ending at once do not hold up the others' timestamps). 
 (Ctrl-C under `run_load_sync`, or cancelling the task running `run_load`) records the requests in flight
 as `cancelled` and returns normally with everything recorded so far.
 
-    records = run_load_sync("http://127.0.0.1:8000", get_adapter("vllm"), specs, ClosedLoop(8),
-                            output_path=Path("runs/x/requests.jsonl"))
+    records = run_load_sync(PointJob("http://127.0.0.1:8000", get_adapter("vllm"), specs, ClosedLoop(8),
+                                     output_path=Path("runs/x/requests.jsonl")))
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -71,7 +71,8 @@ TokenCounter = Callable[[str], int]
 
 
 def token_counter(tokenizer: Any) -> TokenCounter:
-    """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a callable."""
+    """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a
+    callable."""
     if hasattr(tokenizer, "encode"):
         def count(text: str) -> int:
             ids = tokenizer.encode(text, add_special_tokens=False)
@@ -111,22 +112,84 @@ class _Prepared:
 StartHook = Callable[[str, float, float, bool], None]
 
 
+@dataclass(frozen=True)
+class PointJob:
+    """One load point: where and what to send on which schedule, its bounds and labels, where its records
+    go, and who hears of them. `run_load` takes one; so does the Ray load (`workloads.distributed.RayLoad`),
+    which splits it over its actors.
+
+    - warm-up: `warmup_specs` are sent first and recorded with `warmup=True` (their consumers exclude
+      them from results). In a closed loop every worker takes warm-up requests until none is left, then
+      measured ones, so the measured phase starts at full concurrency; before an open loop or a trace they
+      run as a closed loop at `warmup_concurrency` (default min(8, count)).
+    - `ramp_up_s` (closed loop): workers start this far apart in total (default 1 ms per worker, at most
+      5 s), so that a thousand streams do not all send in the same instant.
+    - bounds: `max_requests` (specs are cycled, ids suffixed `~k`, if it exceeds their number) and
+      `max_duration_s` (no new request after it; in-flight ones finish). Without either, each spec once.
+    - `output_path`: requests.jsonl to append to; the run summary goes to `summary_path` (default:
+      `runs.jsonl` beside it).
+    - labels: `backend` (default: the adapter's name), `variant`, `load_point` (default: the schedule's
+      label) and `run_id` (default: a new one) go into every record.
+    - `tokenizer`: re-tokenises each response's text as a cross-check of the token counts.
+    - `start_at` (perf_counter seconds): the measured schedule starts then, after preparation and any
+      open-loop warm-up (closed loop: the workers start then), so that load generators on several hosts
+      can start together; a late start shows as client lag.
+    - `busy_poll` (`run_load_sync` only): see `keep_awake`.
+    - `progress(records)` is called every `progress_interval_s` with the records so far (do not modify).
+    - `on_record(record)` is called with each record as it is stored, and `on_start(request_id, scheduled,
+      start, warmup)` as each request begins (perf_counter seconds): what a caller streaming records
+      elsewhere needs to know which requests are in flight.
+    """
+
+    url: str
+    adapter: Adapter
+    specs: Sequence[RequestSpec]
+    schedule: Schedule
+    output_path: str | Path | None = None
+    summary_path: str | Path | None = None
+    warmup_specs: Sequence[RequestSpec] = ()
+    warmup_concurrency: int | None = None
+    ramp_up_s: float | None = None
+    max_requests: int | None = None
+    max_duration_s: float | None = None
+    backend: str | None = None
+    variant: str = ""
+    load_point: str | None = None
+    run_id: str | None = None
+    timeouts: Timeouts = Timeouts()
+    tokenizer: Any = None
+    start_at: float | None = None
+    busy_poll: bool = False
+    progress: Callable[[list[RequestRecord]], None] | None = None
+    progress_interval_s: float = 1.0
+    on_record: Callable[[RequestRecord], None] | None = None
+    on_start: StartHook | None = None
+
+    def resolved(self) -> PointJob:
+        """The job with its defaults filled in: labels, run id and summary path."""
+        summary = self.summary_path
+        if summary is None and self.output_path is not None:
+            summary = Path(self.output_path).with_name("runs.jsonl")
+        return replace(self, backend=self.backend or self.adapter.name,
+                       load_point=self.load_point or self.schedule.label,
+                       run_id=self.run_id or uuid.uuid4().hex[:12], summary_path=summary)
+
+
 class _Run:
-    def __init__(self, url: str, adapter: Adapter, timeouts: Timeouts, writer: RecordWriter | None,
-                 count_tokens: TokenCounter | None, backend: str, variant: str, load_point: str, run_id: str,
-                 progress: Callable[[list[RequestRecord]], None] | None,
-                 on_record: Callable[[RequestRecord], None] | None = None,
-                 on_start: StartHook | None = None) -> None:
-        self.base = URL(url)
+    def __init__(self, job: PointJob, writer: RecordWriter | None, count_tokens: TokenCounter | None) -> None:
+        """`job` resolved (`PointJob.resolved`)."""
+        self.base = URL(job.url)
         if not self.base.is_absolute():
-            raise ValueError(f"endpoint URL must be absolute (http://host:port), got {url!r}")
-        self.adapter = adapter
-        self.timeouts = timeouts
+            raise ValueError(f"endpoint URL must be absolute (http://host:port), got {job.url!r}")
+        self.adapter = job.adapter
+        self.timeouts = job.timeouts
         self.writer = writer
         self.count_tokens = count_tokens
-        self.backend, self.variant, self.load_point, self.run_id = backend, variant, load_point, run_id
-        self.progress = progress
-        self.on_record, self.on_start = on_record, on_start
+        assert job.backend is not None and job.load_point is not None and job.run_id is not None
+        self.backend, self.variant, self.load_point = job.backend, job.variant, job.load_point
+        self.run_id = job.run_id
+        self.progress = job.progress
+        self.on_record, self.on_start = job.on_record, job.on_start
         self.records: list[RequestRecord] = []
         self.t0 = perf_counter()
         self.session: aiohttp.ClientSession | None = None
@@ -189,9 +252,8 @@ class _Run:
             if self._failures % GC_EVERY_FAILURES == 0:
                 gc.collect()
         end = perf_counter()
-        self.finished.append((item, scheduled, warmup,
-                              _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming,
-                                           error)))
+        raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error)
+        self.finished.append((item, scheduled, warmup, raw))
         self._work.set()
         if cancelled:
             raise asyncio.CancelledError
@@ -237,7 +299,8 @@ class _Run:
         usage_completion = reading.usage_completion_tokens
         event_tokens = reading.event_tokens
         retokenized = self.count_tokens(reading.text) if self.count_tokens is not None and events else None
-        known = {n for n in (usage_completion, event_tokens if events else None, retokenized) if n is not None}
+        counts = (usage_completion, event_tokens if events else None, retokenized)
+        known = {n for n in counts if n is not None}
         return RequestRecord(
             run_id=self.run_id, request_id=item.request_id, backend=self.backend, variant=self.variant,
             load_point=self.load_point, warmup=warmup, t0_monotonic=t0,
@@ -246,7 +309,8 @@ class _Run:
             scheduled_s=scheduled - t0, start_s=raw.start - t0,
             send_s=None if raw.send is None else raw.send - t0,
             headers_s=None if raw.headers is None else raw.headers - t0, end_s=raw.end - t0,
-            events=[(t - t0, n, len(e.text)) for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
+            events=[(t - t0, n, len(e.text))
+                    for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
             http_status=raw.status, finish_reason=reading.finish_reason,
             usage_prompt_tokens=reading.usage_prompt_tokens, usage_completion_tokens=usage_completion,
             event_tokens=event_tokens,
@@ -375,7 +439,8 @@ def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeo
             return ErrorKind.CONNECTION_REFUSED, text
         return ErrorKind.CONNECT_FAILED, text
     causes = list(_chain(exc))
-    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET for c in causes):
+    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET
+           for c in causes):
         return ErrorKind.CONNECTION_RESET, text
     if isinstance(exc, aiohttp.ClientPayloadError) and "ConnectionResetError" in str(exc):
         # aiohttp keeps the socket error of a body cut short only in the message of ClientPayloadError
@@ -428,146 +493,121 @@ def _trace_config() -> aiohttp.TraceConfig:
     return config
 
 
-async def run_load(
-    url: str,
-    adapter: Adapter,
-    specs: Sequence[RequestSpec],
-    schedule: Schedule,
-    *,
-    output_path: str | Path | None = None,
-    warmup_specs: Sequence[RequestSpec] = (),
-    warmup_concurrency: int | None = None,
-    ramp_up_s: float | None = None,
-    backend: str | None = None,
-    variant: str = "",
-    load_point: str | None = None,
-    timeouts: Timeouts = Timeouts(),
-    max_requests: int | None = None,
-    max_duration_s: float | None = None,
-    tokenizer: Any = None,
-    progress: Callable[[list[RequestRecord]], None] | None = None,
-    progress_interval_s: float = 1.0,
-    run_id: str | None = None,
-    summary_path: str | Path | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    on_start: StartHook | None = None,
-    start_at: float | None = None,
-) -> list[RequestRecord]:
-    """Drive `url` (e.g. `http://127.0.0.1:8000`) with `specs` on `schedule` and return every record.
-
-    - warm-up: `warmup_specs` are sent first and recorded with `warmup=True` (their consumers exclude
-      them from results). In a closed loop every worker takes warm-up requests until none is left, then
-      measured ones, so the measured phase starts at full concurrency; before an open loop or a trace they
-      run as a closed loop at `warmup_concurrency` (default min(8, count)).
-    - `ramp_up_s` (closed loop): workers start this far apart in total (default 1 ms per worker, at most
-      5 s), so that a thousand streams do not all send in the same instant.
-    - bounds: `max_requests` (specs are cycled, ids suffixed `~k`, if it exceeds their number) and
-      `max_duration_s` (no new request after it; in-flight ones finish). Without either, each spec once.
-    - `output_path`: requests.jsonl to append to; the run summary goes to `summary_path` (default:
-      `runs.jsonl` beside it).
-    - `tokenizer`: re-tokenises each response's text as a cross-check of the token counts.
-    - `progress(records)` is called every `progress_interval_s` with the records so far (do not modify).
-    - `on_record(record)` is called with each record as it is stored, and `on_start(request_id, scheduled,
-      start, warmup)` as each request begins (perf_counter seconds): what a caller streaming records
-      elsewhere needs to know which requests are in flight.
-    - `start_at` (perf_counter seconds): the measured schedule starts then, after preparation and any
-      open-loop warm-up (closed loop: the workers start then), so that load generators on several hosts
-      can start together; a late start shows as client lag.
-    Cancellation records the in-flight requests as `cancelled` and returns normally.
-    """
-    if not specs:
-        raise ValueError("no request specs to send")
-    if max_requests is not None and max_requests < 1:
-        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-    if max_duration_s is not None and not max_duration_s > 0:
-        raise ValueError(f"max_duration_s must be > 0, got {max_duration_s}")
-    writer = RecordWriter(output_path) if output_path is not None else None
-    if summary_path is None and output_path is not None:
-        summary_path = Path(output_path).with_name("runs.jsonl")
-    run = _Run(url, adapter, timeouts, writer, token_counter(tokenizer) if tokenizer is not None else None,
-               backend or adapter.name, variant, load_point or schedule.label, run_id or uuid.uuid4().hex[:12],
-               progress, on_record, on_start)
-    count = max_requests if max_requests is not None else (None if max_duration_s is not None else len(specs))
-    items = _items(run, specs, count)  # builds and checks every request before anything is sent
+async def run_load(job: PointJob) -> list[RequestRecord]:
+    """Drive `job.url` (e.g. `http://127.0.0.1:8000`) with `job.specs` on `job.schedule` and return every
+    record (see `PointJob` for the rest). Cancellation records the in-flight requests as `cancelled` and
+    returns normally."""
+    job = job.resolved()
+    _check(job)
+    writer = RecordWriter(job.output_path) if job.output_path is not None else None
+    run = _Run(job, writer, token_counter(job.tokenizer) if job.tokenizer is not None else None)
+    count = job.max_requests if job.max_requests is not None else (
+        None if job.max_duration_s is not None else len(job.specs))
+    items = _items(run, job.specs, count)  # builds and checks every request before anything is sent
     first = next(items)
     items = itertools.chain([first], items)
-    warm_items = list(_items(run, warmup_specs, len(warmup_specs))) if warmup_specs else []
+    warm_items = list(_items(run, job.warmup_specs, len(job.warmup_specs))) if job.warmup_specs else []
 
     # the pool holds as many connections as requests can be in flight (0: no limit, for an uncapped open loop)
+    schedule, timeouts = job.schedule, job.timeouts
     pool = schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency or 0
     connector = StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
-    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s)
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s,
+                                           sock_read=timeouts.read_s)
     interrupted = False
     progress_task = None
-    # The cyclic garbage collector pauses the loop for 1-20 ms per collection, long enough to show in the
-    # timestamps. Measured, a successful request leaves no cyclic garbage, so collection is paused for the
-    # run (after freezing what already exists); failed connections leave about 90 objects each, so every
-    # GC_EVERY_FAILURES of them trigger one collection.
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout, read_bufsize=READ_BUFFER,
-                                     trace_configs=[_trace_config()], raise_for_status=False) as session:
-        run.session = session
-        if progress is not None:
-            progress_task = asyncio.create_task(run.report_progress(progress_interval_s))
-        recorder = asyncio.create_task(run.record_finished())
-        try:
-            if isinstance(schedule, ClosedLoop):
-                if start_at is not None and (delay := start_at - perf_counter()) > 0:
-                    await asyncio.sleep(delay)
-                ramp = min(schedule.concurrency * 1e-3, 5.0) if ramp_up_s is None else ramp_up_s
-                await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, max_duration_s)
-            else:
-                if warm_items:
-                    concurrency = warmup_concurrency or min(len(warm_items), 8)
-                    await run.closed_loop(iter(warm_items), iter(()), concurrency, 0.0, None)
-                run.measured_start = start = perf_counter() if start_at is None else start_at
-                deadline = None if max_duration_s is None else start + max_duration_s
-                await run.open_loop(items, schedule.iter_offsets(), start, deadline, schedule.max_concurrency)
-        except asyncio.CancelledError:
-            interrupted = True
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            log.warning("run %s interrupted: in-flight requests recorded as cancelled", run.run_id)
-        finally:
-            recorder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recorder
-            run.record_all_now()
-            if progress_task is not None:
-                progress_task.cancel()
+    with _collection_paused():
+        async with aiohttp.ClientSession(connector=connector, timeout=client_timeout,
+                                         read_bufsize=READ_BUFFER, trace_configs=[_trace_config()],
+                                         raise_for_status=False) as session:
+            run.session = session
+            if job.progress is not None:
+                progress_task = asyncio.create_task(run.report_progress(job.progress_interval_s))
+            recorder = asyncio.create_task(run.record_finished())
+            try:
+                await _send_all(run, job, warm_items, items)
+            except asyncio.CancelledError:
+                interrupted = True
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                log.warning("run %s interrupted: in-flight requests recorded as cancelled", run.run_id)
+            finally:
+                recorder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await progress_task
-                if progress is not None:
+                    await recorder
+                run.record_all_now()
+                if progress_task is not None:
+                    progress_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await progress_task
                     with contextlib.suppress(Exception):
-                        progress(run.records)
-    gc.unfreeze()
-    if gc_was_enabled:
-        gc.enable()
-    summary = _summary(run, schedule, interrupted)
+                        job.progress(run.records)  # type: ignore[misc]
+    summary = _summary(run, job, interrupted)
     if writer is not None:
         writer.close()
-    if summary_path is not None:
-        with RecordWriter(summary_path) as summary_writer:
+    if job.summary_path is not None:
+        with RecordWriter(job.summary_path) as summary_writer:
             summary_writer.append(summary)
     return run.records
 
 
-def _summary(run: _Run, schedule: Schedule, interrupted: bool) -> RunSummary:
-    return build_summary(run.records, schedule, run_id=run.run_id, backend=run.backend, variant=run.variant,
-                         load_point=run.load_point, t0=run.t0, measured_start=run.measured_start or run.t0,
+def _check(job: PointJob) -> None:
+    if not job.specs:
+        raise ValueError("no request specs to send")
+    if job.max_requests is not None and job.max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {job.max_requests}")
+    if job.max_duration_s is not None and not job.max_duration_s > 0:
+        raise ValueError(f"max_duration_s must be > 0, got {job.max_duration_s}")
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """The cyclic garbage collector pauses the loop for 1-20 ms per collection, long enough to show in the
+    timestamps. Measured, a successful request leaves no cyclic garbage, so collection is paused for the
+    run (after freezing what already exists); failed connections leave about 90 objects each, so every
+    GC_EVERY_FAILURES of them trigger one collection (`_Run.execute`)."""
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if gc_was_enabled:
+            gc.enable()
+
+
+async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
+                    items: Iterator[_Prepared]) -> None:
+    """The warm-up and the measured requests on the job's schedule."""
+    schedule = job.schedule
+    if isinstance(schedule, ClosedLoop):
+        if job.start_at is not None and (delay := job.start_at - perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        ramp = min(schedule.concurrency * 1e-3, 5.0) if job.ramp_up_s is None else job.ramp_up_s
+        await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, job.max_duration_s)
+        return
+    if warm_items:
+        concurrency = job.warmup_concurrency or min(len(warm_items), 8)
+        await run.closed_loop(iter(warm_items), iter(()), concurrency, 0.0, None)
+    run.measured_start = start = perf_counter() if job.start_at is None else job.start_at
+    deadline = None if job.max_duration_s is None else start + job.max_duration_s
+    await run.open_loop(items, schedule.iter_offsets(), start, deadline, schedule.max_concurrency)
+
+
+def _summary(run: _Run, job: PointJob, interrupted: bool) -> RunSummary:
+    return build_summary(run.records, job, t0=run.t0, measured_start=run.measured_start or run.t0,
                          end=perf_counter(), interrupted=interrupted,
-                         describe=schedule.describe() | {"adapter": run.adapter.describe()})
+                         describe=job.schedule.describe() | {"adapter": run.adapter.describe()})
 
 
-def build_summary(records: Sequence[RequestRecord], schedule: Schedule, *, run_id: str, backend: str,
-                  variant: str, load_point: str, t0: float, measured_start: float, end: float,
-                  interrupted: bool, describe: dict) -> RunSummary:
-    """The run summary of `records`, whose times are all relative to `t0` (one clock: several load
-    generators' records must first be put on one timeline)."""
+def build_summary(records: Sequence[RequestRecord], job: PointJob, *, t0: float, measured_start: float,
+                  end: float, interrupted: bool, describe: dict) -> RunSummary:
+    """The run summary of `records` of the resolved `job`, whose times are all relative to `t0` (one clock:
+    several load generators' records must first be put on one timeline)."""
+    schedule = job.schedule
     measured = [r for r in records if not r.warmup]
     sends = sorted(r.send_s for r in measured if r.send_s is not None)
     lags = np.array([lag for r in measured if (lag := client_lag(r)) is not None])
@@ -578,7 +618,7 @@ def build_summary(records: Sequence[RequestRecord], schedule: Schedule, *, run_i
     offered = schedule.rate if isinstance(schedule, OpenLoop | TraceReplay) else None
     achieved = (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 and sends[-1] > sends[0] else None
     return RunSummary(
-        run_id=run_id, backend=backend, variant=variant, load_point=load_point,
+        run_id=job.run_id, backend=job.backend, variant=job.variant, load_point=job.load_point,
         t0_monotonic=t0, schedule=describe,
         measured_start_s=measured_start - t0, wall_s=end - t0,
         n_warmup=len(records) - len(measured), n_measured=len(measured), n_sent=len(sends),
@@ -589,11 +629,12 @@ def build_summary(records: Sequence[RequestRecord], schedule: Schedule, *, run_i
     )
 
 
-def run_load_sync(*args: Any, busy_poll: bool = False, **kwargs: Any) -> list[RequestRecord]:
+def run_load_sync(job: PointJob) -> list[RequestRecord]:
     """`run_load` in a fresh event loop (`new_runner`). Ctrl-C stops the run cleanly: in-flight
-    requests are recorded as cancelled and the records so far are returned. `busy_poll`: see `keep_awake`."""
+    requests are recorded as cancelled and the records so far are returned. `job.busy_poll`: see
+    `keep_awake`."""
     with new_runner() as runner:
-        return runner.run(_awake(run_load(*args, **kwargs)) if busy_poll else run_load(*args, **kwargs))
+        return runner.run(_awake(run_load(job)) if job.busy_poll else run_load(job))
 
 
 async def keep_awake() -> None:

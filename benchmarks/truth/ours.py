@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from adapters import get_adapter
-from workloads.loadgen import run_load_sync
+from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.spec import RequestSpec
 
@@ -41,11 +41,11 @@ def main(argv: list[str] | None = None) -> None:
 
     adapter = get_adapter("vllm-chat" if args.chat else "vllm", model=args.model)
     args.out.unlink(missing_ok=True)
-    records = run_load_sync(args.url, adapter, specs(args.request_id_prefix, args.requests),
-                            ClosedLoop(args.concurrency),
-                            warmup_specs=specs(f"{args.request_id_prefix}warm-", args.warmup),
-                            output_path=args.out, summary_path=args.out.with_name("ours-runs.jsonl"),
-                            busy_poll=args.busy_poll)
+    records = run_load_sync(PointJob(args.url, adapter, specs(args.request_id_prefix, args.requests),
+                                     ClosedLoop(args.concurrency),
+                                     warmup_specs=specs(f"{args.request_id_prefix}warm-", args.warmup),
+                                     output_path=args.out, summary_path=args.out.with_name("ours-runs.jsonl"),
+                                     busy_poll=args.busy_poll))
     failed = sum(not r.ok for r in records)
     print(f"{len(records)} requests, {failed} failed", flush=True)
     sys.exit(1 if failed else 0)
