@@ -13,6 +13,7 @@ end's (detokenising, JSON, socket writes) to release a GIL.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -75,6 +76,10 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         except Exception:  # an exception that does not pickle: send its words
             results.send(("failed", RuntimeError(f"{type(exc).__name__}: {exc}")))
         return
+    # Everything built so far (modules, weights, graphs, kernels) lives as long as the process: frozen, the
+    # collector's sweeps while serving no longer walk it.
+    gc.collect()
+    gc.freeze()
     try:
         results.send(("ready", EngineInfo.of(engine)))
         EngineCore(engine, commands, results).serve()
