@@ -205,7 +205,7 @@ def set_knobs(assignments: list[str]) -> dict:
     """Apply NAME=VALUE settings to reference_engine.triton_ops (same-machine A/B runs of a kernel choice)."""
     if not assignments:
         return {}
-    from reference_engine import triton_ops
+    from reference_engine.kernels import triton_ops
 
     knobs = {}
     for assignment in assignments:

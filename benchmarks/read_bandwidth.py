@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_latency import copy_bandwidth
 
+from reference_engine.kernels.triton_kernels import _gemv_kernel
 from reference_engine.model_config import named_shape
-from reference_engine.triton_kernels import _gemv_kernel
 
 
 @triton.jit

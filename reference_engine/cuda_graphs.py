@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels.attention import AttentionBatch
 from reference_engine.model import LlamaModel
 
 log = logging.getLogger("reference_engine")

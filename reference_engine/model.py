@@ -13,9 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels.attention import AttentionBatch
+from reference_engine.kernels.ops import Ops
 from reference_engine.model_config import ModelSpec
-from reference_engine.ops import Ops
 
 
 class RMSNorm(nn.Module):

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import AttentionBatch, PrefillChunk, decode_mask
-from reference_engine.cpu_linear import onednn_linear_available, pack_linears
 from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
 from reference_engine.host_copy import lists_to_device, to_device
+from reference_engine.kernels.attention import AttentionBatch, PrefillChunk, decode_mask
+from reference_engine.kernels.cpu_linear import onednn_linear_available, pack_linears
+from reference_engine.kernels.ops import ops_for
 from reference_engine.loader import ResolvedModel, build_model
-from reference_engine.ops import ops_for
 from reference_engine.sequence import Sequence
 
 DECODE_WARM_CONTEXT = 64  # decode attention's partition: contexts 64 * 2^k reach every partition count it compiles
@@ -94,7 +94,7 @@ class ModelRunner:
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.packed_linears = 0
         if self.ops.name == "triton":  # on CUDA, or under Triton's interpreter on the CPU (tests)
-            from reference_engine.triton_ops import choose_blas_library, use_gemv_for_single_rows
+            from reference_engine.kernels.triton_ops import choose_blas_library, use_gemv_for_single_rows
 
             use_gemv_for_single_rows(self.model)
             choose_blas_library(self.spec.hidden_size)

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from reference_engine import Engine, EngineConfig
-from reference_engine.attention import (
+from reference_engine.kernels.attention import (
     AttentionBatch,
     PrefillChunk,
     decode_attention,
     decode_mask,
     prefill_attention,
 )
-from reference_engine.cpu_kernels import CPUOps, load_kernel
-from reference_engine.cpu_kernels import decode_attention as c_decode_attention
-from reference_engine.cpu_kernels import prefill_attention as c_prefill_attention
-from reference_engine.ops import TorchOps
+from reference_engine.kernels.cpu_kernels import CPUOps, load_kernel
+from reference_engine.kernels.cpu_kernels import decode_attention as c_decode_attention
+from reference_engine.kernels.cpu_kernels import prefill_attention as c_prefill_attention
+from reference_engine.kernels.ops import TorchOps
 
 LIB = load_kernel()
 pytestmark = pytest.mark.skipif(LIB is None, reason="no C compiler here: the engine keeps the torch path")

@@ -35,16 +35,22 @@ import torch
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
-from reference_engine.async_engine import AsyncEngine
 from reference_engine.config import EngineConfig
 from reference_engine.engine import Engine
-from reference_engine.engine_client import launch_engine_core
 from reference_engine.engine_info import EngineInfo
-from reference_engine.openai_api import ApiError, ChatCompletionRequest, OpenAIRoutes, dumps, error_body
-from reference_engine.request_streams import EngineDeadError, OverloadedError, RequestStreams
-from reference_engine.server_metrics import CONTENT_TYPE, ServerMetrics
-from reference_engine.serving import GenerationRequest, generate_tokens, new_request_id
-from reference_engine.tgi_api import TGIRoutes
+from reference_engine.serving.async_engine import AsyncEngine
+from reference_engine.serving.engine_client import launch_engine_core
+from reference_engine.serving.generation import GenerationRequest, generate_tokens, new_request_id
+from reference_engine.serving.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    OpenAIRoutes,
+    dumps,
+    error_body,
+)
+from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
+from reference_engine.serving.server_metrics import CONTENT_TYPE, ServerMetrics
+from reference_engine.serving.tgi_api import TGIRoutes
 
 log = logging.getLogger("reference_engine.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

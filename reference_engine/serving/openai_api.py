@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reference_engine.config import SamplingParams
-from reference_engine.serving import GenerationRequest, TokenEvent
+from reference_engine.serving.generation import GenerationRequest, TokenEvent
 
 
 class ApiError(Exception):

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reference_engine.config import SamplingParams
 from reference_engine.engine import Engine, EngineStats
-from reference_engine.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.sequence import RequestOutput
+from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "OverloadedError"]
 

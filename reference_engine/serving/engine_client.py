@@ -21,7 +21,7 @@ from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import EngineStats
 from reference_engine.engine_core import CoreOutput, StepReport, run_engine_core
 from reference_engine.engine_info import EngineInfo
-from reference_engine.request_streams import EngineDeadError, RequestStreams
+from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
 
 log = logging.getLogger("reference_engine.client")
 STOP_TIMEOUT_S = 30.0

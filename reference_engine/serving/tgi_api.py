@@ -14,8 +14,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from reference_engine.config import SamplingParams
-from reference_engine.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
-from reference_engine.serving import GenerationRequest, TokenEvent
+from reference_engine.serving.generation import GenerationRequest, TokenEvent
+from reference_engine.serving.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
 
 MAX_STOP_SEQUENCES = 4
 

@@ -11,10 +11,10 @@ import torch
 import triton
 from torch import nn
 
-from reference_engine import attention, triton_kernels
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels import attention, triton_kernels
+from reference_engine.kernels.attention import AttentionBatch
+from reference_engine.kernels.ops import TorchOps
 from reference_engine.model import replace_linears
-from reference_engine.ops import TorchOps
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DECODE_PARTITION = 64  # context tokens per decode program (at least; see decode_partition)

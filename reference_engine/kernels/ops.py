@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine import attention
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels import attention
+from reference_engine.kernels.attention import AttentionBatch
 
 
 class TorchOps:
@@ -99,11 +99,11 @@ def ops_for(device: torch.device, kernels: str = "auto", dtype: torch.dtype = to
     if kernels not in ("auto", "torch", "triton"):
         raise ValueError(f"kernels must be auto, torch or triton, got {kernels!r}")
     if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):
-        from reference_engine.triton_ops import TritonOps
+        from reference_engine.kernels.triton_ops import TritonOps
 
         return TritonOps()
     if kernels == "auto" and device.type == "cpu" and dtype == torch.float32:
-        from reference_engine.cpu_kernels import CPUOps, load_kernel
+        from reference_engine.kernels.cpu_kernels import CPUOps, load_kernel
 
         lib = load_kernel()
         if lib is not None:

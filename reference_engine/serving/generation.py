@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from reference_engine.config import SamplingParams
-from reference_engine.detokenizer import IncrementalDetokenizer
-from reference_engine.request_streams import RequestStream, RequestStreams
-from reference_engine.server_metrics import ServerMetrics
+from reference_engine.serving.detokenizer import IncrementalDetokenizer
+from reference_engine.serving.request_streams import RequestStream, RequestStreams
+from reference_engine.serving.server_metrics import ServerMetrics
 
 
 @dataclass
