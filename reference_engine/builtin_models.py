@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_engine.kernels.paths import cache_root
+
 
 @dataclass(frozen=True)
 class GGUFWheelModel:
@@ -37,11 +39,6 @@ BUILTIN_MODELS = {
         wheel_env="LLM_COMPARE_SMOLLM2_WHEEL",
     ),
 }
-
-
-def cache_root() -> Path:
-    """Where converted models live: $LLM_COMPARE_CACHE, else ~/.cache/llm-compare."""
-    return Path(os.environ.get("LLM_COMPARE_CACHE", Path.home() / ".cache" / "llm-compare"))
 
 
 def builtin_checkpoint(name: str) -> Path:

@@ -8,7 +8,6 @@ transformers to float32 rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -124,19 +123,6 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
-
-
-def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
-                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
-    """Put wrap(linear) in place of each nn.Linear of `model` that `where` picks (a device's own linear kernels,
-    loaded after the weights); returns how many."""
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and where(module)]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, wrap(module))
-    return len(targets)
 
 
 class LlamaModel(nn.Module):

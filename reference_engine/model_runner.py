@@ -16,7 +16,7 @@ from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_b
 from reference_engine.host_copy import lists_to_device, to_device
 from reference_engine.kernels.attention import AttentionBatch, PrefillChunk, decode_mask
 from reference_engine.kernels.cpu_linear import onednn_linear_available, pack_linears
-from reference_engine.kernels.ops import ops_for
+from reference_engine.kernels.dispatch import ops_for
 from reference_engine.loader import ResolvedModel, build_model
 from reference_engine.sequence import Sequence
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from reference_engine.builtin_models import cache_root
 from reference_engine.kernels import attention
 from reference_engine.kernels.attention import AttentionBatch, PrefillChunk
 from reference_engine.kernels.ops import TorchOps
+from reference_engine.kernels.paths import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,8 @@ float32 cast to the activation dtype), so logits agree with transformers to roun
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,20 +94,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def ops_for(device: torch.device, kernels: str = "auto", dtype: torch.dtype = torch.float32) -> TorchOps:
-    """`auto`: Triton kernels on CUDA (imported only there); on the CPU in float32, torch plus the C decode-attention
-    kernel when a C compiler builds it (reference_engine/cpu_kernels.py); else torch. `torch` / `triton` force
-    one (Triton on the CPU needs TRITON_INTERPRET=1)."""
-    if kernels not in ("auto", "torch", "triton"):
-        raise ValueError(f"kernels must be auto, torch or triton, got {kernels!r}")
-    if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):
-        from reference_engine.kernels.triton_ops import TritonOps
-
-        return TritonOps()
-    if kernels == "auto" and device.type == "cpu" and dtype == torch.float32:
-        from reference_engine.kernels.cpu_kernels import CPUOps, load_kernel
-
-        lib = load_kernel()
-        if lib is not None:
-            return CPUOps(lib)
-    return TorchOps()
+def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
+                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
+    """Put wrap(linear) in place of each nn.Linear of `model` that `where` picks (a device's own linear kernels,
+    loaded after the weights); returns how many."""
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, nn.Linear) and where(module)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, wrap(module))
+    return len(targets)

@@ -13,8 +13,7 @@ from torch import nn
 
 from reference_engine.kernels import attention, triton_kernels
 from reference_engine.kernels.attention import AttentionBatch
-from reference_engine.kernels.ops import TorchOps
-from reference_engine.model import replace_linears
+from reference_engine.kernels.ops import TorchOps, replace_linears
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DECODE_PARTITION = 64  # context tokens per decode program (at least; see decode_partition)
