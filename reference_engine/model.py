@@ -86,7 +86,8 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context there.
+        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context
+        # there.
         q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
                                                self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
                                                self.num_kv_heads)
@@ -126,7 +127,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm and LM head; `forward` returns hidden states, `logits` projects."""
+    """Embedding, decoder layers, final norm and LM head; `forward` returns hidden states, `logits`
+    projects."""
 
     def __init__(self, spec: ModelSpec, max_len: int, ops: Ops) -> None:
         super().__init__()
@@ -140,7 +142,8 @@ class LlamaModel(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
+                ) -> torch.Tensor:
         self.ops.begin_step()
         x = self.embed_tokens(input_ids)
         residual = None

@@ -1,5 +1,5 @@
-"""Where the engine keeps what it builds once and reuses: the compiled C kernels (cpu_kernels) and the converted
-built-in models (reference_engine/builtin_models.py)."""
+"""Where the engine keeps what it builds once and reuses: the compiled C kernels (cpu_kernels) and the
+converted built-in models (reference_engine/builtin_models.py)."""
 
 from __future__ import annotations
 

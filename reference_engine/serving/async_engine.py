@@ -3,7 +3,8 @@ each `step()` in a worker thread, so the event loop keeps serving while the mode
 
 Requests and aborts are queued by the handlers and applied by the driver between steps (the engine is never
 touched by two threads at once); each request's outputs flow through its own asyncio queue. The step thread
-and the event loop share one GIL; `engine_client.EngineClient` runs the engine in a process of its own instead.
+and the event loop share one GIL; `engine_client.EngineClient` runs the engine in a process of its own
+instead.
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTokenizer
                          time.perf_counter())
 
 
-async def _token_events(async_engine: RequestStreams, stream: RequestStream, tokenizer: PreTrainedTokenizerBase,
-                        metrics: ServerMetrics, request_id: str, req: GenerationRequest, arrival: float
-                        ) -> AsyncIterator[TokenEvent]:
+async def _token_events(async_engine: RequestStreams, stream: RequestStream,
+                        tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics, request_id: str,
+                        req: GenerationRequest, arrival: float) -> AsyncIterator[TokenEvent]:
     detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,
                                    req.include_stop_str_in_output)
     last = arrival

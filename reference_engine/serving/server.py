@@ -8,14 +8,14 @@ SIGTERM or SIGINT stop accepting work, let running requests finish for up to --s
 abort the rest, and exit 0.
 
 Two processes (the default, `--engine-process`): this one is the front end (HTTP, validation, tokenising and
-detokenising, stop strings, SSE framing, metrics); the engine core (`engine_core.py`) runs `Engine.step()` in a
-child process started with spawn. The front end sends it batches of add/abort commands over a pipe; it sends
-back one message per step with every request's new tokens and the engine's counters (`engine_client.py`
-reads them on a thread and hands each to the event loop). Start-up lines come from the child on the shared
-stderr; the child also sends the front end what it needs to know about the engine (`EngineInfo`). Each
-process has its own GIL, so the core's host work does not wait for per-token serving work. If the core dies
-or a step raises, in-flight requests end with an error and /health answers 503. `--no-engine-process` runs
-the engine in a thread of this process instead (`async_engine.py`).
+detokenising, stop strings, SSE framing, metrics); the engine core (`engine_core.py`) runs `Engine.step()` in
+a child process started with spawn. The front end sends it batches of add/abort commands over a pipe; it sends
+back one message per step with every request's new tokens and the engine's counters (`engine_client.py` reads
+them on a thread and hands each to the event loop). Start-up lines come from the child on the shared stderr;
+the child also sends the front end what it needs to know about the engine (`EngineInfo`). Each process has its
+own GIL, so the core's host work does not wait for per-token serving work. If the core dies or a step raises,
+in-flight requests end with an error and /health answers 503. `--no-engine-process` runs the engine in a
+thread of this process instead (`async_engine.py`).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class ServerState:
                 req.continue_final_message, continue_final_message=req.continue_final_message,
                 **(req.chat_template_kwargs or {}))
         except Exception as exc:  # jinja raises many kinds; all mean this request's messages don't fit
-            raise ApiError(400, f"the chat template could not render these messages: {exc}", "messages") from exc
+            raise ApiError(400, f"the chat template could not render these messages: {exc}",
+                           "messages") from exc
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -207,7 +208,8 @@ def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Appl
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m reference_engine.server", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2-135m", help="checkpoint dir, hub id, built-in or random:<shape>")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="checkpoint dir, hub id, built-in or random:<shape>")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--served-model-name", default=None, help="name clients use; defaults to --model")
     p.add_argument("--host", default="127.0.0.1")
@@ -223,32 +225,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
-                   help="decode batch sizes to capture CUDA graphs for (default: buckets up to --max-num-seqs)")
+                   help="decode batch sizes to capture CUDA graphs for "
+                        "(default: buckets up to --max-num-seqs)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds running requests get on SIGTERM")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get on SIGTERM")
     p.add_argument("--cpu-threads", type=int, default=None,
-                   help="torch threads when serving on the CPU (default: one fewer than the cores, as vLLM's CPU "
-                        "build keeps one for its API server: OpenMP threads that must share a core with the "
-                        "event loop stall each other)")
+                   help="torch threads when serving on the CPU (default: one fewer than the cores, as "
+                        "vLLM's CPU build keeps one for its API server: OpenMP threads that must share a "
+                        "core with the event loop stall each other)")
     p.add_argument("--kernels", choices=("auto", "torch", "triton"), default="auto",
-                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode attention when "
-                        "a C compiler is present), or torch / triton forced")
+                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode "
+                        "attention when a C compiler is present), or torch / triton forced")
     p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
                    help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="overlapped decode: queue each pure-decode step before reading the last one's tokens (fed "
-                        "to it on the device), so the GPU never waits for the host between steps; steps with a "
-                        "prefill, a preemption or min_tokens still in force run synchronously. Greedy "
-                        "tokens are the same either way (default: on for CUDA, off on the CPU, where it cannot "
-                        "overlap anything)")
+                   help="overlapped decode: queue each pure-decode step before reading the last one's "
+                        "tokens (fed to it on the device), so the GPU never waits for the host between "
+                        "steps; steps with a prefill, a preemption or min_tokens still in force run "
+                        "synchronously. Greedy tokens are the same either way (default: on for CUDA, off on "
+                        "the CPU, where it cannot overlap anything)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the engine core in a child process of its own, so its host work and the HTTP "
-                        "front end's do not share a GIL (default); --no-engine-process steps it in a thread of "
-                        "the server's process")
+                   help="run the engine core in a child process of its own, so its host work and the "
+                        "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
+                        "thread of the server's process")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -268,17 +272,18 @@ async def serve(args: argparse.Namespace, started: float) -> int:
         log.info("CPU serving with %d torch threads", threads)
     served = args.served_model_name or args.model
     if args.engine_process:
-        client = await launch_engine_core(config, threads, args.log_level.upper(), LOG_FORMAT, args.max_waiting)
+        client = await launch_engine_core(config, threads, args.log_level.upper(), LOG_FORMAT,
+                                          args.max_waiting)
         tokenizer = await asyncio.to_thread(client.info.load_tokenizer)
         state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
     else:
         if threads is not None:
             torch.set_num_threads(threads)
         engine = await asyncio.to_thread(Engine, config)
-        state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting), served,
-                            args.model, args.api_key)
-    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False, handler_cancellation=True,
-                           access_log=None)
+        state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting),
+                            served, args.model, args.api_key)
+    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
+                           handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
