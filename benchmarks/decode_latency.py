@@ -202,7 +202,8 @@ def run_vllm(shape: str, mode: str, batches: list[int], repeats: int) -> list[di
 
 
 def set_knobs(assignments: list[str]) -> dict:
-    """Apply NAME=VALUE settings to reference_engine.triton_ops (same-machine A/B runs of a kernel choice)."""
+    """Apply NAME=VALUE settings to reference_engine.kernels.triton_ops (same-machine A/B runs of a kernel
+    choice)."""
     if not assignments:
         return {}
     from reference_engine.kernels import triton_ops
@@ -211,7 +212,7 @@ def set_knobs(assignments: list[str]) -> dict:
     for assignment in assignments:
         name, _, text = assignment.partition("=")
         if not hasattr(triton_ops, name):
-            raise SystemExit(f"--set: reference_engine.triton_ops has no knob {name!r}")
+            raise SystemExit(f"--set: reference_engine.kernels.triton_ops has no knob {name!r}")
         current = getattr(triton_ops, name)
         value = bool(int(text)) if isinstance(current, bool) else type(current)(text)
         setattr(triton_ops, name, value)
@@ -229,8 +230,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                   help="set a launch knob of reference_engine.triton_ops first (0/1 for booleans), e.g. "
-                        "ATTENTION_PDL=1; repeatable; recorded in each row")
+                   help="set a launch knob of reference_engine.kernels.triton_ops first (0/1 for booleans), "
+                        "e.g. ATTENTION_PDL=1; repeatable; recorded in each row")
     args = p.parse_args()
     knobs = set_knobs(args.set)
     bandwidth = copy_bandwidth()

@@ -1,7 +1,7 @@
-"""The C kernels (reference_engine/cpu_kernels.py) against the torch path on fresh random inputs: decode and
-prefill attention over scattered paged caches (GQA and MHA, block sizes that do and do not divide the contexts,
-ragged lengths, prefill chunks after a cached prefix), RMSNorm with and without the residual add, rotary
-embedding with the cache write, SiLU-and-mul."""
+"""The C kernels (reference_engine/kernels/cpu_kernels.py) against the torch path on fresh random inputs:
+decode and prefill attention over scattered paged caches (GQA and MHA, block sizes that do and do not
+divide the contexts, ragged lengths, prefill chunks after a cached prefix), RMSNorm with and without the
+residual add, rotary embedding with the cache write, SiLU-and-mul."""
 
 from __future__ import annotations
 

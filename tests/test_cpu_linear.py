@@ -1,4 +1,5 @@
-"""oneDNN-packed float32 linears (reference_engine/cpu_linear.py) against F.linear on fresh random inputs."""
+"""oneDNN-packed float32 linears (reference_engine/kernels/cpu_linear.py) against F.linear on fresh random
+inputs."""
 
 from __future__ import annotations
 

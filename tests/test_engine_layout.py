@@ -109,6 +109,7 @@ def test_layers_import_downwards():
 
 if __name__ == "__main__":  # prints the graph: python tests/test_engine_layout.py
     graph = import_graph()
-    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges; cycles: {cycles(graph) or 'none'}")
+    edges = sum(map(len, graph.values()))
+    print(f"{len(graph)} modules, {edges} import edges; cycles: {cycles(graph) or 'none'}")
     for m in sorted(graph):
         print(f"  [{layer(m)}] {m} -> {', '.join(sorted(graph[m])) or '-'}")

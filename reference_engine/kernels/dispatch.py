@@ -9,8 +9,8 @@ from reference_engine.kernels.ops import TorchOps
 
 def ops_for(device: torch.device, kernels: str = "auto", dtype: torch.dtype = torch.float32) -> TorchOps:
     """`auto`: Triton kernels on CUDA (imported only there); on the CPU in float32, torch plus the C
-    decode-attention kernel when a C compiler builds it (reference_engine/cpu_kernels.py); else torch. `torch`
-    / `triton` force one (Triton on the CPU needs TRITON_INTERPRET=1)."""
+    decode-attention kernel when a C compiler builds it (cpu_kernels.py); else torch. `torch` / `triton`
+    force one (Triton on the CPU needs TRITON_INTERPRET=1)."""
     if kernels not in ("auto", "torch", "triton"):
         raise ValueError(f"kernels must be auto, torch or triton, got {kernels!r}")
     if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):

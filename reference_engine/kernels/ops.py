@@ -1,6 +1,5 @@
 """The model's hot-path operations, in plain torch: the reference every faster implementation is checked
-against, and what runs on the CPU. `ops_for(device)` picks Triton kernels on CUDA
-(reference_engine/triton_ops.py).
+against, and what runs on the CPU. `dispatch.ops_for(device)` picks Triton kernels on CUDA (triton_ops.py).
 
 Numerics follow Hugging Face's Llama step for step (normalise in float32, round, then scale; rotary tables in
 float32 cast to the activation dtype), so logits agree with transformers to rounding.
