@@ -24,7 +24,8 @@ REFERENCE_METRICS.update({
 })
 
 
-#: the server's start-up lines (reference_engine/engine.py and server.py write them), Python logging's clock
+#: the server's start-up lines (reference_engine/engine.py and serving/server.py write them), Python logging's
+#: clock
 REFERENCE_STARTUP = [
     pattern("tokenizer_loaded", r"resolved, tokenizer loaded in (?P<seconds>[\d.]+) s", phase="tokenizer",
             detail="model resolved, tokenizer loaded"),

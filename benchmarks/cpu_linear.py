@@ -19,7 +19,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reference_engine.cpu_linear import PackedLinear
+from reference_engine.kernels.cpu_linear import PackedLinear
 
 HIDDEN, INTERMEDIATE, QKV, VOCAB, LAYERS = 576, 1536, 576 * 3, 49152, 30
 

@@ -52,8 +52,8 @@ def main() -> None:
 
     block_size, max_context, copies = 16, 1024, 8
 
-    from reference_engine import triton_ops
-    from reference_engine.attention import AttentionBatch, paged_attention
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.attention import AttentionBatch, paged_attention
 
     def run(q, k_cache, v_cache, tables, ctx, scale, res, copy: int) -> None:
         triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[copy], ctx, max_context, scale, res)

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_latency import copy_bandwidth
 
+from reference_engine.kernels.triton_kernels import _gemv_kernel
 from reference_engine.model_config import named_shape
-from reference_engine.triton_kernels import _gemv_kernel
 
 
 @triton.jit
@@ -276,8 +276,8 @@ def _splitk_each(x, weights, y, parts, counts, bn, bk, split, warps, stages) -> 
 
 
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
-    """The engine's single-row GEMV (reference_engine/triton_kernels.py) at one tiling and launch mode, without
-    the early load of its first tile (PRELOAD; measured end to end in gemv-preload.jsonl)."""
+    """The engine's single-row GEMV (reference_engine/kernels/triton_kernels.py) at one tiling and launch
+    mode, without the early load of its first tile (PRELOAD; measured end to end in gemv-preload.jsonl)."""
     pdl = launch_mode != "plain"
     whole_row = weights[0].shape[1] * weights[0].element_size()
     prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)

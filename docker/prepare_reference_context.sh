@@ -9,8 +9,8 @@
 #   project/                   this project as a wheel (pip wheel --no-deps)
 #   wheels/                    every dependency as a wheel for CPython 3.11 on manylinux x86_64 (Debian
 #                              bookworm's python3), torch's CPU build included; SHA256SUMS lists them
-#   kernel-cache/              the engine's C kernels compiled here for this CPU (reference_engine/cpu_kernels.py),
-#                              so the image, which has no compiler, runs them on this machine; empty if this
+#   kernel-cache/              the engine's C kernels compiled here for this CPU
+#                              (reference_engine/kernels/cpu_kernels.py), so the image, which has no compiler, runs them on this machine; empty if this
 #                              host cannot build them (the image then runs the torch path, and says so)
 # The host's pip does the downloading, with the host's pip configuration (index, find-links, certificates).
 # Knobs (environment):
@@ -71,7 +71,7 @@ log "$(find "$ctx/wheels" -name "*.whl" | wc -l) dependency wheels, $(du -sh "$c
 rm -rf "$ctx/kernel-cache"
 mkdir -p "$ctx/kernel-cache"
 if LLM_COMPARE_CACHE="$ctx/kernel-cache" PYTHONPATH="$project" "$py" -c \
-    "import sys; from reference_engine.cpu_kernels import load_kernel; sys.exit(load_kernel() is None)" 2>/dev/null; then
+    "import sys; from reference_engine.kernels.cpu_kernels import load_kernel; sys.exit(load_kernel() is None)" 2>/dev/null; then
     log "C kernels: $(ls "$ctx/kernel-cache/kernels")"
 else
     log "C kernels: not built here (no compiler, or the project does not import); the image runs the torch path"

@@ -53,7 +53,8 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def match_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
-        """Longest chain of cached full blocks that starts `token_ids`, leaving at least one token to compute."""
+        """Longest chain of cached full blocks that starts `token_ids`, leaving at least one token to
+        compute."""
         if not self.enable_prefix_caching:
             return [], []
         bs = self.block_size

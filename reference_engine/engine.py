@@ -114,7 +114,8 @@ class Engine:
         self.setup.weights_bytes = self.runner.weights_bytes
         t2 = time.perf_counter()
         self._phase("load_weights", t2 - t1,
-                    f"weights loaded: {self.setup.weights_bytes / 2**30:.3f} GiB, {self.dtype} on {self.device}")
+                    f"weights loaded: {self.setup.weights_bytes / 2**30:.3f} GiB, {self.dtype} "
+                    f"on {self.device}")
         num_blocks = self._num_kv_blocks(config)
         self.runner.allocate_kv_cache(num_blocks)
         self.setup.num_kv_blocks = num_blocks
@@ -179,8 +180,10 @@ class Engine:
             activations = self.runner.profile_activation_bytes(config.max_num_batched_tokens)
             free, total = torch.cuda.mem_get_info(self.device)
             graphs_reserve = 0 if config.enforce_eager else 1024**3
-            budget = int(total * config.gpu_memory_utilization - (total - free) - activations - graphs_reserve)
-            log.info("memory: %.2f GiB total, %.2f GiB in use, %.2f GiB peak activations -> KV budget %.2f GiB",
+            budget = int(total * config.gpu_memory_utilization - (total - free) - activations
+                         - graphs_reserve)
+            log.info("memory: %.2f GiB total, %.2f GiB in use, %.2f GiB peak activations "
+                     "-> KV budget %.2f GiB",
                      total / 2**30, (total - free) / 2**30, activations / 2**30, budget / 2**30)
         else:
             full = -(-self.max_model_len // config.block_size) * config.max_num_seqs * per_block
@@ -385,9 +388,9 @@ class Engine:
         bm = self.block_manager
         return EngineStats(
             running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks, kv_blocks_free=bm.num_free_blocks,
-            prefix_queried_tokens=bm.prefix_queried_tokens, prefix_hit_tokens=bm.prefix_hit_tokens,
-            preemptions=self.scheduler.num_preemptions)
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks, prefix_queried_tokens=bm.prefix_queried_tokens,
+            prefix_hit_tokens=bm.prefix_hit_tokens, preemptions=self.scheduler.num_preemptions)
 
 
 def _resolve_device(device: str) -> torch.device:

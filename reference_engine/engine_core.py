@@ -57,14 +57,16 @@ class StepReport:
     num_added: int  # add commands taken so far, so the front end knows how many are still in the pipe
     num_steps: int
     step_seconds: float  # seconds spent inside `Engine.step` so far
-    rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, why) of adds the engine refused
+    # (request id, why) of adds the engine refused
+    rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
 def run_engine_core(config: EngineConfig, commands: Connection, results: Connection, cpu_threads: int | None,
                     log_level: str, log_format: str) -> None:
     """The child process's entry point: build the engine, report ready, then serve commands until told to stop
     or the front end goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the front end decides
+    # Ctrl-C reaches the whole process group; the front end decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=log_format)
     if cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
@@ -104,7 +106,8 @@ class EngineCore:
     def serve(self) -> None:
         engine = self.engine
         while not self.stopping:
-            batches = [] if engine.has_unfinished_requests() else [self.commands.recv()]  # idle: wait for work
+            # idle: wait for work
+            batches = [] if engine.has_unfinished_requests() else [self.commands.recv()]
             while self.commands.poll(0):  # everything that arrived during the step, without waiting
                 batches.append(self.commands.recv())
             rejected = [r for batch in batches for r in self._apply(batch)]
@@ -129,7 +132,8 @@ class EngineCore:
                 self.num_added += 1
                 try:
                     self.engine.add_request(prompt, params, request_id=request_id)
-                except ValueError as exc:  # validated by the front end; only a race with engine state lands here
+                # validated by the front end; only a race with engine state lands here
+                except ValueError as exc:
                     rejected.append((request_id, str(exc)))
             elif kind == "abort":
                 self.engine.abort(command[1])
@@ -138,5 +142,6 @@ class EngineCore:
         return rejected
 
     def _report(self, outputs: list[tuple], rejected: list[tuple[str, str]]) -> None:
-        report = StepReport(outputs, self.engine.stats(), self.num_added, self.num_steps, self.step_seconds, rejected)
+        report = StepReport(outputs, self.engine.stats(), self.num_added, self.num_steps, self.step_seconds,
+                            rejected)
         self.results.send(("step", report))

@@ -46,7 +46,8 @@ class RequestLimits:
                              f"exceeds max_model_len {self.max_model_len}")
         need = -(-total // self.block_size)
         if need > self.num_kv_blocks:
-            raise ValueError(f"the request needs {need} KV blocks but the cache holds only {self.num_kv_blocks}")
+            raise ValueError(f"the request needs {need} KV blocks but the cache holds only "
+                             f"{self.num_kv_blocks}")
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad_stop:
             raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad_stop[:5]}")
@@ -56,7 +57,8 @@ class RequestLimits:
 class EngineInfo:
     limits: RequestLimits
     spec: ModelSpec
-    tokenizer_source: str | None  # what the engine loaded its tokenizer from; None: synthetic (random weights)
+    # what the engine loaded its tokenizer from; None: synthetic (random weights)
+    tokenizer_source: str | None
     device_type: str  # "cuda" or "cpu"
     max_num_seqs: int
     setup: SetupReport

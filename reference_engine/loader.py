@@ -113,7 +113,8 @@ def load_checkpoint_weights(model: LlamaModel, checkpoint: Path) -> None:
 
 
 def init_random_weights(model: LlamaModel, seed: int) -> None:
-    """Random normal weights (std 0.02), unit norms: the right shapes and realistic magnitudes for latency work."""
+    """Random normal weights (std 0.02), unit norms: the right shapes and realistic magnitudes for latency
+    work."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -8,14 +8,13 @@ transformers to float32 rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels.attention import AttentionBatch
+from reference_engine.kernels.ops import Ops
 from reference_engine.model_config import ModelSpec
-from reference_engine.ops import Ops
 
 
 class RMSNorm(nn.Module):
@@ -87,7 +86,8 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context there.
+        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context
+        # there.
         q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
                                                self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
                                                self.num_kv_heads)
@@ -126,21 +126,9 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
-                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
-    """Put wrap(linear) in place of each nn.Linear of `model` that `where` picks (a device's own linear kernels,
-    loaded after the weights); returns how many."""
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and where(module)]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, wrap(module))
-    return len(targets)
-
-
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm and LM head; `forward` returns hidden states, `logits` projects."""
+    """Embedding, decoder layers, final norm and LM head; `forward` returns hidden states, `logits`
+    projects."""
 
     def __init__(self, spec: ModelSpec, max_len: int, ops: Ops) -> None:
         super().__init__()
@@ -154,7 +142,8 @@ class LlamaModel(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
+                ) -> torch.Tensor:
         self.ops.begin_step()
         x = self.embed_tokens(input_ids)
         residual = None

@@ -1,9 +1,10 @@
-"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, and returns the logits to sample.
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, and returns the logits to
+sample.
 
-The flat batch puts single-token steps (decodes) first and prefill chunks after. A decode-only batch that
-fits a captured bucket replays a CUDA graph; everything else runs eagerly. Either way the step's host lists reach
-the device through pinned memory without a stream synchronisation, so the host queues step N+1 while the device
-still runs step N.
+The flat batch puts single-token steps (decodes) first and prefill chunks after. A decode-only batch that fits
+a captured bucket replays a CUDA graph; everything else runs eagerly. Either way the step's host lists reach
+the device through pinned memory without a stream synchronisation, so the host queues step N+1 while the
+device still runs step N.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import (
+from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
+from reference_engine.host_copy import lists_to_device, to_device
+from reference_engine.kernels.attention import (
     AttentionBatch,
     PrefillBatch,
     PrefillChunk,
     decode_mask,
     prefill_batch_lists,
 )
-from reference_engine.cpu_linear import onednn_linear_available, pack_linears
-from reference_engine.cuda_graphs import CaptureReport, CUDAGraphRunner, graph_batch_sizes
-from reference_engine.host_copy import lists_to_device, to_device
+from reference_engine.kernels.cpu_linear import onednn_linear_available, pack_linears
+from reference_engine.kernels.dispatch import ops_for
 from reference_engine.loader import ResolvedModel, build_model
-from reference_engine.ops import ops_for
 from reference_engine.sequence import Sequence
 
-DECODE_WARM_CONTEXT = 64  # decode attention's partition: contexts 64 * 2^k reach every partition count it compiles
+# decode attention's partition: contexts 64 * 2^k reach every partition count it compiles
+DECODE_WARM_CONTEXT = 64
 
 
 @dataclass
@@ -100,7 +102,7 @@ class ModelRunner:
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.packed_linears = 0
         if self.ops.name == "triton":  # on CUDA, or under Triton's interpreter on the CPU (tests)
-            from reference_engine.triton_ops import choose_blas_library, use_gemv_for_single_rows
+            from reference_engine.kernels.triton_ops import choose_blas_library, use_gemv_for_single_rows
 
             use_gemv_for_single_rows(self.model)
             choose_blas_library(self.spec.hidden_size)
@@ -146,7 +148,8 @@ class ModelRunner:
             offset = len(step.input_ids)
             step.input_ids.extend([1] * n)
             step.positions.extend(range(n))
-            step.slots.extend(table[p // self.block_size] * self.block_size + p % self.block_size for p in range(n))
+            step.slots.extend(table[p // self.block_size] * self.block_size + p % self.block_size
+                              for p in range(n))
             step.prefills.append((offset, n, n, table))
             step.sample_rows.append(offset + n - 1)
             first += nb
@@ -160,12 +163,12 @@ class ModelRunner:
     @torch.inference_mode()
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> int:
         """Run each kind of eager step the scheduler can make once, before serving, so that no request pays
-        for a kernel compiled on first sight: without it the first mixed steps served on the H200 took 0.7-1.8 s
-        (Triton compiling decode attention for eager batches). Decode attention compiles a variant per number
-        of partitions of the longest context (a power of two) and for one sequence or several; the token count's
-        parity moves the positions' alignment; prefill chunks start a sequence (causal) or continue it
-        (masked). The largest step leaves the allocator holding the memory such steps need. The cache's
-        contents are zeroed again afterwards. Returns the number of steps run."""
+        for a kernel compiled on first sight: without it the first mixed steps served on the H200 took
+        0.7-1.8 s (Triton compiling decode attention for eager batches). Decode attention compiles a variant
+        per number of partitions of the longest context (a power of two) and for one sequence or several; the
+        token count's parity moves the positions' alignment; prefill chunks start a sequence (causal) or
+        continue it (masked). The largest step leaves the allocator holding the memory such steps need. The
+        cache's contents are zeroed again afterwards. Returns the number of steps run."""
         bs = self.block_size
         limit = min(self.max_model_len, self.num_blocks * bs)
         contexts = sorted({min(DECODE_WARM_CONTEXT << k, limit) for k in range(limit.bit_length())} - {0})
@@ -200,13 +203,14 @@ class ModelRunner:
         return len(shapes)
 
     def _synthetic_step(self, decodes: int, context: int, prefills: list[tuple[int, int]]) -> StepInputs:
-        """A step of `decodes` sequences at `context` tokens and prefill chunks (start, tokens), every sequence
-        on the cache's first blocks; token ids drawn at random."""
+        """A step of `decodes` sequences at `context` tokens and prefill chunks (start, tokens), every
+        sequence on the cache's first blocks; token ids drawn at random."""
         bs = self.block_size
         step = StepInputs()
         for start, n in [(context - 1, 1)] * decodes + prefills:
             table = list(range(-(-(start + n) // bs)))
-            step.sample_rows.append(step.add(torch.randint(self.spec.vocab_size, (n,)).tolist(), start, table, bs))
+            step.sample_rows.append(step.add(torch.randint(self.spec.vocab_size, (n,)).tolist(), start, table,
+                                             bs))
         return step
 
     def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None) -> CaptureReport:
@@ -219,8 +223,8 @@ class ModelRunner:
         return self.run(step), step.sample_seqs
 
     def run(self, step: StepInputs, gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
-        """Logits of the step's sampling rows. `gather` (a pure decode step only): token ids on the device and,
-        per row, which of them is its input, so that the host need not wait for them."""
+        """Logits of the step's sampling rows. `gather` (a pure decode step only): token ids on the device
+        and, per row, which of them is its input, so that the host need not wait for them."""
         if self.graphs is not None and not step.prefills and self.graphs.bucket_for(len(step.input_ids)):
             logits = self.graphs.run(step.input_ids, step.positions, step.slots, step.decode_tables,
                                      step.decode_lens, gather)
@@ -228,7 +232,8 @@ class ModelRunner:
             if len(rows) < logits.shape[0]:
                 logits = logits[to_device(rows, self.device, torch.long)]
             return logits
-        assert gather is None or not step.prefills, "token ids are gathered on the device for decode steps only"
+        assert gather is None or not step.prefills, \
+            "token ids are gathered on the device for decode steps only"
         ids = gather[1] if gather is not None else step.input_ids
         ids, positions, slots, sample_rows = lists_to_device(
             [ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)

@@ -69,8 +69,8 @@ class Sampler:
             logits = _top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         shared = [i for i, s in enumerate(seqs) if s.generator is None]
-        draws = torch.empty(len(shared), probs.shape[1], device=device).exponential_(generator=self.generator) \
-            if shared else None
+        draws = torch.empty(len(shared), probs.shape[1], device=device).exponential_(
+            generator=self.generator) if shared else None
         if len(shared) == len(seqs):
             q = draws
         else:

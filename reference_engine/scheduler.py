@@ -1,4 +1,5 @@
-"""Continuous batching: each step mixes running sequences' decodes and prefill chunks with newly admitted ones.
+"""Continuous batching: each step mixes running sequences' decodes and prefill chunks with newly admitted
+ones.
 
 Every step has a token budget (max_num_batched_tokens) and a sequence cap (max_num_seqs). Running sequences
 go first, oldest first; a long prompt is prefilled in chunks that fit the budget. When KV blocks run out, the

@@ -1,7 +1,7 @@
-"""The C kernels (reference_engine/cpu_kernels.py) against the torch path on fresh random inputs: decode and
-prefill attention over scattered paged caches (GQA and MHA, block sizes that do and do not divide the contexts,
-ragged lengths, prefill chunks after a cached prefix), RMSNorm with and without the residual add, rotary
-embedding with the cache write, SiLU-and-mul."""
+"""The C kernels (reference_engine/kernels/cpu_kernels.py) against the torch path on fresh random inputs:
+decode and prefill attention over scattered paged caches (GQA and MHA, block sizes that do and do not
+divide the contexts, ragged lengths, prefill chunks after a cached prefix), RMSNorm with and without the
+residual add, rotary embedding with the cache write, SiLU-and-mul."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from reference_engine import Engine, EngineConfig
-from reference_engine.attention import (
+from reference_engine.kernels.attention import (
     AttentionBatch,
     PrefillChunk,
     decode_attention,
     decode_mask,
     prefill_attention,
 )
-from reference_engine.cpu_kernels import CPUOps, load_kernel
-from reference_engine.cpu_kernels import decode_attention as c_decode_attention
-from reference_engine.cpu_kernels import prefill_attention as c_prefill_attention
-from reference_engine.ops import TorchOps
+from reference_engine.kernels.cpu_kernels import CPUOps, load_kernel
+from reference_engine.kernels.cpu_kernels import decode_attention as c_decode_attention
+from reference_engine.kernels.cpu_kernels import prefill_attention as c_prefill_attention
+from reference_engine.kernels.ops import TorchOps
 
 LIB = load_kernel()
 pytestmark = pytest.mark.skipif(LIB is None, reason="no C compiler here: the engine keeps the torch path")

@@ -1,4 +1,5 @@
-"""oneDNN-packed float32 linears (reference_engine/cpu_linear.py) against F.linear on fresh random inputs."""
+"""oneDNN-packed float32 linears (reference_engine/kernels/cpu_linear.py) against F.linear on fresh random
+inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_engine import Engine, EngineConfig
-from reference_engine.cpu_linear import PackedLinear, onednn_linear_available, pack_linears
+from reference_engine.kernels.cpu_linear import PackedLinear, onednn_linear_available, pack_linears
 
 pytestmark = pytest.mark.skipif(
     not onednn_linear_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN"

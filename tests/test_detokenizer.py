@@ -8,7 +8,7 @@ import pytest
 from checkpoints import WORDS
 from transformers import AutoTokenizer
 
-from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.serving.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from reference_engine import Engine, EngineConfig, SamplingParams
-from reference_engine.async_engine import AsyncEngine
-from reference_engine.attention import AttentionBatch, decode_mask
 from reference_engine.cuda_graphs import CUDAGraphRunner
+from reference_engine.kernels.attention import AttentionBatch, decode_mask
+from reference_engine.serving.async_engine import AsyncEngine
 
 VOCAB = 300
 
@@ -215,7 +215,7 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
 @pytest.mark.parametrize(("argv", "expected"), [([], None), (["--async-scheduling"], True),
                                                 (["--no-async-scheduling"], False)])
 def test_server_flag(argv, expected):
-    from reference_engine.server import parse_args
+    from reference_engine.serving.server import parse_args
 
     assert parse_args(argv).async_scheduling is expected
 

@@ -17,8 +17,8 @@ import requests
 from servers import reference_server
 
 from reference_engine import Engine, EngineConfig, SamplingParams
-from reference_engine.engine_client import EngineClient, launch_engine_core
-from reference_engine.request_streams import EngineDeadError, RequestStream
+from reference_engine.serving.engine_client import EngineClient, launch_engine_core
+from reference_engine.serving.request_streams import EngineDeadError, RequestStream
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13], [3] * 20, [40, 41]]

@@ -9,8 +9,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from reference_engine import Engine, EngineConfig, SamplingParams
-from reference_engine.async_engine import AsyncEngine
-from reference_engine.server_metrics import ServerMetrics
+from reference_engine.serving.async_engine import AsyncEngine
+from reference_engine.serving.server_metrics import ServerMetrics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -82,8 +82,8 @@ def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
     which the 1B's GQA takes at batch 1, or with no GEMV loading its first tile early), at batch 1 (every linear
     on the GEMV) and at a batch of 5. Likewise the GEMV epilogues (SiLU * up, rotary + cache write) give the
     bits of the separate kernels."""
-    from reference_engine import triton_ops
-    from reference_engine.triton_ops import GemvLinear
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.triton_ops import GemvLinear
 
     rng = random.Random()
     prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(5)]

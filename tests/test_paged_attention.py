@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_engine.attention import (
+from reference_engine.kernels.attention import (
     AttentionBatch,
     PrefillBatch,
     PrefillChunk,
@@ -18,7 +18,7 @@ from reference_engine.attention import (
     prefill_batch_lists,
     write_kv,
 )
-from reference_engine.ops import TorchOps
+from reference_engine.kernels.ops import TorchOps
 
 
 def dense_attention(q, k, v, scale):
@@ -72,7 +72,7 @@ def ops(request):
     if request.param == "torch":
         return TorchOps()
     pytest.importorskip("triton")
-    from reference_engine.triton_ops import TritonOps
+    from reference_engine.kernels.triton_ops import TritonOps
 
     return TritonOps()
 

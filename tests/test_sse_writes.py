@@ -9,10 +9,10 @@ import time
 from aiohttp import ClientSession, web
 
 from reference_engine import Engine, EngineConfig, SamplingParams
-from reference_engine.async_engine import AsyncEngine
-from reference_engine.openai_api import EventWriter
-from reference_engine.server_metrics import ServerMetrics
-from reference_engine.serving import GenerationRequest, generate_tokens
+from reference_engine.serving.async_engine import AsyncEngine
+from reference_engine.serving.generation import GenerationRequest, generate_tokens
+from reference_engine.serving.openai_api import EventWriter
+from reference_engine.serving.server_metrics import ServerMetrics
 
 
 def test_a_request_finished_before_it_is_read_streams_every_token_marked_ready(llama_dir):

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from reference_engine.ops import TorchOps
+from reference_engine.kernels.ops import TorchOps
 
 triton = pytest.importorskip("triton")
-from reference_engine.triton_ops import TritonOps  # noqa: E402
+from reference_engine.kernels.triton_ops import TritonOps  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16] if DEVICE.type == "cuda" else [torch.float32]
@@ -97,7 +97,7 @@ def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
     from checkpoints import make_checkpoint
 
     from reference_engine import Engine, EngineConfig, SamplingParams
-    from reference_engine.triton_ops import GemvLinear
+    from reference_engine.kernels.triton_ops import GemvLinear
 
     model_dir = make_checkpoint(tmp_path / "wide", "llama", hidden_size=512, intermediate_size=512,
                                 num_hidden_layers=2, initializer_range=0.05)
@@ -120,8 +120,8 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
     """One partition per (sequence, head) and many partitions merged by log-sum-exp give the same answer, for
     GQA (tensor-core products) and MHA (the vector kernel); sequences of one partition and of several share a
     launch, and a second launch gives the same bits."""
-    from reference_engine import triton_ops
-    from reference_engine.attention import AttentionBatch, decode_mask, paged_attention
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.attention import AttentionBatch, decode_mask, paged_attention
 
     monkeypatch.setattr(triton_ops, "DECODE_PARTITION", partition)
     seqs, head_dim, block_size = 4, 32, 16
@@ -156,8 +156,8 @@ def test_single_row_gemv_matches_linear(dtype, bias, unroll, preload, monkeypatc
     """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of its
     column step, a tied-style shared weight, and more than one row handed back to cuBLAS; its loop over the
     input compiled as a loop or written out; its first tile loaded in the loop or ahead of it."""
-    from reference_engine import triton_ops
-    from reference_engine.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
 
     monkeypatch.setattr(triton_ops, "GEMV_UNROLL", unroll)
     monkeypatch.setattr(triton_ops, "GEMV_PRELOAD_MIN_ROW_BYTES", 0 if preload else 1 << 62)
@@ -186,7 +186,7 @@ def test_single_row_gemv_matches_linear(dtype, bias, unroll, preload, monkeypatc
 def test_gemv_prefetches_only_aligned_long_rows():
     """The L2 bulk prefetch faults on addresses that are not 16-byte aligned: a weight at an odd offset gets
     none, as do rows under 8 KB (where it measured slower) and the 512-wide tiling."""
-    from reference_engine.triton_ops import gemv_tiling
+    from reference_engine.kernels.triton_ops import gemv_tiling
 
     base = torch.empty(8 * 4096 + 8, dtype=torch.bfloat16)
     assert gemv_tiling(base[:8 * 4096].view(8, 4096)) == (2, 1024, 2048)
@@ -202,8 +202,8 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
     """At one row the gate/up GEMV applies SiLU * up and the qkv GEMV rotary + cache write in their epilogues:
     the results must be the bits of the GEMV followed by the separate kernel (and near the torch reference),
     with the GEMVs' first tile loaded in their loop or ahead of it."""
-    from reference_engine import triton_ops
-    from reference_engine.triton_ops import GemvLinear
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.triton_ops import GemvLinear
 
     monkeypatch.setattr(triton_ops, "GEMV_PRELOAD_MIN_ROW_BYTES", 0 if preload else 1 << 62)
 

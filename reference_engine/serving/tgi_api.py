@@ -14,8 +14,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from reference_engine.config import SamplingParams
-from reference_engine.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
-from reference_engine.serving import GenerationRequest, TokenEvent
+from reference_engine.serving.generation import GenerationRequest, TokenEvent
+from reference_engine.serving.openai_api import ApiError, EventWriter, dumps, parse_body, read_json
 
 MAX_STOP_SEQUENCES = 4
 
@@ -79,7 +79,8 @@ class TGIRoutes:
             "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.info.setup.dtype,
             "model_device_type": s.info.device_type, "model_pipeline_tag": "text-generation",
             "max_concurrent_requests": s.info.max_num_seqs, "max_best_of": 1,
-            "max_stop_sequences": MAX_STOP_SEQUENCES, "max_input_tokens": limit - 1, "max_total_tokens": limit,
+            "max_stop_sequences": MAX_STOP_SEQUENCES, "max_input_tokens": limit - 1,
+            "max_total_tokens": limit,
             "validation_workers": 1, "max_client_batch_size": 1, "router": "text-generation-router",
             "version": s.version, "sha": None, "docker_label": None}, dumps=dumps)
 
@@ -99,7 +100,8 @@ class TGIRoutes:
             (p.grammar is not None, "`grammar` is not supported"),
             (len(p.stop) > MAX_STOP_SEQUENCES,
              f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(p.stop)}"),
-            (p.max_new_tokens is not None and p.max_new_tokens <= 0, "`max_new_tokens` must be strictly positive"),
+            (p.max_new_tokens is not None and p.max_new_tokens <= 0,
+             "`max_new_tokens` must be strictly positive"),
             (p.truncate is not None and p.truncate <= 0, "`truncate` must be strictly positive"),
             (not req.inputs, "`inputs` cannot be empty"),
         ]
@@ -112,9 +114,10 @@ class TGIRoutes:
         limit = self.state.info.max_model_len
         max_new = p.max_new_tokens if p.max_new_tokens is not None else limit - len(ids)
         if len(ids) + max_new > limit:
-            raise _invalid(f"`inputs` tokens + `max_new_tokens` must be <= {limit}. Given: {len(ids)} `inputs` "
-                           f"tokens and {max_new} `max_new_tokens`")
-        sampling = p.do_sample or (p.temperature not in (None, 1.0)) or bool(p.top_k) or (p.top_p not in (None, 1.0))
+            raise _invalid(f"`inputs` tokens + `max_new_tokens` must be <= {limit}. "
+                           f"Given: {len(ids)} `inputs` tokens and {max_new} `max_new_tokens`")
+        sampling = (p.do_sample or (p.temperature not in (None, 1.0)) or bool(p.top_k)
+                    or (p.top_p not in (None, 1.0)))
         params = SamplingParams(max_tokens=max_new, temperature=(p.temperature or 1.0) if sampling else 0.0,
                                 top_k=p.top_k or 0, top_p=p.top_p or 1.0, seed=p.seed, logprobs=True)
         return GenerationRequest(ids, params, list(p.stop)), ids
@@ -154,10 +157,12 @@ class TGIRoutes:
     def _seed(gen: GenerationRequest) -> int | None:
         return gen.params.seed if not gen.params.greedy else None
 
-    async def generate_stream(self, request: web.Request, req: TGIRequest | None = None) -> web.StreamResponse:
+    async def generate_stream(self, request: web.Request, req: TGIRequest | None = None
+                              ) -> web.StreamResponse:
         req = req or parse_body(await read_json(request), TGIRequest, 422)
         _, gen, events = self._start(req)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache",
                                                "x-compute-type": self.state.compute_type,
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)

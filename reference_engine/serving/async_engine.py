@@ -3,7 +3,8 @@ each `step()` in a worker thread, so the event loop keeps serving while the mode
 
 Requests and aborts are queued by the handlers and applied by the driver between steps (the engine is never
 touched by two threads at once); each request's outputs flow through its own asyncio queue. The step thread
-and the event loop share one GIL; `engine_client.EngineClient` runs the engine in a process of its own instead.
+and the event loop share one GIL; `engine_client.EngineClient` runs the engine in a process of its own
+instead.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reference_engine.config import SamplingParams
 from reference_engine.engine import Engine, EngineStats
-from reference_engine.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.sequence import RequestOutput
+from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "OverloadedError"]
 

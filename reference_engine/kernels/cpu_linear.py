@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reference_engine.model import replace_linears
+from reference_engine.kernels.ops import replace_linears
 
 
 def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -13,15 +13,16 @@
 - RMSNorm, with the residual add fused in;
 - SiLU(gate) * up;
 - y = W x + b for a single row x (batch-1 decode): a plain GEMV, each program reading whole rows of W; two
-  variants apply SiLU * up (gate/up projection) and rotary + KV-cache write (qkv projection) in their epilogue.
+  variants apply SiLU * up (gate/up projection) and rotary + KV-cache write (qkv projection) in their
+  epilogue.
 
 Programmatic dependent launch (PDL, Hopper and later; not for decode attention's partition kernel, which it
 slowed, and for its merge only at batch 1 with GQA): with PDL set, a kernel may be launched while the kernel
-before it in the stream is still running; it waits (`gdc_wait`) before it reads anything an earlier kernel wrote
-or writes anything, then lets the next kernel launch (the partition kernel, if asked to use PDL, lets it launch
-only at its end). The GEMV first asks the L2 for the start of its rows of W, which no kernel of the step writes,
-and on long rows loads its first tile of W, so the next product's weights start streaming during the tail of
-the kernel before it.
+before it in the stream is still running; it waits (`gdc_wait`) before it reads anything an earlier kernel
+wrote or writes anything, then lets the next kernel launch (the partition kernel, if asked to use PDL, lets it
+launch only at its end). The GEMV first asks the L2 for the start of its rows of W, which no kernel of the
+step writes, and on long rows loads its first tile of W, so the next product's weights start streaming during
+the tail of the kernel before it.
 
 Elementwise kernels round exactly where torch's eager ops round, so a graph-captured step and an eager step
 give bit-identical results and the norms match Hugging Face's arithmetic.
@@ -43,7 +44,8 @@ except ImportError:  # the PDL branches below are compiled out (PDL is a constex
 
 @triton.jit
 def _wait_for_earlier_kernels(PDL: tl.constexpr):
-    """With PDL: block until the kernels before this one have finished (their writes visible). A no-op without."""
+    """With PDL: block until the kernels before this one have finished (their writes visible). A no-op
+    without."""
     if PDL:
         gdc_wait()
 
@@ -57,15 +59,16 @@ def _let_next_kernel_launch(PDL: tl.constexpr):
 
 @triton.jit
 def _after_earlier_kernels(PDL: tl.constexpr):
-    """Wait for the kernels before this one, then let the next one launch: for kernels whose programs are short
-    enough that the next kernel's programs, resident early, take no room they need."""
+    """Wait for the kernels before this one, then let the next one launch: for kernels whose programs are
+    short enough that the next kernel's programs, resident early, take no room they need."""
     _wait_for_earlier_kernels(PDL)
     _let_next_kernel_launch(PDL)
 
 
 @triton.jit
 def _prefetch_to_l2(ptr, nbytes):
-    """One thread of the program asks for `nbytes` (a multiple of 16) from `ptr` into L2 (Hopper's bulk prefetch)."""
+    """One thread of the program asks for `nbytes` (a multiple of 16) from `ptr` into L2 (Hopper's bulk
+    prefetch)."""
     tl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
@@ -73,8 +76,8 @@ def _prefetch_to_l2(ptr, nbytes):
 
 
 @triton.jit
-def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct, scale,
-                   m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
+def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct,
+                   scale, m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
                    PRECISION: tl.constexpr):
     """Online-softmax update of (max, sum, weighted values) with one tile of context tokens."""
     n_mask = offs_n < end
@@ -92,7 +95,8 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
         l_i = l_i * alpha + tl.sum(p, axis=0)
     else:
         # GQA: q is [QUERY_ROWS >= 16, HEAD_DIM] in the cache dtype, both products on the tensor cores. p is
-        # rounded to the cache dtype for p.v, as FlashAttention does; float32 caches use exact float32 products.
+        # rounded to the cache dtype for p.v, as FlashAttention does; float32 caches use exact float32
+        # products.
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -103,10 +107,11 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
     return m_new, l_i, acc
 
 
-# The block table's row stride and the partition-LSE buffer's strides change with the step (the longest context in
-# an eager batch sets both), and the context lengths sit right after the block tables in one copy, so their
-# address is 16-byte aligned or not with the tables' size: specialising on them (Triton does on 1, multiples of 16
-# and aligned pointers) compiled new variants at serving time. Only scalars are loaded through them.
+# The block table's row stride and the partition-LSE buffer's strides change with the step (the longest
+# context in an eager batch sets both), and the context lengths sit right after the block tables in one copy,
+# so their address is 16-byte aligned or not with the tables' size: specialising on them (Triton does on 1,
+# multiples of 16 and aligned pointers) compiled new variants at serving time. Only scalars are loaded through
+# them.
 @triton.jit(do_not_specialize=["block_tables_ptr", "context_lens_ptr", "stride_bt", "stride_lt", "stride_lh"])
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
@@ -121,10 +126,11 @@ def _decode_partition_kernel(
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
     PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr, MERGE_EARLY: tl.constexpr,
 ):
-    # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end, so
-    # that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to run.
-    # MERGE_EARLY (for a kernel launched without PDL, so never early itself): the merge may launch as soon as
-    # every program of this kernel has started, and waits for its end; at most one wave of it is then left.
+    # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end,
+    # so that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to
+    # run. MERGE_EARLY (for a kernel launched without PDL, so never early itself): the merge may launch as
+    # soon as every program of this kernel has started, and waits for its end; at most one wave of it is then
+    # left.
     _wait_for_earlier_kernels(PDL)
     _let_next_kernel_launch(MERGE_EARLY)
     if HEADS_FIRST:  # neighbouring programs read the neighbouring heads of the same tokens
@@ -156,8 +162,8 @@ def _decode_partition_kernel(
             l_i = tl.zeros([QUERY_ROWS], tl.float32)
             acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
         table = block_tables_ptr + seq * stride_bt
-        # Compiled, the loop stops at the context's end; Triton's interpreter cannot loop to a loaded value, so
-        # there it runs the partition's full length and masks the tokens past `end`.
+        # Compiled, the loop stops at the context's end; Triton's interpreter cannot loop to a loaded value,
+        # so there it runs the partition's full length and masks the tokens past `end`.
         if DYNAMIC_LOOP:
             for n0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
@@ -166,8 +172,9 @@ def _decode_partition_kernel(
         else:
             for n0 in range(0, PARTITION, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
-                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
-                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
+                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table,
+                    kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d,
+                    QUERY_ROWS, PRECISION)
         if QUERY_ROWS == 1:
             out = acc / l_i
             o_rows = heads * stride_yh + offs_d
@@ -182,7 +189,8 @@ def _decode_partition_kernel(
             tl.store(out_ptr + seq * stride_yt + o_rows, out.to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
             tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
-            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask)
+            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i),
+                     mask=g_mask)
     _let_next_kernel_launch(PDL)
 
 
@@ -203,12 +211,13 @@ def _merge_partitions_kernel(
     offs_p = tl.arange(0, MAX_PARTS)
     offs_d = tl.arange(0, HEAD_DIM)
     p_mask = offs_p < n_parts
-    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask,
+                  other=float("-inf"))
     weight = tl.exp(lse - tl.max(lse, axis=0))
     weight = tl.where(p_mask, weight, 0.0)
     weight = weight / tl.sum(weight, axis=0)
-    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os + offs_d[None, :],
-                    mask=p_mask[:, None], other=0.0)
+    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os
+                    + offs_d[None, :], mask=p_mask[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
     _let_next_kernel_launch(PDL and not NEXT_EARLY)
@@ -278,15 +287,17 @@ def _prefill_attention_kernel(
 
 @triton.jit
 def _rotary(x, partner, cos, sin):
-    """x * cos + partner * sin, partner being rotate_half's signed element (-x[d + half] in the first half of a
-    head, x[d - half] in the second): each product and the sum rounded to x's dtype, as torch's ops round."""
+    """x * cos + partner * sin, partner being rotate_half's signed element (-x[d + half] in the first half of
+    a head, x[d - half] in the second): each product and the sum rounded to x's dtype, as torch's ops
+    round."""
     dtype = x.dtype
     return ((x * cos).to(dtype) + (partner * sin).to(dtype)).to(dtype)
 
 
 @triton.jit
 def _slot_offset(slot, BLOCK_SIZE: tl.constexpr, stride_cb, stride_ct):
-    """Offset of a cache slot (block * BLOCK_SIZE + position in the block) in a [blocks, block_size, ...] cache."""
+    """Offset of a cache slot (block * BLOCK_SIZE + position in the block) in a [blocks, block_size, ...]
+    cache."""
     return (slot // BLOCK_SIZE).to(tl.int64) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
 
 
@@ -326,7 +337,8 @@ def _rope_write_kv_kernel(
         k_new = _rotary(k, (k_rot * sign[None, :]).to(dtype), cos[None, :], sin[None, :])
         cache_off = dest + offs_k[:, None] * stride_ch + offs_d[None, :]
         tl.store(k_cache_ptr + cache_off, k_new, mask=k_mask)
-        v = tl.load(k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
+        v = tl.load(k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask,
+                    other=0.0)
         tl.store(v_cache_ptr + cache_off, v, mask=k_mask)
 
 
@@ -343,7 +355,8 @@ def _rms_norm_kernel(
     dtype = x.dtype
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the add rounds to the activation dtype, as torch's
+        # the add rounds to the activation dtype, as torch's
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
@@ -372,14 +385,14 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
 
 
 # Single-row linears (batch-1 decode): y = W x (+ b) as a GEMV, each program reading whole rows of W (n, K),
-# BLOCK_K columns a step, float32 sums. With PREFETCH > 0 the first PREFETCH bytes of each of the program's rows
-# (16-byte aligned; a multiple of 16, at most a row) are asked into L2 before it waits for the kernel that writes
-# x (whole rows thrash the L2: every resident program asks at once). Two variants fold the op that follows the
-# product into its epilogue, so that at batch 1 that op costs no kernel of its own: SiLU(gate) * up after the
-# gate/up projection, and rotary embedding + KV-cache write after the qkv projection. Each pairs the rows its
-# epilogue combines (gate row i with up row i; rotary element d with d + head_dim / 2) in one program, and rounds
-# the product to the activation dtype first, so the result is the bits of the product followed by the op's own
-# kernel.
+# BLOCK_K columns a step, float32 sums. With PREFETCH > 0 the first PREFETCH bytes of each of the program's
+# rows (16-byte aligned; a multiple of 16, at most a row) are asked into L2 before it waits for the kernel
+# that writes x (whole rows thrash the L2: every resident program asks at once). Two variants fold the op that
+# follows the product into its epilogue, so that at batch 1 that op costs no kernel of its own: SiLU(gate) *
+# up after the gate/up projection, and rotary embedding + KV-cache write after the qkv projection. Each pairs
+# the rows its epilogue combines (gate row i with up row i; rotary element d with d + head_dim / 2) in one
+# program, and rounds the product to the activation dtype first, so the result is the bits of the product
+# followed by the op's own kernel.
 
 
 @triton.jit
@@ -413,10 +426,10 @@ def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N:
                BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
     """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0), once the
     kernels before this one have finished (they write x). PRELOAD loads the first step's tile of W before that
-    wait (no kernel writes W), so that its memory latency overlaps the previous kernel's tail; the sums are the
-    same in the same order. UNROLL writes out every step of the loop over K, so that the compiler may issue the
-    loads of several steps before the first one arrives (compiled as a loop, a long row keeps one step of loads
-    in flight per thread)."""
+    wait (no kernel writes W), so that its memory latency overlaps the previous kernel's tail; the sums are
+    the same in the same order. UNROLL writes out every step of the loop over K, so that the compiler may
+    issue the loads of several steps before the first one arrives (compiled as a loop, a long row keeps one
+    step of loads in flight per thread)."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     first_step: tl.constexpr = BLOCK_K if PRELOAD else 0

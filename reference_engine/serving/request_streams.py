@@ -121,7 +121,8 @@ class RequestStreams(abc.ABC):
             raise EngineDeadError(f"the engine failed and is not serving: {self.error}")
         self._validate(prompt, params)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
-            raise OverloadedError(f"{self.num_waiting} requests are already waiting (--max-waiting {self.max_waiting})")
+            raise OverloadedError(f"{self.num_waiting} requests are already waiting "
+                                  f"(--max-waiting {self.max_waiting})")
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._queues[request_id] = asyncio.Queue()

@@ -1,13 +1,13 @@
-"""The CPU attention kernels (`csrc/*.c`: paged decode attention, causal prefill attention), compiled once with
-the system's C compiler into one library and called through ctypes.
+"""The CPU attention kernels (`csrc/*.c`: paged decode attention, causal prefill attention), compiled once
+with the system's C compiler into one library and called through ctypes.
 
 Why C: torch has no paged attention on the CPU, so the torch path copies every sequence's blocks into a dense
 tensor and runs SDPA over the copy (the KV read twice, written once); the decode kernel reads the blocks where
-they lie. For prefill, torch's CPU flash attention took 55 of a 256-token prefill's 342 ms on SmolLM2-135M; the
-prefill kernel is a register-tiled loop for that shape of problem (benchmarks/results/cpu_vs_vllm/README.md).
-Why not a torch extension: building one takes a minute against torch's headers; these files compile in about a
-second, need only `cc`, and are cached by their sources' hash. Without a compiler the engine keeps the torch
-path and says so in its log.
+they lie. For prefill, torch's CPU flash attention took 55 of a 256-token prefill's 342 ms on SmolLM2-135M;
+the prefill kernel is a register-tiled loop for that shape of problem
+(benchmarks/results/cpu_vs_vllm/README.md). Why not a torch extension: building one takes a minute against
+torch's headers; these files compile in about a second, need only `cc`, and are cached by their sources' hash.
+Without a compiler the engine keeps the torch path and says so in its log.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from reference_engine import attention
-from reference_engine.attention import AttentionBatch, PrefillChunk
-from reference_engine.builtin_models import cache_root
-from reference_engine.ops import TorchOps
+from reference_engine.kernels import attention
+from reference_engine.kernels.attention import AttentionBatch, PrefillChunk
+from reference_engine.kernels.ops import TorchOps
+from reference_engine.kernels.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ SIGNATURES = {  # every exported function returns int or nothing; arguments as i
 }
 # Reassociation lets the head_dim reductions vectorise and contraction makes multiply-adds FMAs (ISO C modes
 # turn it off); no -ffast-math: it would assume no infinities.
-CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-          "-fno-trapping-math", "-ffp-contract=fast", "-std=c11"]
+CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math",
+          "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-std=c11"]
 
 
 def _compiler() -> str | None:
@@ -75,7 +75,8 @@ def load_kernel() -> ctypes.CDLL | None:
         log.info("CPU attention: torch path (%s)", "no C compiler" if compiler is None else "no source")
         return None
     # -march=native: a library built on another CPU (a shared cache directory) must not be loaded here
-    key = b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode() + _cpu_identity()
+    key = (b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode()
+           + _cpu_identity())
     target = cache_root() / "kernels" / f"cpu_attention-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,15 +101,16 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
     q = q.contiguous()
     tables = batch.decode_block_tables
     lens = batch.decode_context_lens
-    assert tables is not None and lens is not None and tables.dtype == torch.int32 and lens.dtype == torch.int32
+    assert (tables is not None and lens is not None and tables.dtype == torch.int32
+            and lens.dtype == torch.int32)
     tables, lens = tables.contiguous(), lens.contiguous()
     out = torch.empty_like(q)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     _require_plain("decode", q=q, k_cache=k_cache, v_cache=v_cache)
     status = lib.paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-        num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale)
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale)
     if status != 0:
         raise MemoryError("CPU decode attention could not allocate its score buffer")
     return out
@@ -116,8 +118,8 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
 
 def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       chunk: PrefillChunk, scale: float) -> torch.Tensor:
-    """Float32 causal attention of one sequence's chunk `q` [n, heads, head_dim] (rows may sit apart, as in the
-    fused qkv buffer) over its context in the paged cache; returns [n, heads, head_dim]."""
+    """Float32 causal attention of one sequence's chunk `q` [n, heads, head_dim] (rows may sit apart, as in
+    the fused qkv buffer) over its context in the paged cache; returns [n, heads, head_dim]."""
     n, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
@@ -131,7 +133,8 @@ def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, 
     if status == -1:
         raise MemoryError("CPU prefill attention could not allocate its buffers")
     if status != 0:
-        raise ValueError(f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over {chunk.context_len}")
+        raise ValueError(f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over "
+                         f"{chunk.context_len}")
     return out
 
 
@@ -152,8 +155,8 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 class CPUOps(TorchOps):
-    """TorchOps with attention and the elementwise steps in the C kernels (float32 only; anything else, such as
-    a non-contiguous input, goes to the torch implementation)."""
+    """TorchOps with attention and the elementwise steps in the C kernels (float32 only; anything else, such
+    as a non-contiguous input, goes to the torch implementation)."""
 
     name = "cpu"
 
@@ -167,29 +170,31 @@ class CPUOps(TorchOps):
         if not (_plain(x) and _plain(weight) and x.dim() == 2):
             return super().rms_norm(x, weight, eps)
         out = torch.empty_like(x)
-        self.lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        self.lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                              eps)
         return out
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
-        if not (_plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2 and x.shape == residual.shape):
+        if not (_plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2
+                and x.shape == residual.shape):
             return super().add_rms_norm(x, residual, weight, eps)
         out = torch.empty_like(x)
-        self.lib.rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
-                              x.shape[1], eps)
+        self.lib.rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                              x.shape[0], x.shape[1], eps)
         return out, residual
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Rotates q and k inside `qkv` (in place) and returns q as a view of it [T, heads, head_dim]."""
         head_dim = k_cache.shape[-1]
         plain = all(map(_plain, (qkv, cos, sin, k_cache, v_cache)))
         indices_ok = all(t.dtype == torch.int64 and t.is_contiguous() for t in (positions, slot_mapping))
         if not (plain and indices_ok and qkv.dim() == 2 and head_dim % 2 == 0):
-            return super().rope_and_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
-                                             num_kv_heads)
+            return super().rope_and_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                             num_heads, num_kv_heads)
         tokens = qkv.shape[0]
         self.lib.rope_write_kv_f32(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                    k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), tokens,

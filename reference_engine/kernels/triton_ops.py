@@ -11,10 +11,9 @@ import torch
 import triton
 from torch import nn
 
-from reference_engine import attention, triton_kernels
-from reference_engine.attention import AttentionBatch
-from reference_engine.model import replace_linears
-from reference_engine.ops import TorchOps
+from reference_engine.kernels import attention, triton_kernels
+from reference_engine.kernels.attention import AttentionBatch
+from reference_engine.kernels.ops import TorchOps, replace_linears
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DECODE_PARTITION = 64  # context tokens per decode program (at least; see decode_partition)
@@ -32,27 +31,32 @@ PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 4, 2
 MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200; not kept)
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
-# Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its start
-# (4-40% per call, decode_attention.py) and at its end (batch 64 +2%, 1B batch 1 +2%; attention-pdl-end.jsonl).
+# Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its
+# start (4-40% per call, decode_attention.py) and at its end (batch 64 +2%, 1B batch 1 +2%;
+# attention-pdl-end.jsonl).
 ATTENTION_PDL = False
 # Batch 1 with GQA: the partition kernel, launched without PDL, lets the merge launch (with PDL) once all its
 # programs have started, and the merge lets the next kernel (the o projection's GEMV) launch at its start
-# (MERGE_LETS_NEXT_START). On the H200 (merge-pdl*.jsonl) the 1B's TPOT fell 2% (0.878 -> 0.858 ms); with MHA the
-# 7B's and 13B's rose 2.6-4%, and at batch 64 every shape's rose 1.4-2.3%: hence one sequence and GQA only.
+# (MERGE_LETS_NEXT_START). On the H200 (merge-pdl*.jsonl) the 1B's TPOT fell 2% (0.878 -> 0.858 ms); with MHA
+# the 7B's and 13B's rose 2.6-4%, and at batch 64 every shape's rose 1.4-2.3%: hence one sequence and GQA
+# only.
 MERGE_PDL = True
 MERGE_LETS_NEXT_START = True
-DECODE_HEADS_FIRST = True  # decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
+# decode programs head-fastest: 1% faster steps at batch 64 (7B, 13B), same at batch 1
+DECODE_HEADS_FIRST = True
 GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in the GEMV before them
 # Products of more than one row through cuBLASLt rather than cuBLAS's default choice, for models at least this
 # wide: batch-64 steps on the H200 1.0% (7B) and 1.9% (13B) faster, the 1B's (hidden 2048) 1.5% slower
 # (cublaslt*.jsonl). torch's setting is the process's: `choose_blas_library` sets it for the model built last.
 CUBLASLT_MIN_HIDDEN = 4096
-# The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled, one
-# step of loads in flight): batch-1 TPOT 1B -0.6%, 7B +4%, 13B +2.4% on the H200 (gemv-unroll.jsonl). Not kept.
+# The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled,
+# one step of loads in flight): batch-1 TPOT 1B -0.6%, 7B +4%, 13B +2.4% on the H200 (gemv-unroll.jsonl). Not
+# kept.
 GEMV_UNROLL = False
 # The GEMV loads its first step's tile of W before it waits for the kernel before it (with PDL, during that
-# kernel's tail) where its rows are at least this long: on the H200 (gemv-preload.jsonl) batch-1 TPOT fell 0.5%
-# for the 7B and 0.6% for the 13B (8-10 KB rows) and rose 0.5% for the 1B (4 KB rows, every product preloaded).
+# kernel's tail) where its rows are at least this long: on the H200 (gemv-preload.jsonl) batch-1 TPOT fell
+# 0.5% for the 7B and 0.6% for the 13B (8-10 KB rows) and rose 0.5% for the 1B (4 KB rows, every product
+# preloaded).
 GEMV_PRELOAD_MIN_ROW_BYTES = 8192
 
 
@@ -62,8 +66,8 @@ def _has_pdl(device_index: int) -> bool:
 
 
 def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
-    """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper or
-    later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
+    """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper
+    or later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
     Triton's launch option."""
     on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
         t.device.index if t.device.index is not None else torch.cuda.current_device())
@@ -71,7 +75,8 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
 
 
 def _query_rows(group: int) -> int:
-    """Query rows per decode program: 1 for MHA (a vector kernel), else the GQA group padded to tl.dot's 16."""
+    """Query rows per decode program: 1 for MHA (a vector kernel), else the GQA group padded to tl.dot's
+    16."""
     if group == 1 and not MHA_TENSOR_CORES:
         return 1
     return max(16, triton.next_power_of_2(group))
@@ -91,9 +96,9 @@ class TritonOps(TorchOps):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
         rows, cols = x.shape
-        triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), cols,
-                                                 eps, HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(cols),
-                                                 **_pdl(x))
+        triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0),
+                                                 cols, eps, HAS_RESIDUAL=False,
+                                                 BLOCK=triton.next_power_of_2(cols), **_pdl(x))
         return out
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -106,9 +111,9 @@ class TritonOps(TorchOps):
                                                  BLOCK=triton.next_power_of_2(cols), **_pdl(x))
         return out, residual
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         tokens = qkv.shape[0]
         head_dim = k_cache.shape[-1]
         q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -155,8 +160,9 @@ class TritonOps(TorchOps):
             num_warps=PREFILL_NUM_WARPS, num_stages=PREFILL_NUM_STAGES)
 
     @staticmethod
-    def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, max_context: int, scale: float, out: torch.Tensor) -> None:
+    def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int,
+                         scale: float, out: torch.Tensor) -> None:
         """One query token per sequence over its paged context; `max_context` bounds the partitions launched
         (a CUDA graph passes max_model_len, so one capture serves every length)."""
         seqs, heads, head_dim = q.shape
@@ -166,11 +172,13 @@ class TritonOps(TorchOps):
         partition = decode_partition(max_context)
         parts = triton.cdiv(max_context, partition)
         single = parts == 1
-        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device)
+        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32,
+                               device=q.device)
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
         merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not single))
-        merge_early = merge_launch["PDL"] and not launch["PDL"]  # the partition kernel lets it launch at its start
+        # the partition kernel lets it launch at its start
+        merge_early = merge_launch["PDL"] and not launch["PDL"]
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
@@ -183,19 +191,20 @@ class TritonOps(TorchOps):
             MERGE_EARLY=merge_early, num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
-                part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-                part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+                part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1),
+                part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts),
                 NEXT_EARLY=merge_launch["PDL"] and MERGE_LETS_NEXT_START, **merge_launch)
 
     def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
+                                  num_kv_heads: int) -> torch.Tensor:
         if GEMV_EPILOGUES and isinstance(qkv_proj, GemvLinear) and qkv_proj.takes(x):
-            return qkv_proj.rope_and_write_kv(x, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
-                                              num_kv_heads)
-        return super().project_rope_and_write_kv(qkv_proj, x, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                                 num_heads, num_kv_heads)
+            return qkv_proj.rope_and_write_kv(x, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                              num_heads, num_kv_heads)
+        return super().project_rope_and_write_kv(qkv_proj, x, positions, cos, sin, k_cache, v_cache,
+                                                 slot_mapping, num_heads, num_kv_heads)
 
     def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if GEMV_EPILOGUES and isinstance(gate_up_proj, GemvLinear) and gate_up_proj.takes(x) and (
@@ -223,16 +232,17 @@ def gemv_suits(linear: nn.Linear) -> bool:
 def gemv_tiling(weight: torch.Tensor) -> tuple[int, int, int]:
     """(rows of W per program, columns a step, bytes of each row asked into L2 before the wait), as measured
     fastest on the H200 for the three shapes' products (`read-bandwidth-gemv-pdl.json`):
-    - 2 x 1024 where whole 1024-column steps cover the input (qkv, o, gate/up, LM head, the 1B's down), with the
-      first step prefetched where rows are at least 8 KB (7B and 13B: 2-7% faster with it); on the 1B's 4 KB
-      rows it was 2% faster for qkv but 1-3% slower for o, gate/up and down and 7% for the LM head (125.2
-      against 117.1 us), so none there;
-    - 4 x 512 otherwise (the 7B and 13B down projections, 11008 and 13824 wide), without a prefetch (1-2% slower
-      with one)."""
+    - 2 x 1024 where whole 1024-column steps cover the input (qkv, o, gate/up, LM head, the 1B's down), with
+      the first step prefetched where rows are at least 8 KB (7B and 13B: 2-7% faster with it); on the 1B's
+      4 KB rows it was 2% faster for qkv but 1-3% slower for o, gate/up and down and 7% for the LM head
+      (125.2 against 117.1 us), so none there;
+    - 4 x 512 otherwise (the 7B and 13B down projections, 11008 and 13824 wide), without a prefetch (1-2%
+      slower with one)."""
     in_features, size = weight.shape[1], weight.element_size()
     if in_features % 1024:
         return 4, 512, 0
-    aligned = (weight.stride(0) * size) % 16 == 0 and weight.data_ptr() % 16 == 0  # the bulk prefetch needs it
+    # the bulk prefetch needs it
+    aligned = (weight.stride(0) * size) % 16 == 0 and weight.data_ptr() % 16 == 0
     prefetch = 1024 * size if aligned and in_features * size >= 8192 else 0
     return 2, 1024, prefetch
 
@@ -283,20 +293,22 @@ class GemvLinear(nn.Module):
             self.weight, x, y, n, self.weight.stride(0), BLOCK_N=self.pairs, **self._launch(x))
         return y
 
-    def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
-                          num_kv_heads: int) -> torch.Tensor:
-        """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns q."""
+    def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns
+        q."""
         head_dim = k_cache.shape[-1]
         pairs = self.pairs if (head_dim // 2) % self.pairs == 0 else 1  # a program's pairs lie in one head
         x = x.contiguous()
         q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
         bias = self.bias if self.bias is not None else q
-        triton_kernels._gemv_rope_write_kv_kernel[((num_heads + 2 * num_kv_heads) * (head_dim // 2) // pairs,)](
-            self.weight, x, bias, positions, cos, sin, q, k_cache, v_cache, slot_mapping, self.weight.stride(0),
-            cos.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            HAS_BIAS=self.bias is not None, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-            BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **self._launch(x))
+        grid = ((num_heads + 2 * num_kv_heads) * (head_dim // 2) // pairs,)
+        triton_kernels._gemv_rope_write_kv_kernel[grid](
+            self.weight, x, bias, positions, cos, sin, q, k_cache, v_cache, slot_mapping,
+            self.weight.stride(0), cos.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), HAS_BIAS=self.bias is not None, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **self._launch(x))
         return q
 
     def extra_repr(self) -> str:

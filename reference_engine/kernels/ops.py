@@ -1,5 +1,5 @@
 """The model's hot-path operations, in plain torch: the reference every faster implementation is checked
-against, and what runs on the CPU. `ops_for(device)` picks Triton kernels on CUDA (reference_engine/triton_ops.py).
+against, and what runs on the CPU. `dispatch.ops_for(device)` picks Triton kernels on CUDA (triton_ops.py).
 
 Numerics follow Hugging Face's Llama step for step (normalise in float32, round, then scale; rotary tables in
 float32 cast to the activation dtype), so logits agree with transformers to rounding.
@@ -7,12 +7,14 @@ float32 cast to the activation dtype), so logits agree with transformers to roun
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine import attention
-from reference_engine.attention import AttentionBatch
+from reference_engine.kernels import attention
+from reference_engine.kernels.attention import AttentionBatch
 
 
 class TorchOps:
@@ -24,7 +26,8 @@ class TorchOps:
         self._rope_rows: tuple | None = None  # (positions, cos table, cos rows, sin rows) of the current step
 
     def begin_step(self) -> None:
-        """Called at the start of every forward pass (and so inside a CUDA-graph capture): drops per-step state."""
+        """Called at the start of every forward pass (and so inside a CUDA-graph capture): drops per-step
+        state."""
         self._rope_rows = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,13 +44,14 @@ class TorchOps:
         summed = x + residual
         return self.rms_norm(summed, weight, eps), summed
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                          num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Split fused q/k/v, rotate q and k, store k and v in the cache; return rotated q [T, heads, dim]."""
         head_dim = k_cache.shape[-1]
         qk, v = qkv.split([(num_heads + num_kv_heads) * head_dim, num_kv_heads * head_dim], dim=-1)
-        qk = qk.view(-1, num_heads + num_kv_heads, head_dim)  # q and k heads side by side: rotate them at once
+        # q and k heads side by side: rotate them at once
+        qk = qk.view(-1, num_heads + num_kv_heads, head_dim)
         v = v.view(-1, num_kv_heads, head_dim)
         c, s = self._rope_rows_for(positions, cos, sin, qkv.dtype)
         qk = qk * c + _rotate_half(qk) * s
@@ -55,11 +59,12 @@ class TorchOps:
         return qk[:, :num_heads]
 
     def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
+                                  num_kv_heads: int) -> torch.Tensor:
         """The qkv projection, then `rope_and_write_kv` (one call so that a kernel may fuse the two)."""
-        return self.rope_and_write_kv(qkv_proj(x), positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
-                                      num_kv_heads)
+        return self.rope_and_write_kv(qkv_proj(x), positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                      num_heads, num_kv_heads)
 
     def _rope_rows_for(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,20 +102,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def ops_for(device: torch.device, kernels: str = "auto", dtype: torch.dtype = torch.float32) -> TorchOps:
-    """`auto`: Triton kernels on CUDA (imported only there); on the CPU in float32, torch plus the C decode-attention
-    kernel when a C compiler builds it (reference_engine/cpu_kernels.py); else torch. `torch` / `triton` force
-    one (Triton on the CPU needs TRITON_INTERPRET=1)."""
-    if kernels not in ("auto", "torch", "triton"):
-        raise ValueError(f"kernels must be auto, torch or triton, got {kernels!r}")
-    if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):
-        from reference_engine.triton_ops import TritonOps
-
-        return TritonOps()
-    if kernels == "auto" and device.type == "cpu" and dtype == torch.float32:
-        from reference_engine.cpu_kernels import CPUOps, load_kernel
-
-        lib = load_kernel()
-        if lib is not None:
-            return CPUOps(lib)
-    return TorchOps()
+def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
+                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
+    """Put wrap(linear) in place of each nn.Linear of `model` that `where` picks (a device's own linear
+    kernels, loaded after the weights); returns how many."""
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, nn.Linear) and where(module)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, wrap(module))
+    return len(targets)

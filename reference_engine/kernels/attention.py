@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# Prefill attention on CUDA: FlashAttention (causal) and the memory-efficient kernel (masked), never cuDNN's. Torch
-# prefers cuDNN's attention on Hopper, which builds an execution plan for every new pair of query and context
-# lengths: on the H200 that cost 1.35 ms of host time per call, 150-190 ms per mixed step, through a whole round
-# of served traffic, until the chunk shapes repeated (against 0.06 ms once planned).
+# Prefill attention on CUDA: FlashAttention (causal) and the memory-efficient kernel (masked), never cuDNN's.
+# Torch prefers cuDNN's attention on Hopper, which builds an execution plan for every new pair of query and
+# context lengths: on the H200 that cost 1.35 ms of host time per call, 150-190 ms per mixed step, through a
+# whole round of served traffic, until the chunk shapes repeated (against 0.06 ms once planned).
 PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -72,7 +72,8 @@ class AttentionBatch:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Store each token's key and value at its slot; caches are [num_blocks, block_size, kv_heads, head_dim]."""
+    """Store each token's key and value at its slot; caches are [num_blocks, block_size, kv_heads,
+    head_dim]."""
     num_kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
@@ -130,7 +131,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     query = q.transpose(0, 1).unsqueeze(0)
     with sdpa_kernel(PREFILL_BACKENDS) if q.is_cuda else contextlib.nullcontext():
         if n == ctx:
-            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale,
+                                                 enable_gqa=True)
         else:
             # Query i sits at absolute position ctx - n + i and sees every key up to it.
             allowed = (torch.arange(ctx, device=q.device)[None, :]

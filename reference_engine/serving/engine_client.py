@@ -21,7 +21,7 @@ from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import EngineStats
 from reference_engine.engine_core import CoreOutput, StepReport, run_engine_core
 from reference_engine.engine_info import EngineInfo
-from reference_engine.request_streams import EngineDeadError, RequestStreams
+from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
 
 log = logging.getLogger("reference_engine.client")
 STOP_TIMEOUT_S = 30.0
@@ -45,7 +45,8 @@ async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_
         kind, payload = await asyncio.to_thread(results_recv.recv)
     except EOFError:
         await asyncio.to_thread(process.join)
-        raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready") from None
+        raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready"
+                           ) from None
     if kind == "failed":
         await asyncio.to_thread(process.join)
         raise payload
@@ -71,7 +72,8 @@ class EngineClient(RequestStreams):
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._threads = [threading.Thread(target=self._write, name="engine-core-writer", daemon=True),
-                         threading.Thread(target=self._read, args=(loop,), name="engine-core-reader", daemon=True)]
+                         threading.Thread(target=self._read, args=(loop,), name="engine-core-reader",
+                                          daemon=True)]
         for thread in self._threads:
             thread.start()
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reference_engine.config import SamplingParams
-from reference_engine.serving import GenerationRequest, TokenEvent
+from reference_engine.serving.generation import GenerationRequest, TokenEvent
 
 
 class ApiError(Exception):
@@ -157,17 +157,18 @@ class OpenAIRoutes:
         if max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
         if prompt_len + max_tokens > limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in "
-                                "the completion). Please reduce the length of the messages or completion.",
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you "
+                                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the {what}, "
+                                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                                "or completion.",
                            "max_tokens")
         return max_tokens
 
-    def _start(self, prefix: str, req: _SamplingFields, prompt_ids: list[int], max_tokens: int | None, what: str,
-               logprobs: bool):
+    def _start(self, prefix: str, req: _SamplingFields, prompt_ids: list[int], max_tokens: int | None,
+               what: str, logprobs: bool):
         max_tokens = self._check_length(len(prompt_ids), max_tokens, what)
-        gen = GenerationRequest(prompt_ids, req.sampling_params(max_tokens, logprobs=logprobs), req.stop_strings(),
-                                req.skip_special_tokens, req.include_stop_str_in_output)
+        gen = GenerationRequest(prompt_ids, req.sampling_params(max_tokens, logprobs=logprobs),
+                                req.stop_strings(), req.skip_special_tokens, req.include_stop_str_in_output)
         return self.state.start(prefix, gen)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -178,7 +179,8 @@ class OpenAIRoutes:
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
-                raise ApiError(400, "batched prompts are not supported; send one prompt per request", "prompt")
+                raise ApiError(400, "batched prompts are not supported; send one prompt per request",
+                               "prompt")
             prompt = prompt[0]
         prompt_ids = self.state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
@@ -191,7 +193,8 @@ class OpenAIRoutes:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason,
                       "stop_reason": last.stop_reason, "prompt_logprobs": None}
             body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [choice], "usage": {**_usage(len(prompt_ids), last.index), "prompt_tokens_details": None},
+                    "choices": [choice],
+                    "usage": {**_usage(len(prompt_ids), last.index), "prompt_tokens_details": None},
                     "system_fingerprint": self.state.fingerprint}
             return web.json_response(body, dumps=dumps)
         options = req.stream_options or StreamOptions()
@@ -209,11 +212,13 @@ class OpenAIRoutes:
             usage_follows = ev.finished and options.include_usage
             await writer.send(chunk, hold=ev.more or usage_follows)
             if usage_follows:
-                await writer.send(self._usage_chunk(request_id, "text_completion", created, n_prompt, ev.index))
+                await writer.send(self._usage_chunk(request_id, "text_completion", created, n_prompt,
+                                                    ev.index))
         await send_done(response)
         return response
 
-    def _usage_chunk(self, request_id: str, obj: str, created: int, n_prompt: int, n_out: int) -> dict[str, Any]:
+    def _usage_chunk(self, request_id: str, obj: str, created: int, n_prompt: int, n_out: int
+                     ) -> dict[str, Any]:
         return {"id": request_id, "object": obj, "created": created, "model": self.state.served_model_name,
                 "choices": [], "usage": _usage(n_prompt, n_out), "system_fingerprint": self.state.fingerprint}
 
@@ -223,8 +228,9 @@ class OpenAIRoutes:
         if req.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported by this server", "top_logprobs")
         prompt_ids = self.state.render_chat(req)
-        request_id, events = self._start("chatcmpl", req, prompt_ids, req.max_completion_tokens or req.max_tokens,
-                                         "messages", logprobs=req.logprobs)
+        request_id, events = self._start("chatcmpl", req, prompt_ids,
+                                         req.max_completion_tokens or req.max_tokens, "messages",
+                                         logprobs=req.logprobs)
         created = int(time.time())
         model = self.state.served_model_name
         n_prompt = len(prompt_ids)
@@ -234,7 +240,8 @@ class OpenAIRoutes:
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": last.finish_reason,
                       "stop_reason": last.stop_reason}
             body = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [choice], "usage": {**_usage(n_prompt, last.index), "prompt_tokens_details": None},
+                    "choices": [choice],
+                    "usage": {**_usage(n_prompt, last.index), "prompt_tokens_details": None},
                     "prompt_logprobs": None, "system_fingerprint": self.state.fingerprint}
             return web.json_response(body, dumps=dumps)
         options = req.stream_options or StreamOptions()
@@ -281,7 +288,8 @@ async def read_json(request: web.Request) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+        raise ApiError(400, f"the request body is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                       ) from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

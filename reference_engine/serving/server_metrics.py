@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reference_engine.engine import SetupReport
-from reference_engine.request_streams import RequestStreams
+from reference_engine.serving.request_streams import RequestStreams
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -26,15 +26,18 @@ class ServerMetrics:
         self.blocks_used = gauge("reference:kv_cache_blocks_used", "KV-cache blocks held by requests.")
         self.blocks_free = gauge("reference:kv_cache_blocks_free", "KV-cache blocks on the free list.")
         self.cache_usage = gauge("reference:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
-        self.graph_buckets = gauge("reference:cuda_graph_buckets", "Decode batch sizes captured as CUDA graphs.")
+        self.graph_buckets = gauge("reference:cuda_graph_buckets",
+                                   "Decode batch sizes captured as CUDA graphs.")
         self.graph_pool_bytes = gauge("reference:cuda_graph_pool_bytes", "Device memory held by CUDA graphs.")
         self.graph_warmup_seconds = gauge("reference:cuda_graph_warmup_seconds",
-                                          "Start-up seconds of the eager step before capture (first use of kernels).")
+                                          "Start-up seconds of the eager step before capture "
+                                          "(first use of kernels).")
         self.graph_capture_seconds = Gauge("reference:cuda_graph_capture_seconds",
-                                           "Start-up seconds of each CUDA-graph bucket (its warm-up step and capture).",
+                                           "Start-up seconds of each CUDA-graph bucket "
+                                           "(its warm-up step and capture).",
                                            [*labels, "batch_size"], registry=r)
-        self.prefix_queries = Counter("reference:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                      labels, registry=r)
+        self.prefix_queries = Counter("reference:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", labels, registry=r)
         self.prefix_hits = Counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                    labels, registry=r)
         self.aborted = Counter("reference:num_aborted_requests", "Requests abandoned before finishing "
@@ -42,16 +45,20 @@ class ServerMetrics:
         self.preemptions = Counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
                                    labels, registry=r)
         self.engine_steps = Counter("reference:engine_steps", "Engine steps run.", labels, registry=r)
-        self.engine_step_seconds = Counter("reference:engine_step_seconds", "Seconds spent inside engine steps "
-                                           "(scheduling, the model's forward pass, sampling).", labels, registry=r)
+        self.engine_step_seconds = Counter("reference:engine_step_seconds",
+                                           "Seconds spent inside engine steps "
+                                           "(scheduling, the model's forward pass, sampling).", labels,
+                                           registry=r)
         self.prompt_tokens = Counter("reference:prompt_tokens", "Prompt tokens received.", labels, registry=r)
-        self.generation_tokens = Counter("reference:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.generation_tokens = Counter("reference:generation_tokens", "Tokens generated.", labels,
+                                         registry=r)
         self.request_success = Counter("reference:request_success", "Requests finished, by reason.",
                                        [*labels, "finished_reason"], registry=r)
         self.ttft = Histogram("reference:time_to_first_token_seconds", "Arrival to first generated token.",
                               labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("reference:inter_token_latency_seconds", "Gap between consecutive generated tokens.",
-                             labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("reference:inter_token_latency_seconds",
+                             "Gap between consecutive generated tokens.", labels, buckets=_LATENCY_BUCKETS,
+                             registry=r)
         self.e2e = Histogram("reference:e2e_request_latency_seconds", "Arrival to last generated token.",
                              labels, buckets=(*_LATENCY_BUCKETS, 160.0, 320.0), registry=r)
         self.model = model_name
@@ -68,7 +75,8 @@ class ServerMetrics:
         self._seen_step_seconds = 0.0
 
     def render(self, async_engine: RequestStreams, setup: SetupReport) -> bytes:
-        """Refresh the gauges from the engine's live state and its start-up report, then serialise everything."""
+        """Refresh the gauges from the engine's live state and its start-up report, then serialise
+        everything."""
         stats = async_engine.stats()
         m = self.model
         self.running.labels(m).set(stats.running)

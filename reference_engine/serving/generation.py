@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from reference_engine.config import SamplingParams
-from reference_engine.detokenizer import IncrementalDetokenizer
-from reference_engine.request_streams import RequestStream, RequestStreams
-from reference_engine.server_metrics import ServerMetrics
+from reference_engine.serving.detokenizer import IncrementalDetokenizer
+from reference_engine.serving.request_streams import RequestStream, RequestStreams
+from reference_engine.serving.server_metrics import ServerMetrics
 
 
 @dataclass
@@ -52,9 +52,9 @@ def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTokenizer
                          time.perf_counter())
 
 
-async def _token_events(async_engine: RequestStreams, stream: RequestStream, tokenizer: PreTrainedTokenizerBase,
-                        metrics: ServerMetrics, request_id: str, req: GenerationRequest, arrival: float
-                        ) -> AsyncIterator[TokenEvent]:
+async def _token_events(async_engine: RequestStreams, stream: RequestStream,
+                        tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics, request_id: str,
+                        req: GenerationRequest, arrival: float) -> AsyncIterator[TokenEvent]:
     detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,
                                    req.include_stop_str_in_output)
     last = arrival

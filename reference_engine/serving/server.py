@@ -1,0 +1,321 @@
+"""HTTP server for the reference engine: OpenAI and TGI protocols, health, version, Prometheus metrics.
+
+    python -m reference_engine.server --model smollm2-135m --port 8000
+
+Binds 127.0.0.1 unless told otherwise. Start-up phases are logged as plain lines a launcher can parse
+(`weights loaded: ... in 1.234 s`, `KV cache allocated: ... in 0.123 s`, `server ready at ... in 5.678 s`).
+SIGTERM or SIGINT stop accepting work, let running requests finish for up to --shutdown-timeout seconds,
+abort the rest, and exit 0.
+
+Two processes (the default, `--engine-process`): this one is the front end (HTTP, validation, tokenising and
+detokenising, stop strings, SSE framing, metrics); the engine core (`engine_core.py`) runs `Engine.step()` in
+a child process started with spawn. The front end sends it batches of add/abort commands over a pipe; it sends
+back one message per step with every request's new tokens and the engine's counters (`engine_client.py` reads
+them on a thread and hands each to the event loop). Start-up lines come from the child on the shared stderr;
+the child also sends the front end what it needs to know about the engine (`EngineInfo`). Each process has its
+own GIL, so the core's host work does not wait for per-token serving work. If the core dies or a step raises,
+in-flight requests end with an error and /health answers 503. `--no-engine-process` runs the engine in a
+thread of this process instead (`async_engine.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import torch
+from aiohttp import web
+from transformers import PreTrainedTokenizerBase
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import Engine
+from reference_engine.engine_info import EngineInfo
+from reference_engine.serving.async_engine import AsyncEngine
+from reference_engine.serving.engine_client import launch_engine_core
+from reference_engine.serving.generation import GenerationRequest, generate_tokens, new_request_id
+from reference_engine.serving.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    OpenAIRoutes,
+    dumps,
+    error_body,
+)
+from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
+from reference_engine.serving.server_metrics import CONTENT_TYPE, ServerMetrics
+from reference_engine.serving.tgi_api import TGIRoutes
+
+log = logging.getLogger("reference_engine.server")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+STATE_KEY = web.AppKey("state", object)
+RETRY_AFTER_SECONDS = 1
+_TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
+                    413: "validation", 422: "validation", 503: "overloaded", 500: "generation"}
+_OPEN_PATHS = {"/health", "/version", "/metrics", "/ping"}
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("llm-compare")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass
+class ServerState:
+    info: EngineInfo
+    tokenizer: PreTrainedTokenizerBase
+    async_engine: RequestStreams
+    served_model_name: str
+    model_path: str
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    version: str = field(default_factory=package_version)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.served_model_name)
+        self.eos_ids = set(self.info.eos_token_ids)
+        self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []))
+        self.compute_type = "gpu+optimized" if self.info.device_type == "cuda" else "cpu"
+        self.fingerprint = f"reference-{self.version}"
+
+    def submit(self, request_id: str, gen: GenerationRequest) -> None:
+        if not self.async_engine.accepting:
+            raise ApiError(503, "the server is shutting down")
+        try:
+            self.async_engine.submit(request_id, gen.prompt_ids, gen.params)
+        except OverloadedError as exc:
+            raise ApiError(503, f"Model is overloaded: {exc}") from exc
+        except EngineDeadError as exc:
+            raise ApiError(503, str(exc)) from exc
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from exc
+
+    def start(self, prefix: str, gen: GenerationRequest):
+        """Submit a request and return its id and its stream of token events."""
+        request_id = new_request_id(prefix)
+        self.submit(request_id, gen)
+        return request_id, generate_tokens(self.async_engine, self.tokenizer, self.metrics, request_id, gen)
+
+    def render_chat(self, req: ChatCompletionRequest) -> list[int]:
+        """Apply the checkpoint's chat template; the template supplies special tokens itself."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions")
+        messages = []
+        for m in req.messages:
+            content = m.content
+            if isinstance(content, list):
+                texts = [part.get("text") for part in content if part.get("type") == "text"]
+                if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+                    raise ApiError(400, "only text content parts are supported", "messages")
+                content = "".join(texts)
+            messages.append({"role": m.role, "content": content or ""})
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=req.add_generation_prompt and not
+                req.continue_final_message, continue_final_message=req.continue_final_message,
+                **(req.chat_template_kwargs or {}))
+        except Exception as exc:  # jinja raises many kinds; all mean this request's messages don't fit
+            raise ApiError(400, f"the chat template could not render these messages: {exc}",
+                           "messages") from exc
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/")
+
+
+def render_error(request: web.Request, status: int, message: str, param: str | None = None) -> web.Response:
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+    if _is_openai_path(request.path):
+        body: dict[str, Any] = error_body(status, message, param)
+    else:
+        body = {"error": message, "error_type": _TGI_ERROR_TYPES.get(status, "generation")}
+    return web.json_response(body, status=status, headers=headers, dumps=dumps)
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler) -> web.StreamResponse:
+    """API-key check, and every failure rendered in the protocol's own error shape."""
+    state: ServerState = request.app[STATE_KEY]
+    if state.api_key and request.path not in _OPEN_PATHS:
+        header = request.headers.get("Authorization", "")
+        given = header[7:] if header.startswith("Bearer ") else ""
+        if not hmac.compare_digest(given.encode(), state.api_key.encode()):
+            return render_error(request, 401, "Unauthorized: a valid API key is required "
+                                              "(Authorization: Bearer <key>)")
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return render_error(request, exc.status, exc.message, exc.param)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return render_error(request, 413, f"the request body is too large ({exc.text})")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return render_error(request, exc.status, exc.reason)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        log.exception("unhandled error serving %s", request.path)
+        if isinstance(exc, EngineDeadError):
+            return render_error(request, 503, str(exc))
+        return render_error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def health(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    if state.async_engine.error is not None:
+        return render_error(request, 503, f"unhealthy: {state.async_engine.error}")
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": request.app[STATE_KEY].version})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    body = state.metrics.render(state.async_engine, state.info.setup)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_and_auth])
+    app[STATE_KEY] = state
+    app.add_routes([web.get("/health", health), web.get("/ping", health), web.get("/version", version),
+                    web.get("/metrics", metrics)])
+    app.add_routes(OpenAIRoutes(state).routes())
+    app.add_routes(TGIRoutes(state).routes())
+
+    async def on_startup(_: web.Application) -> None:
+        state.async_engine.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await state.async_engine.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m reference_engine.server", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m",
+                   help="checkpoint dir, hub id, built-in or random:<shape>")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--served-model-name", default=None, help="name clients use; defaults to --model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory", default=None, help="KV-cache budget, e.g. 2GiB")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences per step (default: 256 on a GPU, 64 on a CPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step, prefill chunks included (default: 8192 on a GPU, 2048 on a CPU)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
+                   help="decode batch sizes to capture CUDA graphs for "
+                        "(default: buckets up to --max-num-seqs)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get on SIGTERM")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads when serving on the CPU (default: one fewer than the cores, as "
+                        "vLLM's CPU build keeps one for its API server: OpenMP threads that must share a "
+                        "core with the event loop stall each other)")
+    p.add_argument("--kernels", choices=("auto", "torch", "triton"), default="auto",
+                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode "
+                        "attention when a C compiler is present), or torch / triton forced")
+    p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
+                   help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlapped decode: queue each pure-decode step before reading the last one's "
+                        "tokens (fed to it on the device), so the GPU never waits for the host between "
+                        "steps; steps with a prefill, a preemption or min_tokens still in force run "
+                        "synchronously. Greedy tokens are the same either way (default: on for CUDA, off on "
+                        "the CPU, where it cannot overlap anything)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in a child process of its own, so its host work and the "
+                        "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
+                        "thread of the server's process")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, started: float) -> int:
+    config = EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
+        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
+        seed=args.seed, async_scheduling=args.async_scheduling)
+    threads = None
+    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+        threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
+        log.info("CPU serving with %d torch threads", threads)
+    served = args.served_model_name or args.model
+    if args.engine_process:
+        client = await launch_engine_core(config, threads, args.log_level.upper(), LOG_FORMAT,
+                                          args.max_waiting)
+        tokenizer = await asyncio.to_thread(client.info.load_tokenizer)
+        state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
+    else:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        engine = await asyncio.to_thread(Engine, config)
+        state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting),
+                            served, args.model, args.api_key)
+    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
+                           handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("server ready at http://%s:%d in %.3f s", args.host, args.port, time.perf_counter() - started)
+    await stop.wait()
+    log.info("shutting down: draining %d requests for up to %.1f s", state.async_engine.num_active,
+             args.shutdown_timeout)
+    aborted = await state.async_engine.drain(args.shutdown_timeout)
+    if aborted:
+        log.info("aborted %d requests still running at the deadline", aborted)
+    await runner.cleanup()
+    log.info("server stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
+    try:
+        return asyncio.run(serve(args, started))
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
