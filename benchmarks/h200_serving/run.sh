@@ -7,13 +7,13 @@
 #   SHAPE=llama-3.2-1b RATE=60 bash benchmarks/h200_serving/run.sh
 #
 # Needs: VLLM_SITE, a folder holding vLLM and the packages it needs beyond the machine's (unpacked bundle;
-# default /tmp/site); TOKENIZER, a folder with the SmolLM2 tokenizer's files (default .carry/tokenizer, made on
+# default /tmp/site); TOKENIZER, a folder with the SmolLM2 tokenizer's files (made on
 # a machine with the built-in model by `python -m reference_engine.builtin_models` and copying tokenizer.json,
 # tokenizer_config.json and chat_template.jinja). Optional: CONC (default 1,16,64,128), DURATION (default 16s).
 set -euo pipefail
 shape=${SHAPE:?SHAPE, e.g. llama-2-7b}
 site=${VLLM_SITE:-/tmp/site}
-tokenizer=${TOKENIZER:-.carry/tokenizer}
+tokenizer=${TOKENIZER:?TOKENIZER: a folder with the SmolLM2 tokenizer files}
 out=${OUT:?OUT: where the run directory goes}
 export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1
