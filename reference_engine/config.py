@@ -77,17 +77,20 @@ class EngineConfig:
 
 
     def for_device(self, device_type: str) -> EngineConfig:
-        """This configuration with the scheduling limits left unset filled in for the device ("cuda", "cpu")."""
+        """This configuration with the scheduling limits left unset filled in for the device ("cuda" or
+        "cpu")."""
         kind = "cuda" if device_type == "cuda" else "cpu"
         return replace(self, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind],
-                       max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS[kind])
+                       max_num_batched_tokens=self.max_num_batched_tokens
+                       or DEFAULT_MAX_NUM_BATCHED_TOKENS[kind])
 
 
-# Scheduling limits by device. A GPU takes 256 sequences a step, so that 128 concurrent streams are all served
-# rather than half of them queued, and prefill chunks of up to 8192 tokens: on the H200 the 1B's closed loop at 64
-# streams carried 17.2-20.2k tokens/s at 2048, 20.0-21.3k at 4096 and 20.2-21.0k at 8192, and a larger budget
-# lets a burst of arrivals be prefilled in fewer mixed steps (each running every decode too), while a 7B step of
-# 8192 tokens stays far below a quarter second. A CPU keeps the smaller limits its steps are sized for.
+# Scheduling limits by device. A GPU takes 256 sequences a step, so that 128 concurrent streams are all
+# served rather than half of them queued, and prefill chunks of up to 8192 tokens: on the H200 the 1B's
+# closed loop at 64 streams carried 17.2-20.2k tokens/s at 2048, 20.0-21.3k at 4096 and 20.2-21.0k at 8192,
+# and a larger budget prefills a burst of arrivals in fewer mixed steps (each of which also runs every
+# decode). A 7B step of 8192 tokens is about 110 TFLOP of products: under a quarter second on an H200. A CPU
+# keeps the smaller limits its steps are sized for.
 DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 64}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 

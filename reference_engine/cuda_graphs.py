@@ -22,14 +22,14 @@ from reference_engine.model import LlamaModel
 
 log = logging.getLogger("reference_engine")
 
-# Decode batch sizes captured by default: fine steps where padding a batch costs most, coarser above 64, where a
-# decode step reads the weights once for all rows and 31 padded rows add little; and max_num_seqs itself.
+# Decode batch sizes captured by default: fine steps where padding a batch costs most, coarser above 64,
+# where a decode step reads the weights once for all rows and 31 padded rows add little; and max_num_seqs.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
 def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> list[int]:
-    """Buckets 1, 2, 4, 8, 16, 24, 32, 48, 64, then steps of 32 up to max_num_seqs, and max_num_seqs itself (or
-    the sizes given)."""
+    """Buckets 1, 2, 4, 8, 16, 24, 32, 48, 64, then steps of 32 up to max_num_seqs, and max_num_seqs itself
+    (or the sizes given)."""
     sizes = explicit or [*DEFAULT_BUCKETS, *range(96, max_num_seqs + 1, 32), max_num_seqs]
     return sorted({s for s in sizes if 1 <= s <= max_num_seqs})
 

@@ -244,7 +244,8 @@ class ModelRunner:
         return self.model.logits(hidden.index_select(0, sample_rows))
 
     def attention_batch(self, step: StepInputs, slot_mapping: torch.Tensor) -> AttentionBatch:
-        """The step's paging on the device: block tables, context lengths and prefill chunks (int32) in one copy."""
+        """The step's paging on the device: block tables, context lengths and prefill chunks (int32), in one
+        copy."""
         dev = self.device
         width = max((len(t) for t in step.decode_tables), default=0)
         tables = [block for t in step.decode_tables for block in t + [0] * (width - len(t))]
@@ -262,8 +263,8 @@ class ModelRunner:
                                            max(ctx for _, _, ctx, _ in step.prefills)))
         else:
             prefill_tables = [table for _, _, _, table in step.prefills]
-            tables, decode_lens, *prefill_tables = lists_to_device([tables, step.decode_lens, *prefill_tables], dev,
-                                                                   torch.int32)
+            tables, decode_lens, *prefill_tables = lists_to_device(
+                [tables, step.decode_lens, *prefill_tables], dev, torch.int32)
             batch = AttentionBatch(slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
                                    prefills=[PrefillChunk(start, n, ctx, table) for (start, n, ctx, _), table
                                              in zip(step.prefills, prefill_tables, strict=True)])

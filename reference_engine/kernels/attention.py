@@ -35,10 +35,10 @@ class PrefillChunk:
 
 @dataclass
 class PrefillBatch:
-    """Every prefill chunk of a step on the device at once, for a kernel that attends them in one launch (rather
-    than one call per chunk and layer, whose host time set the length of mixed steps on the GPU)."""
+    """Every prefill chunk of a step on the device at once, for a kernel that attends them in one launch
+    (rather than one call per chunk and layer, whose host time set the length of mixed steps on the GPU)."""
 
-    chunks: torch.Tensor  # [P, 3] int32: the chunk's first flat row, its new tokens, its context after the chunk
+    chunks: torch.Tensor  # [P, 3] int32: first flat row, new tokens, context after the chunk
     block_tables: torch.Tensor  # [P, max_blocks] int32, padded with block 0
     tiles: torch.Tensor  # [num_tiles, 2] int32: the chunk, the tile's first new token within it
     max_context: int  # the longest context (host int)
@@ -46,12 +46,14 @@ class PrefillBatch:
 
 def prefill_batch_lists(prefills: list[tuple[int, int, int, list[int]]], tile_tokens: int
                         ) -> tuple[list[int], list[int], list[int], int]:
-    """`PrefillBatch`'s chunks, padded tables and tiles as flat host lists, from (start row, new tokens, context,
-    block table) per chunk; returns them and the tables' width. Tiles with the most keys to read come first."""
+    """`PrefillBatch`'s chunks, padded tables and tiles as flat host lists, from (start row, new tokens,
+    context, block table) per chunk; returns them and the tables' width. Tiles with the most keys to read
+    come first."""
     width = max(len(table) for *_, table in prefills)
     chunks = [value for start, n, ctx, _ in prefills for value in (start, n, ctx)]
     tables = [block for *_, table in prefills for block in table + [0] * (width - len(table))]
-    tiles = sorted(((i, first) for i, (_, n, ctx, _) in enumerate(prefills) for first in range(0, n, tile_tokens)),
+    tiles = sorted(((i, first) for i, (_, n, _, _) in enumerate(prefills)
+                    for first in range(0, n, tile_tokens)),
                    key=lambda tile: prefills[tile[0]][2] - prefills[tile[0]][1] + tile[1], reverse=True)
     return chunks, tables, [value for tile in tiles for value in tile], width
 
@@ -67,7 +69,7 @@ class AttentionBatch:
     decode_max_context: int = 0  # longest decode context (host int): bounds the GPU kernel's partitions
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool (torch path)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    prefill_batch: PrefillBatch | None = None  # the same chunks for a one-launch kernel, where the ops have one
+    prefill_batch: PrefillBatch | None = None  # the same chunks, for ops with a one-launch kernel
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -6,8 +6,8 @@
   (`tl.dot`); with one query head per KV head (MHA) there is nothing to share, and the kernel works on one
   query vector with plain reductions;
 - paged prefill attention: every prefill chunk of a step in one launch, one program per (tile of a chunk's
-  new tokens, kv head), its GQA group's heads stacked into the tile's rows, reading keys and values through the
-  block table up to each query's own position (FlashAttention's online softmax, on the tensor cores);
+  new tokens, kv head), its GQA group's heads stacked into the tile's rows, reading keys and values through
+  the block table up to each query's own position (FlashAttention's online softmax, on the tensor cores);
 - rotary embedding fused with the KV-cache write (q rotated in place, k rotated and v copied into their slots;
   slot -1 writes nowhere, which is how padded CUDA-graph rows stay out of the cache);
 - RMSNorm, with the residual add fused in;
@@ -223,9 +223,10 @@ def _merge_partitions_kernel(
     _let_next_kernel_launch(PDL and not NEXT_EARLY)
 
 
-# Which chunk a program works on, the chunks' rows and contexts, and their block tables come from one copy per step
-# whose pieces' sizes (and so alignment) change with the step, as does the tables' row stride; the longest
-# context only bounds the interpreter's loop. Specialising on any of them would compile new variants mid-traffic.
+# Which chunk a program works on, the chunks' rows and contexts, and their block tables come from one copy per
+# step whose pieces' sizes (and so alignment) change with the step, as does the tables' row stride; the
+# longest context only bounds the interpreter's loop. Specialising on any of them would compile new variants
+# mid-traffic.
 @triton.jit(do_not_specialize=["tables_ptr", "chunks_ptr", "tiles_ptr", "stride_bt", "max_context"])
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, chunks_ptr, tiles_ptr,
@@ -237,10 +238,10 @@ def _prefill_attention_kernel(
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr,
     TILE_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, DYNAMIC_LOOP: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # One program: TILE_TOKENS consecutive new tokens of one prefill chunk, times the GQA group's query heads of
-    # one KV head (GROUP padded to GROUP_ROWS), as the rows of one query tile, so that every row reads the same
-    # keys and both products run on the tensor cores. Keys come from the paged cache (the chunk's own tokens
-    # were written there before), up to the tile's last query position: causal, cached prefix included.
+    # One program: TILE_TOKENS consecutive new tokens of one prefill chunk, times the GQA group's query heads
+    # of one KV head (GROUP padded to GROUP_ROWS), as the rows of one query tile, so that every row reads the
+    # same keys and both products run on the tensor cores. Keys come from the paged cache (the chunk's own
+    # tokens were written there before), up to the tile's last query position: causal, cached prefix included.
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     chunk = tl.load(tiles_ptr + 2 * tile)
@@ -262,9 +263,9 @@ def _prefill_attention_kernel(
     acc = tl.zeros([TILE_TOKENS * GROUP_ROWS, HEAD_DIM], tl.float32)
     end = tl.minimum(ctx, ctx - new + first + TILE_TOKENS)  # past the tile's last query: nothing it may see
     table = tables_ptr + chunk * stride_bt
-    # Compiled, the loop stops at the tile's last key; the interpreter cannot loop to a loaded value, so there it
-    # runs to the batch's longest context and masks the rest. Key 0 is in every row's first tile, so no row's
-    # running maximum stays -inf after it.
+    # Compiled, the loop stops at the tile's last key; the interpreter cannot loop to a loaded value, so there
+    # it runs to the batch's longest context and masks the rest. Key 0 is in every row's first tile, so no
+    # row's running maximum stays -inf after it.
     for n0 in range(0, end if DYNAMIC_LOOP else max_context, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -282,7 +283,8 @@ def _prefill_attention_kernel(
         m_i = m_new
     out = acc / l_i[:, None]
     y_rows = (row0 + token).to(tl.int64) * stride_yt + heads * stride_yh
-    tl.store(out_ptr + y_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None])
+    tl.store(out_ptr + y_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None])
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Triton implementations of the model's hot-path operations (CUDA; imported only there, or on the CPU under
-TRITON_INTERPRET=1 for tests). Prefill attention reads the whole context, cached prefix included, back from the
-paged cache: every chunk of a step in one kernel launch."""
+TRITON_INTERPRET=1 for tests). Prefill attention reads the whole context, cached prefix included, back from
+the paged cache: every chunk of a step in one kernel launch."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ MAX_PARTITIONS = 64  # partitions one merge program can hold
 DECODE_BLOCK_N = 64  # context tokens per inner step of decode attention
 DECODE_NUM_WARPS = 2  # fewer, fuller warps: 15-20% faster than 4 on the H200 at batch 1 and 64 (7B, 13B)
 DECODE_NUM_STAGES = 2
-# Prefill attention: query rows (new tokens x the GQA group's heads) and keys per program step. All prefill chunks of
-# a step go in one launch per layer: the per-chunk SDPA calls it replaced (with their gathers and masks) cost more
-# host time than the GPU spent on the whole mixed step.
+# Prefill attention: query rows (new tokens x the GQA group's heads) and keys per program step. All prefill
+# chunks of a step go in one launch per layer: the per-chunk SDPA calls it replaced (with their gathers and
+# masks) cost more host time than the GPU spent on the whole mixed step.
 BATCHED_PREFILL = True  # False: one torch SDPA call per chunk and layer, as before (for A/B runs)
 PREFILL_TILE_ROWS = 64
 PREFILL_BLOCK_N = 64
@@ -130,8 +130,8 @@ class TritonOps(TorchOps):
         out = torch.empty_like(q)
         nd = batch.num_decode
         if nd:
-            self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
-                                  batch.decode_max_context, scale, out[:nd])
+            self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
+                                  batch.decode_context_lens, batch.decode_max_context, scale, out[:nd])
         if batch.prefill_batch is not None:
             self.prefill_attention(q, k_cache, v_cache, batch.prefill_batch, scale, out)
         else:
@@ -145,16 +145,17 @@ class TritonOps(TorchOps):
 
     def prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           prefills: attention.PrefillBatch, scale: float, out: torch.Tensor) -> None:
-        """Every prefill chunk's queries over their paged contexts in one launch, written to their rows of `out`."""
+        """Every prefill chunk's queries over their paged contexts in one launch, into their rows of `out`."""
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = q.shape[1] // kv_heads
         tile_tokens = self.prefill_tile_tokens(group)
         tables = prefills.block_tables
         triton_kernels._prefill_attention_kernel[(prefills.tiles.shape[0], kv_heads)](
             q, k_cache, v_cache, out, tables, prefills.chunks, prefills.tiles, scale, prefills.max_context,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.stride(0),
-            out.stride(0), out.stride(1),
-            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, GROUP_ROWS=triton.next_power_of_2(group),
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            tables.stride(0), out.stride(0), out.stride(1),
+            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group,
+            GROUP_ROWS=triton.next_power_of_2(group),
             TILE_TOKENS=tile_tokens, BLOCK_N=PREFILL_BLOCK_N, DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
             num_warps=PREFILL_NUM_WARPS, num_stages=PREFILL_NUM_STAGES)
