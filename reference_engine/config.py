@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -20,6 +21,13 @@ def parse_bytes(value: int | str) -> int:
         raise ValueError(f"cannot read {value!r} as a memory size (examples: 2GiB, 512MiB, 1000000)")
     number, unit = match.groups()
     return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+def cpu_threads(given: int | None) -> int:
+    """Torch threads for an engine serving on the CPU: as given, else one fewer than the cores, as vLLM's CPU
+    build keeps one for its API server (OpenMP threads that share a core with the event loop stall each
+    other)."""
+    return given or max(1, (os.cpu_count() or 2) - 1)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from reference_engine.config import EngineConfig
+from reference_engine.config import cpu_threads as default_threads
 from reference_engine.engine import Engine, EngineStats
 from reference_engine.engine_info import EngineInfo
 from reference_engine.sequence import RequestOutput
@@ -68,8 +69,12 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
     # Ctrl-C reaches the whole process group; the front end decides
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=log_format)
-    if cpu_threads is not None:
-        torch.set_num_threads(cpu_threads)
+    on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    if cpu_threads is not None or on_cpu:
+        threads = default_threads(cpu_threads)
+        if on_cpu:
+            log.info("CPU serving with %d torch threads", threads)
+        torch.set_num_threads(threads)
     try:
         engine = Engine(config)
     except Exception as exc:

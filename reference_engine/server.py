@@ -1,11 +1,33 @@
 """The reference server's command line: `python -m reference_engine.server --model smollm2-135m --port 8000`.
 
-The server itself (the aiohttp app, its handlers, `parse_args`) lives in reference_engine/serving/server.py.
+With the engine core in its own process (the default), the core is started first, before this process imports
+the HTTP front end (reference_engine/serving/server.py), so that the two processes import torch and the rest
+side by side rather than one after the other.
 """
 
-from reference_engine.serving.server import main, parse_args
+from __future__ import annotations
 
-__all__ = ["main", "parse_args"]
+import contextlib
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    from reference_engine.serving.core_process import LOG_FORMAT, start_engine_core
+    from reference_engine.serving.options import engine_config, parse_args
+
+    args = parse_args(argv)
+    core = None
+    if args.engine_process:
+        # A bad setting raises here and again as the server starts, which reports it as any start-up error.
+        with contextlib.suppress(ValueError):
+            core = start_engine_core(engine_config(args), args.cpu_threads, args.log_level.upper(),
+                                     LOG_FORMAT)
+    from reference_engine.serving.server import log_start, run
+
+    log_start(args)
+    return run(args, started, core)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

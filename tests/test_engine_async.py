@@ -215,7 +215,7 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
 @pytest.mark.parametrize(("argv", "expected"), [([], None), (["--async-scheduling"], True),
                                                 (["--no-async-scheduling"], False)])
 def test_server_flag(argv, expected):
-    from reference_engine.serving.server import parse_args
+    from reference_engine.serving.options import parse_args
 
     assert parse_args(argv).async_scheduling is expected
 

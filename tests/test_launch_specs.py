@@ -111,7 +111,7 @@ def test_trtllm_options_yaml_and_flags(tmp_path):
 
 
 def test_reference_flags_are_ones_our_server_accepts():
-    from reference_engine.serving.server import parse_args
+    from reference_engine.serving.options import parse_args
 
     s = spec("reference", "graphs=1/2+block=32+batch=8", model=ModelSource("random:tiny", "m", "float32", 512))
     assert s.command[:3] == [sys.executable, "-m", "reference_engine.server"]

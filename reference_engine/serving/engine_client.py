@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import queue
 import threading
 from multiprocessing.connection import Connection
@@ -19,8 +18,9 @@ from multiprocessing.process import BaseProcess
 
 from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import EngineStats
-from reference_engine.engine_core import CoreOutput, StepReport, run_engine_core
+from reference_engine.engine_core import CoreOutput, StepReport
 from reference_engine.engine_info import EngineInfo
+from reference_engine.serving.core_process import StartedCore, start_engine_core
 from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
 
 log = logging.getLogger("reference_engine.client")
@@ -29,20 +29,20 @@ STOP_TIMEOUT_S = 30.0
 
 async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_level: str, log_format: str,
                              max_waiting: int | None = None) -> EngineClient:
-    """Start the engine core, wait until its engine is built, and return the client (not yet started).
+    """Start the engine core and wait until its engine is built (`start_engine_core`, then
+    `connect_engine_core`)."""
+    core = start_engine_core(config, cpu_threads, log_level, log_format)
+    return await connect_engine_core(core, max_waiting)
+
+
+async def connect_engine_core(core: StartedCore, max_waiting: int | None = None) -> EngineClient:
+    """Wait until a started engine core's engine is built, and return the client (not yet started).
 
     An engine that fails to build raises here the exception it raised in the core (ValueError for a bad
     config, FileNotFoundError for a missing model, ...)."""
-    ctx = multiprocessing.get_context("spawn")
-    commands_recv, commands_send = ctx.Pipe(duplex=False)
-    results_recv, results_send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
-                          args=(config, commands_recv, results_send, cpu_threads, log_level, log_format))
-    process.start()
-    commands_recv.close()  # the child's ends: closing ours lets each side see the other go away as EOF
-    results_send.close()
+    process = core.process
     try:
-        kind, payload = await asyncio.to_thread(results_recv.recv)
+        kind, payload = await asyncio.to_thread(core.results.recv)
     except EOFError:
         await asyncio.to_thread(process.join)
         raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready"
@@ -51,7 +51,7 @@ async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_
         await asyncio.to_thread(process.join)
         raise payload
     log.info("engine core running in process %d", process.pid)
-    return EngineClient(process, commands_send, results_recv, payload, max_waiting)
+    return EngineClient(process, core.commands, core.results, payload, max_waiting)
 
 
 class EngineClient(RequestStreams):

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import hmac
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -35,11 +34,12 @@ import torch
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
-from reference_engine.config import EngineConfig
+from reference_engine.config import cpu_threads
 from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
 from reference_engine.serving.async_engine import AsyncEngine
-from reference_engine.serving.engine_client import launch_engine_core
+from reference_engine.serving.core_process import LOG_FORMAT, StartedCore, start_engine_core
+from reference_engine.serving.engine_client import connect_engine_core
 from reference_engine.serving.generation import GenerationRequest, generate_tokens, new_request_id
 from reference_engine.serving.openai_api import (
     ApiError,
@@ -48,12 +48,12 @@ from reference_engine.serving.openai_api import (
     dumps,
     error_body,
 )
+from reference_engine.serving.options import engine_config, parse_args
 from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from reference_engine.serving.tgi_api import TGIRoutes
 
 log = logging.getLogger("reference_engine.server")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 STATE_KEY = web.AppKey("state", object)
 RETRY_AFTER_SECONDS = 1
 _TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
@@ -206,80 +206,19 @@ def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Appl
     return app
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m reference_engine.server", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2-135m",
-                   help="checkpoint dir, hub id, built-in or random:<shape>")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--served-model-name", default=None, help="name clients use; defaults to --model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory", default=None, help="KV-cache budget, e.g. 2GiB")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="sequences per step (default: 256 on a GPU, 64 on a CPU)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step, prefill chunks included (default: 8192 on a GPU, 2048 on a CPU)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
-                   help="decode batch sizes to capture CUDA graphs for "
-                        "(default: buckets up to --max-num-seqs)")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds running requests get on SIGTERM")
-    p.add_argument("--cpu-threads", type=int, default=None,
-                   help="torch threads when serving on the CPU (default: one fewer than the cores, as "
-                        "vLLM's CPU build keeps one for its API server: OpenMP threads that must share a "
-                        "core with the event loop stall each other)")
-    p.add_argument("--kernels", choices=("auto", "torch", "triton"), default="auto",
-                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode "
-                        "attention when a C compiler is present), or torch / triton forced")
-    p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
-                   help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="overlapped decode: queue each pure-decode step before reading the last one's "
-                        "tokens (fed to it on the device), so the GPU never waits for the host between "
-                        "steps; steps with a prefill, a preemption or min_tokens still in force run "
-                        "synchronously. Greedy tokens are the same either way (default: on for CUDA, off on "
-                        "the CPU, where it cannot overlap anything)")
-    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the engine core in a child process of its own, so its host work and the "
-                        "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
-                        "thread of the server's process")
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
-
-
-async def serve(args: argparse.Namespace, started: float) -> int:
-    config = EngineConfig(
-        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
-        seed=args.seed, async_scheduling=args.async_scheduling)
-    threads = None
-    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
-        threads = args.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
-        log.info("CPU serving with %d torch threads", threads)
+async def serve(args: argparse.Namespace, started: float, core: StartedCore | None = None) -> int:
+    config = engine_config(args)
     served = args.served_model_name or args.model
     if args.engine_process:
-        client = await launch_engine_core(config, threads, args.log_level.upper(), LOG_FORMAT,
-                                          args.max_waiting)
+        if core is None:
+            core = start_engine_core(config, args.cpu_threads, args.log_level.upper(), LOG_FORMAT)
+        client = await connect_engine_core(core, args.max_waiting)
         tokenizer = await asyncio.to_thread(client.info.load_tokenizer)
         state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
     else:
-        if threads is not None:
+        if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+            threads = cpu_threads(args.cpu_threads)
+            log.info("CPU serving with %d torch threads", threads)
             torch.set_num_threads(threads)
         engine = await asyncio.to_thread(Engine, config)
         state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting),
@@ -308,13 +247,22 @@ async def serve(args: argparse.Namespace, started: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
-    log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
+    log_start(args)
+    return run(args, started)
+
+
+def run(args: argparse.Namespace, started: float, core: StartedCore | None = None) -> int:
+    """Serve until SIGTERM or SIGINT; `core`: an engine core already started for these options."""
     try:
-        return asyncio.run(serve(args, started))
+        return asyncio.run(serve(args, started, core))
     except (ValueError, FileNotFoundError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+
+
+def log_start(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
 
 
 if __name__ == "__main__":

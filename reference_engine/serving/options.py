@@ -1,0 +1,78 @@
+"""The reference server's command-line options, and the engine configuration they make.
+
+Kept apart from the server module and light to import (argparse and the configuration only), so that the
+command line can start the engine core's process before the front end imports aiohttp, torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from reference_engine.config import EngineConfig
+
+DESCRIPTION = "HTTP server for the reference engine: OpenAI and TGI protocols, health, version, metrics."
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m reference_engine.server", description=DESCRIPTION)
+    p.add_argument("--model", default="smollm2-135m",
+                   help="checkpoint dir, hub id, built-in or random:<shape>")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--served-model-name", default=None, help="name clients use; defaults to --model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory", default=None, help="KV-cache budget, e.g. 2GiB")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences per step (default: 256 on a GPU, 64 on a CPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step, prefill chunks included (default: 8192 on a GPU, 2048 on a CPU)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
+                   help="decode batch sizes to capture CUDA graphs for "
+                        "(default: buckets up to --max-num-seqs)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-waiting", type=int, default=4096, help="answer 503 when this many requests wait")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024**2)
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get on SIGTERM")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads when serving on the CPU (default: one fewer than the cores, as "
+                        "vLLM's CPU build keeps one for its API server: OpenMP threads that must share a "
+                        "core with the event loop stall each other)")
+    p.add_argument("--kernels", choices=("auto", "torch", "triton"), default="auto",
+                   help="hot-path kernels: auto (Triton on CUDA; on the CPU in float32 the C decode "
+                        "attention when a C compiler is present), or torch / triton forced")
+    p.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
+                   help="float32 linears on the CPU: oneDNN on weights packed at load (default), or F.linear")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlapped decode: queue each pure-decode step before reading the last one's "
+                        "tokens (fed to it on the device), so the GPU never waits for the host between "
+                        "steps; steps with a prefill, a preemption or min_tokens still in force run "
+                        "synchronously. Greedy tokens are the same either way (default: on for CUDA, off on "
+                        "the CPU, where it cannot overlap anything)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in a child process of its own, so its host work and the "
+                        "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
+                        "thread of the server's process")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's configuration from the parsed options."""
+    return EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
+        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
+        seed=args.seed, async_scheduling=args.async_scheduling)
