@@ -42,7 +42,7 @@ DEFAULT_CPU_KV_BUDGET = 1024**3
 
 
 @dataclass
-class SetupReport:
+class EngineStartup:
     """What starting the engine cost: phase durations (seconds) and memory (bytes)."""
 
     phases: dict[str, float] = field(default_factory=dict)
@@ -98,7 +98,7 @@ class InFlightStep:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.setup = SetupReport()
+        self.setup = EngineStartup()
         t0 = time.perf_counter()
         self.device = _resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)

@@ -17,7 +17,7 @@ from reference_engine.model_config import ModelSpec
 from reference_engine.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from reference_engine.engine import Engine, SetupReport
+    from reference_engine.engine import Engine, EngineStartup
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class EngineInfo:
     tokenizer_source: str | None  # what the engine loaded its tokenizer from; None: synthetic (random weights)
     device_type: str  # "cuda" or "cpu"
     max_num_seqs: int
-    setup: SetupReport
+    setup: EngineStartup
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
