@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.launch_spec import LaunchSpec
+from compare.datatypes import Phase
 from compare.launch import Launcher, LaunchError
-from compare.setup_report import Phase
 
 LABEL = "llm-compare"
 SESSION_LABEL = "llm-compare.session"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.select import key_of
+from compare.datatypes import key_of
 
 
 def duration_cut_warnings(run: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """Where a backend comes from: a running endpoint, or a server we start, time and always stop.
 
-A launch yields a `SetupReport` (`compare/setup_report.py`): spawn to healthy as we measured it, the start-up
+A launch yields a `SetupReport` (`compare/datatypes.py`): spawn to healthy as we measured it, the start-up
 phases the backend logs about itself (read with its adapter's patterns), memory, and device memory at ready
 when a GPU is visible. `Launcher` holds what every way of starting a server shares: poll the health route until
 it answers 200 or the start-up timeout passes (the error quotes the end of the server's log), notice a server
@@ -26,21 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from compare import devices
-from compare.setup_report import GIB, ParsedLog, Phase, SetupReport, apply_log, parse_log
+from compare.datatypes import SetupReport
+from compare.setup_log import apply_log, parse_log
 
 __all__ = [
-    "GIB",
     "LaunchError",
     "Launcher",
-    "ParsedLog",
-    "Phase",
     "ProcessLauncher",
-    "SetupReport",
-    "apply_log",
+    "SetupReport",  # re-exported for compare/ray_matrix.py; new code imports it from compare.datatypes
     "endpoint_report",
     "free_port",
     "healthy",
-    "parse_log",
 ]
 
 LOG_TAIL_CHARS = 3000

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from compare.datatypes import PointInfo, point_info_from_label
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
@@ -34,32 +34,6 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 95, 99)
 CI_LEVEL = 0.95
 N_BOOT = 1000
-
-
-@dataclass(frozen=True)
-class PointInfo:
-    """What the comparator knows about one load point run (a `run_id`) beyond its records."""
-
-    workload: str = ""
-    mode: str = ""  # closed | open | trace | imported
-    concurrency: int | None = None
-    rate: float | None = None  # offered requests/s (open loop, trace)
-    arrival: str | None = None
-    duration_s: float | None = None  # imported results: the other tool's own benchmark duration
-    lag_measured: bool = True  # imported results may have no scheduled times
-    interrupted: bool = False
-    source: str = "llm-compare"
-    repeat: int = 0  # which launch of the backend (--repeats)
-
-
-def point_info_from_label(label: str) -> PointInfo:
-    """Fallback when a run has no summary: read the load point label (`c=8`, `r=2`, `wl/c=8`)."""
-    workload, _, sched = label.rpartition("/")
-    if sched.startswith("c="):
-        return PointInfo(workload, "closed", concurrency=int(float(sched[2:])))
-    if sched.startswith("r="):
-        return PointInfo(workload, "open", rate=float(sched[2:]))
-    return PointInfo(workload)
 
 
 # -- per request ------------------------------------------------------------------------------------------

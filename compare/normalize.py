@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from compare.launch import SetupReport
+from compare.datatypes import SetupReport
 from compare.text import plural
 
 

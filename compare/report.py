@@ -20,10 +20,10 @@ import pandas as pd
 
 from compare import plots
 from compare.cut_short import duration_cut_warnings
-from compare.launch import SetupReport
+from compare.datatypes import Pick, SetupReport, key_of
 from compare.metrics import summarize
 from compare.normalize import add_normalized
-from compare.select import Pick, break_even_rows, key_of, selection, warnings
+from compare.select import break_even_rows, selection, warnings
 from compare.store import RunDir
 from workloads import timing
 from workloads.records import RequestRecord
@@ -64,9 +64,11 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
-    results.warnings = list(run.manifest.get("notes") or []) + (
-        warnings(summary, setups) if not summary.empty else []
-    ) + duration_cut_warnings(run)
+    results.warnings = (
+        list(run.manifest.get("notes") or [])
+        + (warnings(summary, setups) if not summary.empty else [])
+        + duration_cut_warnings(run)
+    )
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:

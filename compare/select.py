@@ -19,13 +19,13 @@ points are listed as warnings ahead of the decision.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from compare.launch import SetupReport
+from compare.datatypes import Pick, SetupReport, key_of
 from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.normalize import break_even, graph_pool_trade
 from compare.text import plural
@@ -33,30 +33,6 @@ from compare.text import plural
 NOT_ESTABLISHED = "never: the difference is not established"
 ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
-
-
-@dataclass
-class Pick:
-    slo_class: str  # interactive | throughput
-    workload: str
-    winner: str | None = None
-    runner_up: str | None = None
-    load_point: str | None = None
-    value: float = math.nan
-    runner_value: float = math.nan
-    ratio: float = math.nan  # how many times better the winner is (>= 1)
-    ratio_lo: float = math.nan
-    ratio_hi: float = math.nan
-    p_value: float = math.nan
-    confidence: str = ""
-    decisive: bool = False  # the difference is significant (and held in every launch, when repeated)
-    metric: str = ""  # the summary column ranked on
-    sentences: list[str] = field(default_factory=list)
-    ranking: list[dict[str, Any]] = field(default_factory=list)
-
-
-def key_of(backend: str, variant: str) -> str:
-    return f"{backend}:{variant}" if variant else backend
 
 
 def _fmt_s(seconds: float) -> str:

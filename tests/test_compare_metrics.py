@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from compare.metrics import PointInfo, bootstrap_ci, itl_table, request_table, summarize
+from compare.datatypes import PointInfo
+from compare.metrics import bootstrap_ci, itl_table, request_table, summarize
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from compare.datatypes import SetupReport
 from compare.diff import holm
-from compare.launch import SetupReport
 from compare.metrics import mann_whitney, ratio_ci
 from compare.normalize import (
     break_even,
