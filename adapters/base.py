@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 FinalEvent = Literal["done", "finish", "none"]
 

@@ -24,7 +24,7 @@ from adapters.base import (
     as_int,
     loads_event,
 )
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 DONE = "[DONE]"
 

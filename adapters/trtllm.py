@@ -24,8 +24,8 @@ import yaml
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, loads_event
 from adapters.launch_spec import CONFIG_MOUNT, LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
+from adapters.request_spec import RequestSpec
 from adapters.startup_log import clock, pattern
-from workloads.spec import RequestSpec
 
 TRTLLM_METRICS = {  # trtllm-serve, served at /prometheus/metrics
     "trtllm_request_success_total": "requests_finished_total",

@@ -223,8 +223,8 @@ def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
 def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
     """vLLM's CPU build answers /health for a model its kernels refuse; the first request is what tells."""
     from adapters import get_adapter
+    from adapters.request_spec import RequestSpec
     from compare.backend_launch import measure_cold_first_token
-    from workloads.spec import RequestSpec
 
     port = free_port()
     server = [

@@ -11,9 +11,9 @@ import pytest
 
 from adapters import ADAPTERS, get_adapter
 from adapters.launch_spec import ModelSource, Variant
+from adapters.request_spec import RequestSpec
 from compare.backend_launch import measure_cold_first_token
 from compare.launch import LaunchError, ProcessLauncher, free_port, package_env
-from workloads.spec import RequestSpec
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

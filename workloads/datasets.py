@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 log = logging.getLogger(__name__)
 

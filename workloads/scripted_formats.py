@@ -19,6 +19,33 @@ Flavor = Literal["vllm", "trtllm", "tgi"]
 Protocol = Literal["completions", "chat", "tgi", "triton"]
 
 
+# The request fields trtllm-serve's pydantic models accept (`openai_protocol.py`: CompletionRequest,
+# ChatCompletionRequest; any other field is refused with a 400). Written out here, not imported from the
+# TensorRT-LLM adapter, so that the server checks the adapter's own list instead of agreeing with it.
+_TRTLLM_SHARED_FIELDS = frozenset(
+    {
+        "model", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "n", "presence_penalty",
+        "seed", "stop", "stream", "stream_options", "temperature", "top_p", "user", "lora_request",
+        "prompt_ignore_length", "use_beam_search", "top_k", "top_p_min", "min_p", "repetition_penalty",
+        "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+        "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
+        "add_special_tokens", "response_format", "disaggregated_params", "priority", "conversation_params",
+        "thinking_token_budget",
+    }
+)  # fmt: skip
+TRTLLM_ACCEPTED_FIELDS: dict[str, frozenset[str]] = {
+    "completions": _TRTLLM_SHARED_FIELDS
+    | {"prompt", "max_tokens", "suffix", "return_context_logits", "detokenize"},
+    "chat": _TRTLLM_SHARED_FIELDS
+    | {
+        "messages", "prompt_token_ids", "max_tokens", "max_completion_tokens", "top_logprobs", "tools",
+        "tool_choice", "parallel_tool_calls", "reasoning_effort", "thinking", "add_generation_prompt",
+        "documents", "chat_template", "chat_template_kwargs", "media_io_kwargs", "cache_salt",
+        "agent_hierarchy", "mm_processor_kwargs",
+    },
+}  # fmt: skip
+
+
 def _dump(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -50,10 +50,9 @@ from typing import IO, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from adapters.trtllm import TRTLLM_CHAT_FIELDS, TRTLLM_COMPLETION_FIELDS
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, socket_of, stamped_listener
 from workloads.loadgen import new_runner
-from workloads.scripted_formats import Flavor, Protocol, StreamFormat, error_body
+from workloads.scripted_formats import TRTLLM_ACCEPTED_FIELDS, Flavor, Protocol, StreamFormat, error_body
 
 SCHEDULE_HEADER = "X-Scripted-Schedule"
 GC_EVERY_REQUESTS = 500
@@ -235,8 +234,7 @@ class ScriptedServer:
         body, schedule = parsed
         flavor = schedule.flavor or self.flavor
         if flavor == "trtllm":
-            allowed = TRTLLM_CHAT_FIELDS if protocol == "chat" else TRTLLM_COMPLETION_FIELDS
-            unknown = sorted(set(body) - allowed)
+            unknown = sorted(set(body) - TRTLLM_ACCEPTED_FIELDS[protocol])
             problem = ("model: field required" if "model" not in body
                        else f"extra fields not permitted: {', '.join(unknown)}" if unknown else None)
             if problem:
