@@ -11,14 +11,13 @@ computed for all records at once). `summarize` aggregates per (backend, variant,
   request are not independent);
 - throughput over the measured window (first send to last end of the point's measured requests): input and
   output tokens/s and requests/s of ok requests, output tokens/s with a 95 % interval from resampling whole
-  requests (`rate_resamples`); goodput = ok requests meeting every SLO given, per second;
+  requests (`compare.statistics.throughput_ci`); goodput = ok requests meeting every SLO given, per second;
 - offered against achieved send rate and client lag (send minus scheduled time), token-count mismatches and
   outputs shorter than a forced length.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,14 +25,12 @@ import numpy as np
 import pandas as pd
 
 from compare.datatypes import PointInfo, point_info_from_label
+from compare.statistics import N_BOOT, PERCENTILES, bootstrap_ci, describe, throughput_ci
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
 GROUP_KEYS = ["backend", "variant", "workload", "load_point"]
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
-PERCENTILES = (50, 90, 95, 99)
-CI_LEVEL = 0.95
-N_BOOT = 1000
 
 
 # -- per request ------------------------------------------------------------------------------------------
@@ -188,76 +185,6 @@ def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
 
 
 # -- statistics -------------------------------------------------------------------------------------------
-
-
-def describe(values: np.ndarray) -> dict[str, float]:
-    """n, mean, std (ddof=1), p50/p90/p95/p99 of `values` (NaN-free), NaN where undefined."""
-    n = int(values.size)
-    out = {"n": n, "mean": np.nan, "std": np.nan, **{f"p{q}": np.nan for q in PERCENTILES}}
-    if n:
-        out["mean"] = float(values.mean())
-        out["std"] = float(values.std(ddof=1)) if n > 1 else np.nan
-        for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
-            out[f"p{q}"] = float(v)
-    return out
-
-
-def bootstrap_ci(
-    values: np.ndarray,
-    clusters: np.ndarray | None = None,
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-    max_cells: int = 20_000_000,
-) -> dict[str, tuple[float, float]]:
-    """Percentile-bootstrap intervals for the mean and p50/p90/p95/p99.
-
-    With `clusters` (one label per value) whole clusters are resampled (a request's ITL gaps together).
-    Each resample is a vector of multiplicities over the sorted values, so a quantile is read off the
-    cumulative weights without re-sorting; the work is capped at `max_cells` weights (fewer resamples,
-    never fewer than 200, for very large inputs)."""
-    keys = ["mean", *(f"p{q}" for q in PERCENTILES)]
-    n = int(values.size)
-    if n < 2:
-        return {k: (np.nan, np.nan) for k in keys}
-    order = np.argsort(values, kind="stable")
-    xs = values[order]
-    if clusters is None:
-        owner = np.arange(n)
-        k = n
-    else:
-        _, owner = np.unique(np.asarray(clusters)[order], return_inverse=True)
-        k = int(owner.max()) + 1
-    if k < 2:
-        return {key: (np.nan, np.nan) for key in keys}
-    rng = np.random.default_rng(seed)
-    boots = max(200, min(n_boot, max_cells // n))
-    batch = max(1, min(boots, 4_000_000 // n))
-    stats = {key: [] for key in keys}
-    done = 0
-    while done < boots:
-        b = min(batch, boots - done)
-        # multiplicities of k draws with replacement, per resample (one bincount over all rows at once)
-        draws = rng.integers(0, k, size=(b, k)) + (np.arange(b) * k)[:, None]
-        counts = np.bincount(draws.ravel(), minlength=b * k).reshape(b, k)
-        w = counts[:, owner] if clusters is not None else counts
-        total = w.sum(axis=1)
-        stats["mean"].append((w @ xs) / total)
-        # each row's cumulative weights rise; lifting row r by r * (max total + 1) makes the whole array
-        # sorted, so one searchsorted finds, per row, the first value whose cumulative weight reaches q
-        lift = np.arange(b, dtype=np.int64) * (int(total.max()) + 1)
-        flat = (np.cumsum(w, axis=1) + lift[:, None]).ravel()
-        base = np.arange(b, dtype=np.int64) * n
-        for q in PERCENTILES:
-            idx = np.searchsorted(flat, (q / 100.0) * total + lift, side="left") - base
-            stats[f"p{q}"].append(xs[np.minimum(idx, n - 1)])
-        done += b
-    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-    out = {}
-    for key in keys:
-        arr = np.concatenate(stats[key])
-        out[key] = (float(np.quantile(arr, lo_q)), float(np.quantile(arr, hi_q)))
-    return out
 
 
 def latency_columns(
@@ -485,97 +412,3 @@ def summary_columns() -> list[str]:
         "runs",
         "interrupted",
     ]
-
-
-# -- comparing two samples --------------------------------------------------------------------------------
-
-
-def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and continuity
-    corrections): could `a` and `b` come from one distribution? NaN when either is empty."""
-    n1, n2 = int(a.size), int(b.size)
-    if n1 == 0 or n2 == 0:
-        return np.nan
-    both = np.concatenate([a, b])
-    ranks = pd.Series(both).rank(method="average").to_numpy()
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
-    n = n1 + n2
-    _, ties = np.unique(both, return_counts=True)
-    tie_term = float((ties**3 - ties).sum()) / (n * (n - 1)) if n > 1 else 0.0
-    sigma = np.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0:
-        return 1.0
-    mu = n1 * n2 / 2.0
-    z = (u1 - mu - 0.5 * np.sign(u1 - mu)) / sigma
-    return float(math.erfc(abs(z) / math.sqrt(2)))
-
-
-def ratio_ci(
-    a: np.ndarray,
-    b: np.ndarray,
-    stat: str = "p50",
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """`stat(a) / stat(b)` and a percentile-bootstrap interval (each sample resampled on its own)."""
-    if a.size < 2 or b.size < 2:
-        return np.nan, np.nan, np.nan
-    q = 50.0 if stat == "p50" else float(stat[1:]) if stat.startswith("p") else None
-
-    def f(x: np.ndarray) -> np.ndarray:
-        return x.mean(axis=-1) if q is None else np.percentile(x, q, axis=-1)
-
-    point = float(f(a) / f(b))
-    rng = np.random.default_rng(seed)
-    boots = max(200, min(n_boot, 4_000_000 // max(a.size, b.size)))
-    ra = f(a[rng.integers(0, a.size, (boots, a.size))])
-    rb = f(b[rng.integers(0, b.size, (boots, b.size))])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = ra / rb
-    ratios = ratios[np.isfinite(ratios)]
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2]) if ratios.size else (np.nan, np.nan)
-    return point, float(lo), float(hi)
-
-
-def rate_resamples(tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
-    """Bootstrap resamples of a point's output rate, as factors of its measured rate: whole requests are
-    resampled and each resample's rate of service (sum of output tokens / sum of request times, send to
-    end) divided by the measured one. The load's concurrency (sum of request times / window) is held as
-    measured, so the spread is the requests' own variation, and enough requests give a tight interval
-    however short the window (a rate over time slices needs a long one). Empty for fewer than 2 requests."""
-    keep = np.isfinite(tokens) & np.isfinite(busy_s) & (busy_s > 0)
-    tok, busy = np.asarray(tokens, dtype=float)[keep], np.asarray(busy_s, dtype=float)[keep]
-    if tok.size < 2 or tok.sum() <= 0:
-        return np.array([], dtype=float)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, tok.size, (max(200, n_boot), tok.size))
-    return (tok[idx].sum(axis=1) / busy[idx].sum(axis=1)) / (tok.sum() / busy.sum())
-
-
-def throughput_ci(
-    tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0
-) -> tuple[float, float]:
-    """Relative 95 % interval (lo, hi as factors of the measured output tokens/s) from `rate_resamples`."""
-    factors = rate_resamples(tokens, busy_s, n_boot, seed)
-    if not factors.size:
-        return np.nan, np.nan
-    lo, hi = np.quantile(factors, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
-def throughput_ratio_ci(
-    a: tuple[np.ndarray, np.ndarray],
-    b: tuple[np.ndarray, np.ndarray],
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Relative interval of the ratio of two points' output tokens/s (factors of the measured ratio), each
-    point's (tokens, request times) resampled on its own by `rate_resamples`."""
-    fa = rate_resamples(*a, n_boot=n_boot, seed=seed)
-    fb = rate_resamples(*b, n_boot=n_boot, seed=seed + 1)
-    if not (fa.size and fb.size):
-        return np.nan, np.nan
-    lo, hi = np.quantile(fa / fb, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)

@@ -7,7 +7,7 @@ what confidence, and what it costs to set up, in plain sentences generated from 
   loses one launch is a tie.
 - throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
   confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
-  resamples whole requests (`compare.metrics.throughput_ratio_ci`).
+  resamples whole requests (`compare.statistics.throughput_ratio_ci`).
 
 Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from compare.datatypes import Pick, SetupReport, key_of
-from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
+from compare.metrics import busy_seconds
 from compare.normalize import break_even, graph_pool_trade
+from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"

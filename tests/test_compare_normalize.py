@@ -1,15 +1,12 @@
-"""Normalisation, break-even, significance tests: hand-computed answers."""
+"""Normalisation, break-even and memory trade-offs: hand-computed answers."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from compare.datatypes import SetupReport
-from compare.diff import holm
-from compare.metrics import mann_whitney, ratio_ci
 from compare.normalize import (
     break_even,
     cost_per_million_tokens,
@@ -56,30 +53,6 @@ def test_graph_pool_trade():
     # 8 GiB for 65536 tokens = 128 KiB per token; 1 GiB of pool = 8192 tokens = 16 sequences of 512
     assert trade.kv_tokens == pytest.approx(8192) and trade.sequences == pytest.approx(16)
     assert graph_pool_trade(SetupReport("r", "eager", "process", "x", memory={"kv_cache": 1.0}), 10) is None
-
-
-def test_mann_whitney_by_hand():
-    # a = 1,2,3; b = 4,5,6: U = 0, mean 4.5, sigma sqrt(9/12 * 7) = 2.2913; z = (0 - 4.5 + 0.5) / 2.2913
-    z = -4.0 / math.sqrt(9 / 12 * 7)
-    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(
-        math.erfc(abs(z) / math.sqrt(2))
-    )
-    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(0.0809, abs=1e-4)
-    assert mann_whitney(np.array([1.0, 1, 1]), np.array([1.0, 1, 1])) == 1.0
-    assert math.isnan(mann_whitney(np.array([]), np.array([1.0])))
-
-
-def test_ratio_ci_brackets_a_known_ratio():
-    rng = np.random.default_rng(5)
-    a = rng.normal(200, 10, 300)
-    b = rng.normal(100, 5, 300)
-    ratio, lo, hi = ratio_ci(a, b, "p50")
-    assert lo <= ratio <= hi and lo < 2.0 < hi
-
-
-def test_holm_by_hand():
-    # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
-    assert holm([0.04, 0.01, 0.02, math.nan]) == pytest.approx([0.04, 0.03, 0.04, math.nan], nan_ok=True)
 
 
 def test_ttft_per_input_token_only_where_no_request_queues():
