@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from compare.metrics import busy_seconds, request_table, summarize
-from compare.select import ARRIVAL_DRIVEN
+from compare.selection import ARRIVAL_DRIVEN
 from compare.statistics import holm, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.store import RunDir
 

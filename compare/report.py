@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
-from compare.cut_short import duration_cut_warnings
+from compare.caveats import duration_cut_warnings, point_caveats
+from compare.costs import add_normalized
 from compare.datatypes import Pick, SetupReport, key_of
 from compare.metrics import summarize
-from compare.normalize import add_normalized
-from compare.select import break_even_rows, selection, warnings
+from compare.selection import break_even_rows, selection
 from compare.store import RunDir
 from workloads import timing
 from workloads.records import RequestRecord
@@ -66,7 +66,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     results.warnings = (
         list(run.manifest.get("notes") or [])
-        + (warnings(summary, setups) if not summary.empty else [])
+        + (point_caveats(summary, setups) if not summary.empty else [])
         + duration_cut_warnings(run)
     )
     first: dict[str, RequestRecord] = {}

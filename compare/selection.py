@@ -12,8 +12,7 @@ what confidence, and what it costs to set up, in plain sentences generated from 
 Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
 A candidate with failed requests at the compared point cannot win while one without failures exists, and
-every failure is named. Token-count mismatches, open-loop client lag, outputs cut short and interrupted
-points are listed as warnings ahead of the decision.
+every failure is named. What a reader must know before trusting the numbers is `compare/caveats.py`.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from compare.costs import break_even, graph_pool_trade
 from compare.datatypes import Pick, SetupReport, key_of
 from compare.metrics import busy_seconds
-from compare.normalize import break_even, graph_pool_trade
 from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
@@ -527,58 +526,6 @@ def describe_setup(setup: SetupReport | None) -> str:
     if setup.device:
         parts.append(f"on {setup.device}")
     return " ".join(parts).replace(" ;", ";")
-
-
-def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
-    """Everything a reader must know before trusting the numbers."""
-    out: list[str] = []
-    for _, r in summary.iterrows():
-        key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
-        if r["requests_failed"]:
-            out.append(
-                f"{key}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
-                f"({r['errors']})."
-            )
-        if r["interrupted"] or r["requests_cancelled"]:
-            out.append(
-                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, numbers are "
-                "partial."
-            )
-        if r["token_mismatches"]:
-            example = r.get("mismatch_example") or ""
-            server = int(r.get("token_mismatches_server", 0) or 0)
-            what = (
-                f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
-                "problem)"
-                if server
-                else "all between the generated count and the client's re-tokenisation of "
-                "the text, which does not always give back the generated tokens"
-            )
-            out.append(
-                f"{key}: {int(r['token_mismatches'])} of {plural(int(r['requests_ok']), 'response')} "
-                f"{'disagrees' if int(r['token_mismatches']) == 1 else 'disagree'} on their "
-                f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
-            )
-        if r["output_short"]:
-            out.append(
-                f"{key}: {plural(int(r['output_short']), 'response')} "
-                f"{'is' if int(r['output_short']) == 1 else 'are'} shorter than the forced output length."
-            )
-        if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
-            behind = (
-                np.isfinite(r["achieved_rps"])
-                and np.isfinite(r["offered_rps"])
-                and r["achieved_rps"] < 0.95 * r["offered_rps"]
-            )
-            if r["lag_p99_ms"] > 5 or behind:
-                out.append(
-                    f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
-                    f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
-                    "load was not the load applied."
-                )
-    for s in setups.values():
-        out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
-    return out
 
 
 def selection(

@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from compare.datatypes import SetupReport
-from compare.normalize import (
+from compare.costs import (
     break_even,
     cost_per_million_tokens,
     graph_pool_trade,
     prefill_ms_per_1k,
     roofline_tpot_ms,
 )
+from compare.datatypes import SetupReport
 
 
 def test_prefill_roofline_and_cost():
@@ -60,7 +60,7 @@ def test_ttft_per_input_token_only_where_no_request_queues():
     a prefill cost, so only a single-stream point gets the normalised TTFT."""
     import pandas as pd
 
-    from compare.normalize import add_normalized
+    from compare.costs import add_normalized
 
     summary = pd.DataFrame(
         {
@@ -81,7 +81,7 @@ def test_ttft_per_input_token_only_where_no_request_queues():
 
 
 def test_counted_words_agree_with_their_number():
-    from compare.normalize import BreakEven
+    from compare.costs import BreakEven
     from compare.text import plural
 
     assert plural(1, "request") == "1 request" and plural(2, "request") == "2 requests"
@@ -94,7 +94,7 @@ def test_counted_words_agree_with_their_number():
 def test_warnings_count_one_in_the_singular():
     import pandas as pd
 
-    from compare.select import warnings
+    from compare.caveats import point_caveats
 
     row = {
         "backend": "b",
@@ -112,7 +112,7 @@ def test_warnings_count_one_in_the_singular():
         "output_short": 1,
         "mode": "closed",
     }
-    text = " ".join(warnings(pd.DataFrame([row]), {}))
+    text = " ".join(point_caveats(pd.DataFrame([row]), {}))
     assert "1 of 1 request failed" in text and "1 request cancelled" in text
     assert "1 of 1 response disagrees" in text and "1 response is shorter" in text
     assert "requests" not in text and "responses" not in text
