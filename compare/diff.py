@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from compare.metrics import busy_seconds, request_table, summarize
+from compare.metrics import LATENCY, busy_seconds, request_table, summarize
 from compare.selection import ARRIVAL_DRIVEN
 from compare.statistics import holm, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.store import RunDir
 
-METRICS = ("ttft", "tpot", "e2e")
+METRICS = tuple(m.name for m in LATENCY if m.diff)
 
 
 def _tables(run: RunDir) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -6,7 +6,7 @@
 computed for all records at once). `summarize` aggregates per (backend, variant, workload, load point):
 
 - counts: measured requests ok / failed / cancelled (warm-up requests are never counted);
-- latency (ok requests only): n, mean, std (sample), p50/p90/p95/p99 (numpy's linear interpolation), each
+- latency (ok requests only), for each metric declared in `LATENCY`: n, mean, std (sample), p50/p90/p95/p99 (numpy's linear interpolation), each
   mean and percentile with a 95 % bootstrap interval (ITL resamples whole requests, since gaps of one
   request are not independent);
 - throughput over the measured window (first send to last end of the point's measured requests): input and
@@ -18,7 +18,8 @@ computed for all records at once). `summarize` aggregates per (backend, variant,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,54 @@ from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
 GROUP_KEYS = ["backend", "variant", "workload", "load_point"]
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class LatencyMetric:
+    """A latency metric, declared once: the per-request table, summary.csv, the report's results table,
+    plots and definitions, and `compare diff` all read this entry, so a new metric is one more of them."""
+
+    name: str  # column prefix: `{name}_s` per request, `{name}_p50_ms` and the like in summary.csv
+    label: str  # as the reports write it
+    definition: str  # the report's definition, one sentence or two
+    per_request: Callable[[RequestRecord], float | None] | None = None  # seconds; None: ITL, from `itl_table`
+    results: bool = True  # p50 [interval] and p99 in the report's results table
+    against_throughput: bool = False  # p50 plotted against output tokens/s
+    cdf: bool = False  # the per-request distribution plotted
+    bars: bool = False  # p50 per load point plotted with its interval
+    diff: bool = False  # compared run against run by `compare diff` (per-request metrics only)
+
+
+LATENCY: tuple[LatencyMetric, ...] = (
+    LatencyMetric(
+        "ttft",
+        "TTFT",
+        "first event carrying a generated token minus the send time (role-only and empty events do not count).",
+        timing.ttft,
+        against_throughput=True,
+        cdf=True,
+        bars=True,
+        diff=True,
+    ),
+    LatencyMetric(
+        "tpot",
+        "TPOT",
+        "(E2E − TTFT) / (output tokens − 1).",
+        timing.tpot,
+        against_throughput=True,
+        cdf=True,
+        bars=True,
+        diff=True,
+    ),
+    LatencyMetric(
+        "itl",
+        "ITL",
+        "gaps between token events; an event with k tokens counts as k gaps of gap/k (per-event view in "
+        "summary.csv: itl_event_*). Its interval resamples whole requests.",
+    ),
+    LatencyMetric("e2e", "E2E", "last token event minus the send time.", timing.e2e, bars=True, diff=True),
+)
+PER_REQUEST = tuple(m for m in LATENCY if m.per_request is not None)
 
 
 # -- per request ------------------------------------------------------------------------------------------
@@ -50,9 +98,6 @@ def request_table(
     rows = []
     for r in records:
         info = points.get(r.run_id) or point_info_from_label(r.load_point)
-        first = timing.ttft(r)
-        last = timing.e2e(r)
-        per_token = timing.tpot(r)
         lag = timing.client_lag(r) if info.lag_measured else None
         rows.append(
             {
@@ -81,9 +126,7 @@ def request_table(
                 "scheduled_s": r.scheduled_s,
                 "send_s": _nan(r.send_s),
                 "end_s": _nan(r.end_s),
-                "ttft_s": _nan(first),
-                "tpot_s": _nan(per_token),
-                "e2e_s": _nan(last),
+                **{f"{m.name}_s": _nan(m.per_request(r)) for m in PER_REQUEST},
                 "lag_s": _nan(lag),
                 "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
             }
@@ -112,9 +155,7 @@ def request_table(
         "scheduled_s",
         "send_s",
         "end_s",
-        "ttft_s",
-        "tpot_s",
-        "e2e_s",
+        *(f"{m.name}_s" for m in PER_REQUEST),
         "lag_s",
         "n_token_events",
     ]
@@ -284,11 +325,11 @@ def _summarize_group(
             "errors": "; ".join(f"{k}: {v}" for k, v in group["error_kind"].dropna().value_counts().items()),
         }
     )
-    for name in ("ttft", "tpot", "e2e"):
-        values = ok[f"{name}_s"].dropna().to_numpy(dtype=float)
-        row.update(latency_columns(name, values, None, seed, n_boot))
+    for metric in PER_REQUEST:
+        values = ok[f"{metric.name}_s"].dropna().to_numpy(dtype=float)
+        row.update(latency_columns(metric.name, values, None, seed, n_boot))
     ok_rows = ok.index.to_numpy()
-    mine = gaps[gaps["row"].isin(ok_rows)]
+    mine = gaps[gaps["row"].isin(ok_rows)]  # ITL, the one metric per gap: its interval resamples requests
     row.update(
         latency_columns("itl", mine["gap_s"].to_numpy(dtype=float), mine["row"].to_numpy(), seed, n_boot)
     )
@@ -298,7 +339,24 @@ def _summarize_group(
         {"itl_event_n": d["n"], "itl_event_p50_ms": d["p50"] * 1e3, "itl_event_p99_ms": d["p99"] * 1e3}
     )
 
-    # throughput over the measured window, summed over the point's runs (repeats of a point add up)
+    row.update(_throughput_columns(group, ok, run_ids, infos, slo, n_boot, seed))
+    row.update(_send_columns(group, run_ids, info))
+    row.update(_token_columns(ok))
+    return row
+
+
+def _throughput_columns(
+    group: pd.DataFrame,
+    ok: pd.DataFrame,
+    run_ids: list[str],
+    infos: list[PointInfo],
+    slo: Mapping[str, float],
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Throughput over the measured window, summed over the point's runs (repeats of a point add up), and
+    goodput."""
+    row: dict[str, Any] = {}
     duration = 0.0
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
@@ -327,8 +385,12 @@ def _summarize_group(
         row["goodput_frac"] = good / len(group) if len(group) else np.nan
     else:
         row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
+    return row
 
-    # offered against achieved rate, client lag
+
+def _send_columns(group: pd.DataFrame, run_ids: list[str], info: PointInfo) -> dict[str, Any]:
+    """Offered against achieved send rate, and client lag."""
+    row: dict[str, Any] = {}
     row["offered_rps"] = info.rate if info.rate is not None else np.nan
     achieved = []
     for rid in run_ids:
@@ -341,8 +403,12 @@ def _summarize_group(
     row["lag_p50_ms"] = float(np.percentile(lags, 50)) * 1e3 if lags.size else np.nan
     row["lag_p99_ms"] = float(np.percentile(lags, 99)) * 1e3 if lags.size else np.nan
     row["lag_max_ms"] = float(lags.max()) * 1e3 if lags.size else np.nan
+    return row
 
-    # token counts: cross-check flags
+
+def _token_columns(ok: pd.DataFrame) -> dict[str, Any]:
+    """Token counts: the cross-check flags and means."""
+    row: dict[str, Any] = {}
     row["token_mismatches"] = int(ok["token_count_mismatch"].sum())
     both = ok["usage_tokens"].notna()
     row["token_mismatches_server"] = int((both & (ok["usage_tokens"] != ok["event_tokens"])).sum())
@@ -370,7 +436,7 @@ def _summarize_group(
 def summary_columns() -> list[str]:
     """The leading columns of summary.csv, in order (interval and detail columns follow)."""
     lat = []
-    for name in LATENCY_METRICS:
+    for name in (m.name for m in LATENCY):
         lat += [f"{name}_n", f"{name}_mean_ms", f"{name}_std_ms"] + [f"{name}_p{q}_ms" for q in PERCENTILES]
     return [
         *GROUP_KEYS,
