@@ -22,6 +22,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "LaunchError",
     "Launcher",
     "ProcessLauncher",
+    "ServerProcess",
     "SetupReport",  # re-exported for compare/ray_matrix.py; new code imports it from compare.datatypes
     "endpoint_report",
     "free_port",
@@ -232,6 +234,17 @@ class Launcher:
         self.stop()
 
 
+@dataclass
+class ServerProcess:
+    """What a `ProcessLauncher` runs: the command, environment added to ours, the CPUs to pin it to, and
+    host directories outside the run directory that it writes to (removed after the stop)."""
+
+    command: list[str]
+    env: dict[str, str] | None = None
+    cpus: set[int] | None = None
+    scratch: list[str] = field(default_factory=list)
+
+
 class ProcessLauncher(Launcher):
     """A server command as a subprocess in its own process group, its output in `log_path`."""
 
@@ -241,19 +254,18 @@ class ProcessLauncher(Launcher):
         self,
         backend: str,
         variant: str,
-        command: list[str],
+        process: ServerProcess,
         url: str,
         health_path: str,
         log_path: Path,
         startup_timeout: float = 600.0,
-        env: dict[str, str] | None = None,
-        cpus: set[int] | None = None,
         stop_timeout: float = 30.0,
-        scratch: list[str] | None = None,
     ) -> None:
-        super().__init__(backend, variant, command, url, health_path, log_path, startup_timeout, stop_timeout)
-        self.command, self.env, self.cpus = command, env, cpus
-        self.scratch = list(scratch or [])  # directories outside the run directory, removed after the stop
+        super().__init__(
+            backend, variant, process.command, url, health_path, log_path, startup_timeout, stop_timeout
+        )
+        self.command, self.env, self.cpus = process.command, process.env, process.cpus
+        self.scratch = list(process.scratch)
         self.proc: subprocess.Popen | None = None
         self._log_file: Any = None
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from compare.datatypes import SetupReport
-from compare.launch import LaunchError, ProcessLauncher, free_port
+from compare.launch import LaunchError, ProcessLauncher, ServerProcess, free_port
 from compare.setup_log import apply_log, parse_log
 
 DATA = Path(__file__).parent / "data"
@@ -105,7 +105,13 @@ def test_unknown_or_generic_backend_log_parses_to_nothing():
 def test_launch_failure_quotes_the_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('cannot load the model: boom', flush=True); sys.exit(3)"]
     launcher = ProcessLauncher(
-        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "a.log", startup_timeout=30
+        "reference",
+        "eager",
+        ServerProcess(cmd),
+        "http://127.0.0.1:9",
+        "/health",
+        tmp_path / "a.log",
+        startup_timeout=30,
     )
     with pytest.raises(LaunchError, match="exited with code 3") as info:
         launcher.start()
@@ -117,7 +123,13 @@ def test_launch_failure_quotes_the_log(tmp_path):
 def test_startup_timeout_stops_the_server(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('warming up forever', flush=True); time.sleep(120)"]
     launcher = ProcessLauncher(
-        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "b.log", startup_timeout=1.5
+        "reference",
+        "eager",
+        ServerProcess(cmd),
+        "http://127.0.0.1:9",
+        "/health",
+        tmp_path / "b.log",
+        startup_timeout=1.5,
     )
     with pytest.raises(LaunchError, match="not healthy") as info:
         launcher.start()
@@ -139,7 +151,7 @@ def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
     launcher = ProcessLauncher(
         "reference",
         "eager",
-        [sys.executable, "-c", script],
+        ServerProcess([sys.executable, "-c", script]),
         f"http://127.0.0.1:{port}",
         "/",
         tmp_path / "c.log",
@@ -212,7 +224,7 @@ def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
         str(tmp_path),
     ]
     launcher = ProcessLauncher(
-        "reference", "eager", server, f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30
+        "reference", "eager", ServerProcess(server), f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30
     )
     with launcher:
         report = launcher.start()
@@ -237,7 +249,9 @@ def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
         "--directory",
         str(tmp_path),
     ]
-    launcher = ProcessLauncher("vllm", "", server, f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30)
+    launcher = ProcessLauncher(
+        "vllm", "", ServerProcess(server), f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30
+    )
     with launcher:
         launcher.start()
         with pytest.raises(
