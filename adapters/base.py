@@ -2,10 +2,11 @@
 
 An adapter turns a `RequestSpec` into the backend's HTTP request (asking for exactly the wanted number of
 output tokens where the backend allows it) and reads each server-sent event of the response into a
-`StreamEvent`. Token counting follows DESIGN.md: count tokens, not text. An event's token count is exact
-when the server says it (token ids in the chunk, or cumulative "continuous" usage), otherwise it is the
-protocol's own rule (one token per TGI event, one per OpenAI content chunk); the server's final usage, when
-given, is what the record uses as output length, and any disagreement is flagged in the record.
+`StreamEvent`. Token counting follows docs/design.md (Metric definitions): count tokens, not text. An
+event's token count is exact when the server says it (token ids in the chunk, or cumulative "continuous"
+usage), otherwise it is the protocol's own rule (one token per TGI event, one per OpenAI content chunk); the
+server's final usage, when given, is what the record uses as output length, and any disagreement is flagged
+in the record.
 """
 
 from __future__ import annotations
