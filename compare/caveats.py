@@ -54,8 +54,8 @@ def point_caveats(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list
             )
         if r["interrupted"] or r["requests_cancelled"]:
             out.append(
-                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, numbers are "
-                "partial."
+                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, "
+                "numbers are partial."
             )
         if r["token_mismatches"]:
             example = r.get("mismatch_example") or ""

@@ -1,13 +1,11 @@
 """Where a backend comes from: a running endpoint, or a server we start, time and always stop.
 
-A launch yields a `SetupReport` (`compare/datatypes.py`): spawn to healthy as we measured it, the start-up
-phases the backend logs about itself (read with its adapter's patterns), memory, and device memory at ready
-when a GPU is visible. `Launcher` holds what every way of starting a server shares: poll the health route until
-it answers 200 or the start-up timeout passes (the error quotes the end of the server's log), notice a server
-that exits first, and stop it on every way out: normal end, error, Ctrl-C, SIGTERM (which the CLI turns into
-Ctrl-C), and interpreter exit. `ProcessLauncher` starts a command in a process group of its own (so a Ctrl-C
-in the terminal reaches only us, and we stop it in order) with its log in the run directory;
-`compare/containers.py` starts a container.
+A launch yields a `SetupReport` (`compare/datatypes.py`): spawn to healthy as measured here, the phases the
+server logs about itself, memory, and the device memory it added. `Launcher` holds what every way of starting
+shares: poll the health route until it answers 200 or the start-up timeout passes (the error quotes the
+server's log), notice a server that exits first, and stop it on every way out (normal end, error, Ctrl-C,
+SIGTERM, interpreter exit). `ProcessLauncher` runs a command in a process group of its own, so a Ctrl-C in
+the terminal reaches only us and we stop the server in order; `compare/containers.py` starts a container.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Every metric of a run, computed from the request records with the declared definitions
-(`workloads.timing`).
+(`workloads.timing`; docs/design.md, Metric definitions).
 
-`request_table` is one row per request (TTFT, TPOT, E2E and client lag straight from `workloads.timing`);
-`itl_table` holds every inter-token gap (an event with k tokens gives k gaps of gap/k, as `timing.itl`, but
-computed for all records at once). `summarize` aggregates per (backend, variant, workload, load point):
-
-- counts: measured requests ok / failed / cancelled (warm-up requests are never counted);
-- latency (ok requests only), for each metric declared in `LATENCY`: n, mean, std (sample), p50/p90/p95/p99 (numpy's linear interpolation), each
-  mean and percentile with a 95 % bootstrap interval (ITL resamples whole requests, since gaps of one
-  request are not independent);
-- throughput over the measured window (first send to last end of the point's measured requests): input and
-  output tokens/s and requests/s of ok requests, output tokens/s with a 95 % interval from resampling whole
-  requests (`compare.statistics.throughput_ci`); goodput = ok requests meeting every SLO given, per second;
-- offered against achieved send rate and client lag (send minus scheduled time), token-count mismatches and
-  outputs shorter than a forced length.
+`LATENCY` declares each latency metric once; `request_table` is one row per request, `itl_table` every
+inter-token gap, and `summarize` one row per (backend, variant, workload, load point): counts, latency
+statistics with intervals (`compare.statistics`), throughput over the measured window, goodput, offered
+against achieved rate, client lag and the token-count cross-checks. Warm-up requests are never counted.
 """
 
 from __future__ import annotations
@@ -53,7 +44,8 @@ LATENCY: tuple[LatencyMetric, ...] = (
     LatencyMetric(
         "ttft",
         "TTFT",
-        "first event carrying a generated token minus the send time (role-only and empty events do not count).",
+        "first event carrying a generated token minus the send time (role-only and empty events do not "
+        "count).",
         timing.ttft,
         against_throughput=True,
         cdf=True,

@@ -150,7 +150,8 @@ class Comparison:
 
     @property
     def decisive(self) -> bool:
-        """Established: significant within the run and, when launched more than once, ahead in every launch."""
+        """Established: significant within the run and, when launched more than once, ahead in every
+        launch."""
         values = [v for v in self.launches.values() if np.isfinite(v)]
         return self.within_run_decisive and (len(values) < 2 or all(v > 1 for v in values))
 
@@ -294,7 +295,8 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
                 else "is ranked after the candidates without failures"
             )
             out.append(
-                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
+                f"{r['key']} {ranked}: {int(r['requests_failed'])} of "
+                f"{plural(int(r['requests']), 'request')} failed "
                 f"{where or 'at ' + str(r['load_point'])} ({r['errors']})."
             )
     return out
