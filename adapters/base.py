@@ -100,7 +100,7 @@ class Adapter:
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[Mapping[str, str]] = {}
-    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: what its start-up lines yield
+    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: its start-up lines' facts
     log_clock: ClassVar[Any] = None  # adapters.startup_log.LogClock: how those lines carry the time
     server_family: ClassVar[str | None] = None  # which server `launch_spec` starts (vllm, tgi, trtllm, ...)
     final_event: ClassVar[FinalEvent] = "done"

@@ -63,9 +63,9 @@ TRTLLM_CHAT_FIELDS = _COMMON_FIELDS | {
 }
 
 
-#: trtllm-serve's start-up lines (PyTorch backend; the TensorRT backend adds the engine build). The KV cache is
-#: sized twice (an estimate, then the real pool after a profiling run), so the last figure wins; the graphs
-#: are captured once per sizing round, so their time adds up.
+#: trtllm-serve's start-up lines (PyTorch backend; the TensorRT backend adds the engine build). The KV cache
+#: is sized twice (an estimate, then the real pool after a profiling run), so the last figure wins; the
+#: graphs are captured once per sizing round, so their time adds up.
 TRTLLM_STARTUP = [
     pattern("weights_size", r"Use (?P<gib>[\d.]+) GB for model weights", memory="weights"),  # GB as 2**30 B
     pattern("model_init", r"Model init total -- (?P<seconds>[\d.]+)s", phase="weights",

@@ -32,6 +32,9 @@ from adapters.request_spec import RequestSpec
 log = logging.getLogger(__name__)
 
 
+LENGTH_FORMS = "N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
+
+
 @dataclass(frozen=True)
 class LengthDist:
     kind: Literal["fixed", "uniform", "normal", "lognormal"]
@@ -50,12 +53,10 @@ class LengthDist:
                 return cls("fixed", float(parts[0]))
             kind, numbers = parts[0], [float(p) for p in parts[1:]]
         except ValueError:
-            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
-                             f"or lognormal:MEDIAN:SIGMA") from None
+            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}") from None
         expected = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
         if kind not in expected or len(numbers) != expected[kind]:
-            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
-                             f"or lognormal:MEDIAN:SIGMA")
+            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}")
         return cls(kind, *numbers)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
@@ -207,7 +208,8 @@ def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, see
         name = entry.get("id", index) if isinstance(entry, dict) else index
         specs.append(RequestSpec(f"{id_prefix}-{name}", tuple(prompt_ids), pair[0], out))
     if skipped:
-        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path, skipped)
+        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path,
+                 skipped)
     if not specs:
         raise ValueError(f"{path}: no usable conversation (human turn then answer, within the length limits)")
     return specs
@@ -249,8 +251,8 @@ def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = 
             raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
         out = obj.get("output_tokens", obj.get("max_tokens", output_tokens))
         if not isinstance(out, int) or isinstance(out, bool) or out < 1:
-            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the line, "
-                             f"or a default)")
+            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the "
+                             f"line, or a default)")
         ids = _encode(tokenizer, obj["prompt"])
         specs.append(RequestSpec(f"{id_prefix}-{obj.get('id', number)}", tuple(ids), obj["prompt"], out))
     if not specs:
@@ -287,7 +289,8 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
             else:
                 raise ValueError(f"could not join a suffix to group {g}'s prefix without merging tokens "
                                  f"in {JOIN_ATTEMPTS} tries")
-            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]), group=f"g{g}"))
+            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]),
+                                       group=f"g{g}"))
         groups.append(members)
     return [members[j] for j in range(per_group) for members in groups]
 

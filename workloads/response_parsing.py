@@ -47,7 +47,9 @@ class StreamReading:
         return sum(self.counts)
 
 
-def read_stream(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], streaming: bool = True) -> StreamReading:
+def read_stream(
+    adapter: Adapter, chunks: Sequence[tuple[float, bytes]], streaming: bool = True
+) -> StreamReading:
     """Read a whole body given as `(read_time, bytes)` pairs; a body that is not an event stream
     (`streaming=False`) is read as one JSON response."""
     return run_to_end(reading_steps(adapter, chunks, streaming, pause_every_s=None))

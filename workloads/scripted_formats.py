@@ -132,7 +132,8 @@ class StreamFormat:
             choice = {"index": 0, "text": text, "token_ids": None, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None, "avg_decoded_tokens_per_iter": None}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
         chunk = {**self._head(), "choices": [choice]}
         if continuous:
             chunk["usage"] = self._usage(generated)
@@ -140,11 +141,12 @@ class StreamFormat:
             chunk["usage"] = None
         return self.event(_dump(chunk))
 
-    def _tgi_token(self, text: str, token_id: int, finish: str | None, generated: int, full_text: str) -> bytes:
+    def _tgi_token(self, text: str, token_id: int, finish: str | None, generated: int,
+                   full_text: str) -> bytes:
         if self.protocol == "tgi":
-            event: dict[str, Any] = {"index": generated,
-                                     "token": {"id": token_id, "text": text, "logprob": -0.25, "special": False},
-                                     "generated_text": None, "details": None}
+            token = {"id": token_id, "text": text, "logprob": -0.25, "special": False}
+            event: dict[str, Any] = {"index": generated, "token": token, "generated_text": None,
+                                     "details": None}
             if finish is not None:
                 event["generated_text"] = full_text
                 event["details"] = {"finish_reason": finish, "generated_tokens": generated, "seed": None,
@@ -176,8 +178,9 @@ class StreamFormat:
             return self.event(_dump({"error": message, "error_type": "generation"}))
         if self.protocol == "triton":
             return self.event(_dump({"error": message}))
-        return self.event(_dump({"error": {"object": "error", "message": message, "type": "InternalServerError",
-                                           "param": None, "code": 500}}))
+        error = {"object": "error", "message": message, "type": "InternalServerError", "param": None,
+                 "code": 500}
+        return self.event(_dump({"error": error}))
 
     def malformed(self) -> bytes:
         return self.event(b'{"id": "broken", "choices": [{"index": 0, "text": "unterminated')
