@@ -1,5 +1,5 @@
-"""Re-exports `RequestSpec` from its home, `adapters/request_spec.py`, for the modules not yet switched
-(workloads/loadgen.py, workloads/distributed.py, benchmarks/)."""
+"""Re-exports `RequestSpec` from its home, `adapters/request_spec.py`, for workloads/loadgen.py and
+workloads/distributed.py until they import it from there."""
 
 from adapters.request_spec import RequestSpec
 
