@@ -1,13 +1,13 @@
 """Capturing a response body as raw bytes, each piece with the time it reached the socket; parsing is
 `workloads/response_parsing.py`.
 
-`StampingConnector` gives each aiohttp connection a `StampingHandler`, which notes the time of every socket
-read and how far it advanced the watched body. Its sockets are `StampedSocket`s (`workloads/kernel_stamps.py`),
-so on Linux under asyncio's own loop a read's time is the kernel's receive stamp: neither the client's queue of
-ready streams nor a sleeping CPU delays it (elsewhere, the moment the read returned). `read_stamped` wakes once
-per response instead of once per token and cuts the body at those marks, so the client's own queueing stays
-out of the timestamps; since a body is read whole once it has ended, the handler never pauses the socket for
-aiohttp's buffer limits.
+`StampingConnector` gives each aiohttp connection a `StampingHandler`, which notes the time of every
+socket read and how far it advanced the watched body. Its sockets are `StampedSocket`s
+(`workloads/kernel_stamps.py`), so on Linux under asyncio's own loop a read's time is the kernel's receive
+stamp: neither the client's queue of ready streams nor a sleeping CPU delays it (elsewhere, the moment the
+read returned). `read_stamped` wakes once per response instead of once per token and cuts the body at those
+marks, so the client's own queueing stays out of the timestamps; since a body is read whole once it has
+ended, the handler never pauses the socket for aiohttp's buffer limits.
 
 Two aiohttp internals are used, each with a fallback: the connector's `_factory` (without it, pieces are
 stamped when each read call returns) and the stream reader's `_buffer`, to keep the part of a body that
