@@ -2,10 +2,11 @@
 
 An adapter turns a `RequestSpec` into the backend's HTTP request (asking for exactly the wanted number of
 output tokens where the backend allows it) and reads each server-sent event of the response into a
-`StreamEvent`. Token counting follows DESIGN.md: count tokens, not text. An event's token count is exact
-when the server says it (token ids in the chunk, or cumulative "continuous" usage), otherwise it is the
-protocol's own rule (one token per TGI event, one per OpenAI content chunk); the server's final usage, when
-given, is what the record uses as output length, and any disagreement is flagged in the record.
+`StreamEvent`. Token counting follows docs/design.md (Metric definitions): count tokens, not text. An
+event's token count is exact when the server says it (token ids in the chunk, or cumulative "continuous"
+usage), otherwise it is the protocol's own rule (one token per TGI event, one per OpenAI content chunk); the
+server's final usage, when given, is what the record uses as output length, and any disagreement is flagged
+in the record.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 FinalEvent = Literal["done", "finish", "none"]
 
@@ -99,7 +100,7 @@ class Adapter:
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[Mapping[str, str]] = {}
-    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: what its start-up lines yield
+    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: its start-up lines' facts
     log_clock: ClassVar[Any] = None  # adapters.startup_log.LogClock: how those lines carry the time
     server_family: ClassVar[str | None] = None  # which server `launch_spec` starts (vllm, tgi, trtllm, ...)
     final_event: ClassVar[FinalEvent] = "done"

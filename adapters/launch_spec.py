@@ -72,7 +72,8 @@ class Variant:
         """From the variant syntax (module docstring), or, where a run file gave keys (`given`), from those,
         the text being only the variant's name."""
         out = cls(text)
-        keyed = any(given.get(k) is not None for k in ("graphs", "graph_sizes", "block_size", "max_batch_size"))
+        keys = ("graphs", "graph_sizes", "block_size", "max_batch_size")
+        keyed = any(given.get(k) is not None for k in keys)
         items = [] if keyed else [t.strip() for t in text.split("+") if t.strip()]
         if "eager" in items and any(t.startswith("graphs") for t in items):
             raise LaunchSpecError(f"variant {text!r} turns CUDA graphs off and on")
@@ -145,7 +146,7 @@ class LaunchSpec:
     ulimits: dict[str, int] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # written into the launch's folder before the start
     dirs: list[str] = field(default_factory=list)  # host directories the process needs, made before the start
-    scratch: list[str] = field(default_factory=list)  # host directories outside the run, removed after the stop
+    scratch: list[str] = field(default_factory=list)  # host directories outside the run, removed at the stop
     container_error: str | None = None  # why the default image cannot run here (e.g. it needs a GPU)
     served_as: str | None = None  # the model name requests must carry, where the server picks it itself
     container_served_as: str | None = None

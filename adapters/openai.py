@@ -24,7 +24,7 @@ from adapters.base import (
     as_int,
     loads_event,
 )
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 DONE = "[DONE]"
 
@@ -67,8 +67,9 @@ class OpenAICompletionsAdapter(Adapter):
     info_path: ClassVar[str | None] = "/v1/models"
     final_event = "done"
 
-    def __init__(self, model: str | None = None, *, include_usage: bool = True, continuous_usage: bool = False,
-                 force_output_length: bool = False, prompt_as_token_ids: bool = False,
+    def __init__(self, model: str | None = None, *, include_usage: bool = True,
+                 continuous_usage: bool = False, force_output_length: bool = False,
+                 prompt_as_token_ids: bool = False,
                  sampling: dict[str, Any] | None = None) -> None:
         if prompt_as_token_ids and self.chat:
             raise ValueError(f"{self.name}: prompt_as_token_ids needs the completions route, not chat")

@@ -31,8 +31,8 @@ REFERENCE_STARTUP = [
             detail="model resolved, tokenizer loaded"),
     pattern("weights_loaded", r"weights loaded: (?P<gib>[\d.]+) GiB, (?:torch\.)?(?P<dtype>\w+) on "
             r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s", phase="weights", memory="weights"),
-    pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) tokens, "
-            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
+    pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) "
+            r"tokens, (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
     pattern("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
             r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool"),
     pattern("warmed_up", r"eager steps warmed up: (?P<steps>\d+) step shapes in (?P<seconds>[\d.]+) s",
@@ -42,8 +42,8 @@ REFERENCE_STARTUP = [
 REFERENCE_CLOCK = clock(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", "%Y-%m-%d %H:%M:%S,%f")
 
 
-#: our images (docker/reference-cpu.Dockerfile, docker/reference-cuda.Dockerfile); their entrypoint is the server
-#: listening on 0.0.0.0:8000, so the arguments start at --model
+#: our images (docker/reference-cpu.Dockerfile, docker/reference-cuda.Dockerfile); their entrypoint is the
+#: server listening on 0.0.0.0:8000, so the arguments start at --model
 REFERENCE_IMAGES = {"cpu": "llm-compare/reference-cpu:latest", "cuda": "llm-compare/reference-cuda:latest"}
 
 

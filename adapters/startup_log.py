@@ -8,8 +8,8 @@ time). A pattern says what its line yields:
   `kv_cache`, `cuda_graphs`, `warmup`, ...); the duration is the named group `seconds` (`12.5`, `250ms`,
   Rust's `1.234567s`, or `hh:mm:ss`), or, for a pattern that only marks where a phase `begins` or `ends`, the
   time between two such lines by the log's clock;
-- `memory`: the key (`weights`, `kv_cache`, `graph_pool`) its `gib` / `mib` group fills, and `kv_tokens` from a
-  `tokens` group, or from `blocks` x `block_size`; `weak` values never replace a value read elsewhere;
+- `memory`: the key (`weights`, `kv_cache`, `graph_pool`) its `gib` / `mib` group fills, and `kv_tokens`
+  from a `tokens` group, or from `blocks` x `block_size`; `weak` values never replace a value read elsewhere;
 - `device` / `dtype`: from groups of those names;
 - `ready`: the line says the server is listening (its `seconds`, if any, is the server's own spawn-to-ready).
 

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, Usage, as_int, loads_event
 from adapters.launch_spec import LaunchSpec, LaunchSpecError, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
+from adapters.request_spec import RequestSpec
 from adapters.startup_log import clock, pattern
-from workloads.spec import RequestSpec
 
 TGI_METRICS = {
     "tgi_queue_size": "requests_waiting",

@@ -24,8 +24,8 @@ import yaml
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, loads_event
 from adapters.launch_spec import CONFIG_MOUNT, LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
+from adapters.request_spec import RequestSpec
 from adapters.startup_log import clock, pattern
-from workloads.spec import RequestSpec
 
 TRTLLM_METRICS = {  # trtllm-serve, served at /prometheus/metrics
     "trtllm_request_success_total": "requests_finished_total",
@@ -63,9 +63,9 @@ TRTLLM_CHAT_FIELDS = _COMMON_FIELDS | {
 }
 
 
-#: trtllm-serve's start-up lines (PyTorch backend; the TensorRT backend adds the engine build). The KV cache is
-#: sized twice (an estimate, then the real pool after a profiling run), so the last figure wins; the graphs
-#: are captured once per sizing round, so their time adds up.
+#: trtllm-serve's start-up lines (PyTorch backend; the TensorRT backend adds the engine build). The KV cache
+#: is sized twice (an estimate, then the real pool after a profiling run), so the last figure wins; the
+#: graphs are captured once per sizing round, so their time adds up.
 TRTLLM_STARTUP = [
     pattern("weights_size", r"Use (?P<gib>[\d.]+) GB for model weights", memory="weights"),  # GB as 2**30 B
     pattern("model_init", r"Model init total -- (?P<seconds>[\d.]+)s", phase="weights",

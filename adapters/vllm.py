@@ -61,7 +61,8 @@ VLLM_STARTUP = [
     pattern("kv_cache_tokens", r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens", memory="kv_tokens"),
     pattern("graphs_captured", r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) "
             r"GiB", phase="cuda_graphs", memory="graph_pool", detail="CUDA-graph capture"),
-    pattern("engine_ready", r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
+    pattern("engine_ready",
+            r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
             phase="init_engine", detail="profile, KV cache, warm-up"),
     pattern("server_ready", r"Starting vLLM (?:API )?server on|Application startup complete", ready=True),
 ]

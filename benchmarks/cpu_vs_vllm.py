@@ -4,7 +4,8 @@ at once, so neither steals the other's cores).
 
     LLM_COMPARE_VLLM=/path/to/vllm python benchmarks/cpu_vs_vllm.py --out benchmarks/results/cpu_vs_vllm
 
-Output throughput is generated tokens over the wall time of the load point; TTFT and TPOT follow DESIGN.md.
+Output throughput is generated tokens over the wall time of the load point; TTFT and TPOT follow
+docs/design.md.
 """
 
 from __future__ import annotations

@@ -41,12 +41,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.accuracy import compare
 from workloads.kernel_stamps import stamped_loop_factory
 from workloads.loadgen import PointJob, new_runner, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
-from workloads.spec import RequestSpec
 
 # streams -> (inter-token gap s, requests per stream): ~3-10k events/s in total, 10k+ events per point
 ACCURACY = {1: (0.01, 20), 64: (0.02, 3), 256: (0.05, 2), 1000: (0.1, 2)}

@@ -29,10 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.spec import RequestSpec
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None, timeout_s: float) -> float:

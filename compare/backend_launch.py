@@ -18,7 +18,7 @@ from adapters import ADAPTERS
 from adapters.launch_spec import LaunchSpecError, ModelSource, Variant
 from compare import devices
 from compare.first_token import FirstTokenError, first_token_s
-from compare.launch import Launcher, LaunchError, ProcessLauncher, free_port, package_env
+from compare.launch import Launcher, LaunchError, ProcessLauncher, ServerProcess, free_port, package_env
 
 
 def safe_name(text: str) -> str:
@@ -84,14 +84,11 @@ def _process(
     return ProcessLauncher(
         backend.name,
         backend.variant,
-        spec.command,
+        ServerProcess(spec.command, env, server_cpus, list(spec.scratch)),
         f"http://127.0.0.1:{spec.port}",
         spec.health_path,
         log_path,
         plan.startup_timeout,
-        env=env,
-        cpus=server_cpus,
-        scratch=spec.scratch,
     )
 
 

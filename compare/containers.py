@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.launch_spec import LaunchSpec
+from compare.datatypes import Phase
 from compare.launch import Launcher, LaunchError
-from compare.setup_report import Phase
 
 LABEL = "llm-compare"
 SESSION_LABEL = "llm-compare.session"
@@ -57,7 +57,6 @@ class ContainerLauncher(Launcher):
         spec: LaunchSpec,
         log_path: Path,
         startup_timeout: float = 600.0,
-        stop_timeout: float = 30.0,
         image: str | None = None,
         client: Any = None,
         cpus: set[int] | None = None,
@@ -71,7 +70,6 @@ class ContainerLauncher(Launcher):
             spec.health_path,
             log_path,
             startup_timeout,
-            stop_timeout,
         )
         self.session = uuid.uuid4().hex[:12]
         self.labels = {LABEL: "1", SESSION_LABEL: self.session, BACKEND_LABEL: self.report.key}

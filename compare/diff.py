@@ -1,7 +1,7 @@
 """Two runs side by side: for each load point both measured, the change in each per-request latency median,
 a bootstrap interval of the ratio B/A, a Mann-Whitney U test, and Holm's correction over all the tests (so
 that many metrics x points do not turn noise into findings); output tokens/s with the interval of its ratio
-from resampling whole requests (`compare.metrics.throughput_ratio_ci`), without a test.
+from resampling whole requests (`compare.statistics.throughput_ratio_ci`), without a test.
 
 Points are matched on (backend, variant, workload, load point); when the runs share no such key but each
 holds one backend, they are matched on (workload, load point), which compares two backends or versions.
@@ -9,36 +9,15 @@ holds one backend, they are matched on (workload, load point), which compares tw
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from compare.metrics import (
-    busy_seconds,
-    mann_whitney,
-    ratio_ci,
-    request_table,
-    summarize,
-    throughput_ratio_ci,
-)
-from compare.select import ARRIVAL_DRIVEN
+from compare.metrics import LATENCY, busy_seconds, request_table, summarize
+from compare.selection import ARRIVAL_DRIVEN
+from compare.statistics import holm, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.store import RunDir
 
-METRICS = ("ttft", "tpot", "e2e")
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (NaN stays NaN)."""
-    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
-    order = sorted(idx, key=lambda i: pvalues[i])
-    m = len(order)
-    adjusted = [math.nan] * len(pvalues)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        adjusted[i] = running
-    return adjusted
+METRICS = tuple(m.name for m in LATENCY if m.diff)
 
 
 def _tables(run: RunDir) -> tuple[pd.DataFrame, pd.DataFrame]:

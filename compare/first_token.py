@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from workloads.sse import SSEDecoder
+from workloads.sse_decoder import SSEDecoder
 
 
 class FirstTokenError(RuntimeError):

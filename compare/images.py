@@ -77,8 +77,9 @@ def ensure_reference_cpu_image(
     base = _get(client, base_image)
     if base is None:
         raise ImageError(
-            f"base image {base_image} is missing: `.ci/setup_podman.sh RUN_DIR` makes it; on a Docker host set "
-            "LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11 and venv, e.g. python:3.11-slim-bookworm"
+            f"base image {base_image} is missing: `.ci/setup_podman.sh RUN_DIR` makes it; on a Docker host "
+            "set LLM_COMPARE_BASE_IMAGE to any image with CPython 3.11 and venv, e.g. "
+            "python:3.11-slim-bookworm"
         )
     digest = source_digest(base.id)
     if old is not None and old.labels.get(SOURCE_LABEL) == digest:

@@ -106,38 +106,51 @@ def import_file(path: str | Path, fmt: str = "auto", **labels: Any) -> Imported:
     raise ImportFormatError(f"unknown format {fmt!r}; known: auto, vllm-bench, aiperf")
 
 
-def _record(
-    run_id: str,
-    i: int,
-    backend: str,
-    variant: str,
-    load_point: str,
-    send: float,
-    prompt: int,
-    out: int,
-    events: list[tuple[float, int, int]],
-    end: float,
-    error: str | None,
-    cancelled: bool = False,
-    warmup: bool = False,
-    request_id: str | None = None,
-) -> RequestRecord:
+@dataclass(frozen=True)
+class _Point:
+    """Where imported requests are filed: the run and load point they become."""
+
+    run_id: str
+    backend: str
+    variant: str
+    load_point: str
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One request as another tool reported it, times in seconds from the first send."""
+
+    index: int
+    send: float
+    prompt: int
+    out: int
+    events: list[tuple[float, int, int]]
+    end: float
+    error: str | None
+    cancelled: bool = False
+    warmup: bool = False
+    request_id: str | None = None
+
+
+def _record(point: _Point, request: _Request) -> RequestRecord:
+    send, out, events, error = request.send, request.out, request.events, request.error
+    cancelled = request.cancelled
     kind = ErrorKind.CANCELLED if cancelled else (ErrorKind.STREAM_ERROR if error else None)
     return RequestRecord(
-        run_id=run_id,
-        request_id=request_id or f"{run_id}-{i}",
-        backend=backend,
-        variant=variant,
-        load_point=load_point,
-        warmup=warmup,
+        run_id=point.run_id,
+        request_id=request.request_id or f"{point.run_id}-{request.index}",
+        backend=point.backend,
+        variant=point.variant,
+        load_point=point.load_point,
+        warmup=request.warmup,
         t0_monotonic=0.0,
-        prompt_tokens=prompt,
+        prompt_tokens=request.prompt,
         wanted_output_tokens=max(out, 1),
         output_length_forced=False,
         scheduled_s=send,
         start_s=send,
         send_s=send,
-        end_s=end,
+        end_s=request.end,
         events=events,
         http_status=200 if not error else None,
         finish_reason=None,
@@ -177,6 +190,7 @@ def import_vllm_bench(
     backend = backend or "vllm-bench"
     variant = variant if variant is not None else str(data.get("label") or data.get("backend") or "")
     run_id = f"import-{path.stem}"
+    point = _Point(run_id, backend, variant, load_point)
     # newer versions also save each request's start time (monotonic) and latency
     starts = (
         data.get("start_times")
@@ -196,9 +210,7 @@ def import_vllm_bench(
         send = float(starts[i]) - first
         ev = [] if err else events_from(send, float(ttfts[i] or 0.0), [float(g) for g in itls[i] or []], out)
         end = send + float(latencies[i]) if latencies and latencies[i] else (ev[-1][0] if ev else send)
-        records.append(
-            _record(run_id, i, backend, variant, load_point, send, int(ins[i] or 0), out, ev, end, err)
-        )
+        records.append(_record(point, _Request(i, send, int(ins[i] or 0), out, ev, end, err)))
     return Imported(
         records,
         run_id,
@@ -236,6 +248,7 @@ def import_aiperf(
     backend, variant = backend or "aiperf", variant or ""
     load_point = load_point or "imported"
     run_id = f"import-{path.stem}"
+    point = _Point(run_id, backend, variant, load_point)
     records = []
     for i, r in enumerate(rows):
         md, metrics = r["metadata"], r.get("metrics") or {}
@@ -263,20 +276,19 @@ def import_aiperf(
         end = (end_ns - t0) / 1e9 if end_ns else (events[-1][0] if events else send)
         records.append(
             _record(
-                run_id,
-                i,
-                backend,
-                variant,
-                load_point,
-                send,
-                int(_metric(metrics, "input_sequence_length") or 0),
-                out,
-                events,
-                end,
-                err,
-                cancelled,
-                warmup=md.get("benchmark_phase") == "warmup",
-                request_id=str(md.get("x_request_id") or f"{run_id}-{i}"),
+                point,
+                _Request(
+                    i,
+                    send,
+                    int(_metric(metrics, "input_sequence_length") or 0),
+                    out,
+                    events,
+                    end,
+                    err,
+                    cancelled,
+                    warmup=md.get("benchmark_phase") == "warmup",
+                    request_id=str(md.get("x_request_id") or f"{run_id}-{i}"),
+                ),
             )
         )
     conc = int(load_point[2:]) if load_point.startswith("c=") and load_point[2:].isdigit() else None

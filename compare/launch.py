@@ -1,13 +1,11 @@
 """Where a backend comes from: a running endpoint, or a server we start, time and always stop.
 
-A launch yields a `SetupReport` (`compare/setup_report.py`): spawn to healthy as we measured it, the start-up
-phases the backend logs about itself (read with its adapter's patterns), memory, and device memory at ready
-when a GPU is visible. `Launcher` holds what every way of starting a server shares: poll the health route until
-it answers 200 or the start-up timeout passes (the error quotes the end of the server's log), notice a server
-that exits first, and stop it on every way out: normal end, error, Ctrl-C, SIGTERM (which the CLI turns into
-Ctrl-C), and interpreter exit. `ProcessLauncher` starts a command in a process group of its own (so a Ctrl-C
-in the terminal reaches only us, and we stop it in order) with its log in the run directory;
-`compare/containers.py` starts a container.
+A launch yields a `SetupReport` (`compare/datatypes.py`): spawn to healthy as measured here, the phases the
+server logs about itself, memory, and the device memory it added. `Launcher` holds what every way of starting
+shares: poll the health route until it answers 200 or the start-up timeout passes (the error quotes the
+server's log), notice a server that exits first, and stop it on every way out (normal end, error, Ctrl-C,
+SIGTERM, interpreter exit). `ProcessLauncher` runs a command in a process group of its own, so a Ctrl-C in
+the terminal reaches only us and we stop the server in order; `compare/containers.py` starts a container.
 """
 
 from __future__ import annotations
@@ -22,25 +20,23 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compare import devices
-from compare.setup_report import GIB, ParsedLog, Phase, SetupReport, apply_log, parse_log
+from compare.datatypes import SetupReport
+from compare.setup_log import apply_log, parse_log
 
 __all__ = [
-    "GIB",
     "LaunchError",
     "Launcher",
-    "ParsedLog",
-    "Phase",
     "ProcessLauncher",
-    "SetupReport",
-    "apply_log",
+    "ServerProcess",
+    "SetupReport",  # re-exported for compare/ray_matrix.py; new code imports it from compare.datatypes
     "endpoint_report",
     "free_port",
     "healthy",
-    "parse_log",
 ]
 
 LOG_TAIL_CHARS = 3000
@@ -236,6 +232,17 @@ class Launcher:
         self.stop()
 
 
+@dataclass
+class ServerProcess:
+    """What a `ProcessLauncher` runs: the command, environment added to ours, the CPUs to pin it to, and
+    host directories outside the run directory that it writes to (removed after the stop)."""
+
+    command: list[str]
+    env: dict[str, str] | None = None
+    cpus: set[int] | None = None
+    scratch: list[str] = field(default_factory=list)
+
+
 class ProcessLauncher(Launcher):
     """A server command as a subprocess in its own process group, its output in `log_path`."""
 
@@ -245,19 +252,18 @@ class ProcessLauncher(Launcher):
         self,
         backend: str,
         variant: str,
-        command: list[str],
+        process: ServerProcess,
         url: str,
         health_path: str,
         log_path: Path,
         startup_timeout: float = 600.0,
-        env: dict[str, str] | None = None,
-        cpus: set[int] | None = None,
         stop_timeout: float = 30.0,
-        scratch: list[str] | None = None,
     ) -> None:
-        super().__init__(backend, variant, command, url, health_path, log_path, startup_timeout, stop_timeout)
-        self.command, self.env, self.cpus = command, env, cpus
-        self.scratch = list(scratch or [])  # directories outside the run directory, removed after the stop
+        super().__init__(
+            backend, variant, process.command, url, health_path, log_path, startup_timeout, stop_timeout
+        )
+        self.command, self.env, self.cpus = process.command, process.env, process.cpus
+        self.scratch = list(process.scratch)
         self.proc: subprocess.Popen | None = None
         self._log_file: Any = None
 

@@ -1,65 +1,76 @@
 """Every metric of a run, computed from the request records with the declared definitions
-(`workloads.timing`).
+(`workloads.timing`; docs/design.md, Metric definitions).
 
-`request_table` is one row per request (TTFT, TPOT, E2E and client lag straight from `workloads.timing`);
-`itl_table` holds every inter-token gap (an event with k tokens gives k gaps of gap/k, as `timing.itl`, but
-computed for all records at once). `summarize` aggregates per (backend, variant, workload, load point):
-
-- counts: measured requests ok / failed / cancelled (warm-up requests are never counted);
-- latency (ok requests only): n, mean, std (sample), p50/p90/p95/p99 (numpy's linear interpolation), each
-  mean and percentile with a 95 % bootstrap interval (ITL resamples whole requests, since gaps of one
-  request are not independent);
-- throughput over the measured window (first send to last end of the point's measured requests): input and
-  output tokens/s and requests/s of ok requests, output tokens/s with a 95 % interval from resampling whole
-  requests (`rate_resamples`); goodput = ok requests meeting every SLO given, per second;
-- offered against achieved send rate and client lag (send minus scheduled time), token-count mismatches and
-  outputs shorter than a forced length.
+`LATENCY` declares each latency metric once; `request_table` is one row per request, `itl_table` every
+inter-token gap, and `summarize` one row per (backend, variant, workload, load point): counts, latency
+statistics with intervals (`compare.statistics`), throughput over the measured window, goodput, offered
+against achieved rate, client lag and the token-count cross-checks. Warm-up requests are never counted.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from compare.datatypes import PointInfo, point_info_from_label
+from compare.statistics import N_BOOT, PERCENTILES, bootstrap_ci, describe, throughput_ci
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
 GROUP_KEYS = ["backend", "variant", "workload", "load_point"]
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
-PERCENTILES = (50, 90, 95, 99)
-CI_LEVEL = 0.95
-N_BOOT = 1000
 
 
 @dataclass(frozen=True)
-class PointInfo:
-    """What the comparator knows about one load point run (a `run_id`) beyond its records."""
+class LatencyMetric:
+    """A latency metric, declared once: the per-request table, summary.csv, the report's results table,
+    plots and definitions, and `compare diff` all read this entry, so a new metric is one more of them."""
 
-    workload: str = ""
-    mode: str = ""  # closed | open | trace | imported
-    concurrency: int | None = None
-    rate: float | None = None  # offered requests/s (open loop, trace)
-    arrival: str | None = None
-    duration_s: float | None = None  # imported results: the other tool's own benchmark duration
-    lag_measured: bool = True  # imported results may have no scheduled times
-    interrupted: bool = False
-    source: str = "llm-compare"
-    repeat: int = 0  # which launch of the backend (--repeats)
+    name: str  # column prefix: `{name}_s` per request, `{name}_p50_ms` and the like in summary.csv
+    label: str  # as the reports write it
+    definition: str  # the report's definition, one sentence or two
+    per_request: Callable[[RequestRecord], float | None] | None = None  # seconds; None: ITL, from `itl_table`
+    results: bool = True  # p50 [interval] and p99 in the report's results table
+    against_throughput: bool = False  # p50 plotted against output tokens/s
+    cdf: bool = False  # the per-request distribution plotted
+    bars: bool = False  # p50 per load point plotted with its interval
+    diff: bool = False  # compared run against run by `compare diff` (per-request metrics only)
 
 
-def point_info_from_label(label: str) -> PointInfo:
-    """Fallback when a run has no summary: read the load point label (`c=8`, `r=2`, `wl/c=8`)."""
-    workload, _, sched = label.rpartition("/")
-    if sched.startswith("c="):
-        return PointInfo(workload, "closed", concurrency=int(float(sched[2:])))
-    if sched.startswith("r="):
-        return PointInfo(workload, "open", rate=float(sched[2:]))
-    return PointInfo(workload)
+LATENCY: tuple[LatencyMetric, ...] = (
+    LatencyMetric(
+        "ttft",
+        "TTFT",
+        "first event carrying a generated token minus the send time (role-only and empty events do not "
+        "count).",
+        timing.ttft,
+        against_throughput=True,
+        cdf=True,
+        bars=True,
+        diff=True,
+    ),
+    LatencyMetric(
+        "tpot",
+        "TPOT",
+        "(E2E − TTFT) / (output tokens − 1).",
+        timing.tpot,
+        against_throughput=True,
+        cdf=True,
+        bars=True,
+        diff=True,
+    ),
+    LatencyMetric(
+        "itl",
+        "ITL",
+        "gaps between token events; an event with k tokens counts as k gaps of gap/k (per-event view in "
+        "summary.csv: itl_event_*). Its interval resamples whole requests.",
+    ),
+    LatencyMetric("e2e", "E2E", "last token event minus the send time.", timing.e2e, bars=True, diff=True),
+)
+PER_REQUEST = tuple(m for m in LATENCY if m.per_request is not None)
 
 
 # -- per request ------------------------------------------------------------------------------------------
@@ -79,9 +90,6 @@ def request_table(
     rows = []
     for r in records:
         info = points.get(r.run_id) or point_info_from_label(r.load_point)
-        first = timing.ttft(r)
-        last = timing.e2e(r)
-        per_token = timing.tpot(r)
         lag = timing.client_lag(r) if info.lag_measured else None
         rows.append(
             {
@@ -110,9 +118,7 @@ def request_table(
                 "scheduled_s": r.scheduled_s,
                 "send_s": _nan(r.send_s),
                 "end_s": _nan(r.end_s),
-                "ttft_s": _nan(first),
-                "tpot_s": _nan(per_token),
-                "e2e_s": _nan(last),
+                **{f"{m.name}_s": _nan(m.per_request(r)) for m in PER_REQUEST},
                 "lag_s": _nan(lag),
                 "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
             }
@@ -141,9 +147,7 @@ def request_table(
         "scheduled_s",
         "send_s",
         "end_s",
-        "ttft_s",
-        "tpot_s",
-        "e2e_s",
+        *(f"{m.name}_s" for m in PER_REQUEST),
         "lag_s",
         "n_token_events",
     ]
@@ -214,76 +218,6 @@ def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
 
 
 # -- statistics -------------------------------------------------------------------------------------------
-
-
-def describe(values: np.ndarray) -> dict[str, float]:
-    """n, mean, std (ddof=1), p50/p90/p95/p99 of `values` (NaN-free), NaN where undefined."""
-    n = int(values.size)
-    out = {"n": n, "mean": np.nan, "std": np.nan, **{f"p{q}": np.nan for q in PERCENTILES}}
-    if n:
-        out["mean"] = float(values.mean())
-        out["std"] = float(values.std(ddof=1)) if n > 1 else np.nan
-        for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
-            out[f"p{q}"] = float(v)
-    return out
-
-
-def bootstrap_ci(
-    values: np.ndarray,
-    clusters: np.ndarray | None = None,
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-    max_cells: int = 20_000_000,
-) -> dict[str, tuple[float, float]]:
-    """Percentile-bootstrap intervals for the mean and p50/p90/p95/p99.
-
-    With `clusters` (one label per value) whole clusters are resampled (a request's ITL gaps together).
-    Each resample is a vector of multiplicities over the sorted values, so a quantile is read off the
-    cumulative weights without re-sorting; the work is capped at `max_cells` weights (fewer resamples,
-    never fewer than 200, for very large inputs)."""
-    keys = ["mean", *(f"p{q}" for q in PERCENTILES)]
-    n = int(values.size)
-    if n < 2:
-        return {k: (np.nan, np.nan) for k in keys}
-    order = np.argsort(values, kind="stable")
-    xs = values[order]
-    if clusters is None:
-        owner = np.arange(n)
-        k = n
-    else:
-        _, owner = np.unique(np.asarray(clusters)[order], return_inverse=True)
-        k = int(owner.max()) + 1
-    if k < 2:
-        return {key: (np.nan, np.nan) for key in keys}
-    rng = np.random.default_rng(seed)
-    boots = max(200, min(n_boot, max_cells // n))
-    batch = max(1, min(boots, 4_000_000 // n))
-    stats = {key: [] for key in keys}
-    done = 0
-    while done < boots:
-        b = min(batch, boots - done)
-        # multiplicities of k draws with replacement, per resample (one bincount over all rows at once)
-        draws = rng.integers(0, k, size=(b, k)) + (np.arange(b) * k)[:, None]
-        counts = np.bincount(draws.ravel(), minlength=b * k).reshape(b, k)
-        w = counts[:, owner] if clusters is not None else counts
-        total = w.sum(axis=1)
-        stats["mean"].append((w @ xs) / total)
-        # each row's cumulative weights rise; lifting row r by r * (max total + 1) makes the whole array
-        # sorted, so one searchsorted finds, per row, the first value whose cumulative weight reaches q
-        lift = np.arange(b, dtype=np.int64) * (int(total.max()) + 1)
-        flat = (np.cumsum(w, axis=1) + lift[:, None]).ravel()
-        base = np.arange(b, dtype=np.int64) * n
-        for q in PERCENTILES:
-            idx = np.searchsorted(flat, (q / 100.0) * total + lift, side="left") - base
-            stats[f"p{q}"].append(xs[np.minimum(idx, n - 1)])
-        done += b
-    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-    out = {}
-    for key in keys:
-        arr = np.concatenate(stats[key])
-        out[key] = (float(np.quantile(arr, lo_q)), float(np.quantile(arr, hi_q)))
-    return out
 
 
 def latency_columns(
@@ -383,11 +317,11 @@ def _summarize_group(
             "errors": "; ".join(f"{k}: {v}" for k, v in group["error_kind"].dropna().value_counts().items()),
         }
     )
-    for name in ("ttft", "tpot", "e2e"):
-        values = ok[f"{name}_s"].dropna().to_numpy(dtype=float)
-        row.update(latency_columns(name, values, None, seed, n_boot))
+    for metric in PER_REQUEST:
+        values = ok[f"{metric.name}_s"].dropna().to_numpy(dtype=float)
+        row.update(latency_columns(metric.name, values, None, seed, n_boot))
     ok_rows = ok.index.to_numpy()
-    mine = gaps[gaps["row"].isin(ok_rows)]
+    mine = gaps[gaps["row"].isin(ok_rows)]  # ITL, the one metric per gap: its interval resamples requests
     row.update(
         latency_columns("itl", mine["gap_s"].to_numpy(dtype=float), mine["row"].to_numpy(), seed, n_boot)
     )
@@ -397,7 +331,24 @@ def _summarize_group(
         {"itl_event_n": d["n"], "itl_event_p50_ms": d["p50"] * 1e3, "itl_event_p99_ms": d["p99"] * 1e3}
     )
 
-    # throughput over the measured window, summed over the point's runs (repeats of a point add up)
+    row.update(_throughput_columns(group, ok, run_ids, infos, slo, n_boot, seed))
+    row.update(_send_columns(group, run_ids, info))
+    row.update(_token_columns(ok))
+    return row
+
+
+def _throughput_columns(
+    group: pd.DataFrame,
+    ok: pd.DataFrame,
+    run_ids: list[str],
+    infos: list[PointInfo],
+    slo: Mapping[str, float],
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Throughput over the measured window, summed over the point's runs (repeats of a point add up), and
+    goodput."""
+    row: dict[str, Any] = {}
     duration = 0.0
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
@@ -426,8 +377,12 @@ def _summarize_group(
         row["goodput_frac"] = good / len(group) if len(group) else np.nan
     else:
         row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
+    return row
 
-    # offered against achieved rate, client lag
+
+def _send_columns(group: pd.DataFrame, run_ids: list[str], info: PointInfo) -> dict[str, Any]:
+    """Offered against achieved send rate, and client lag."""
+    row: dict[str, Any] = {}
     row["offered_rps"] = info.rate if info.rate is not None else np.nan
     achieved = []
     for rid in run_ids:
@@ -440,8 +395,12 @@ def _summarize_group(
     row["lag_p50_ms"] = float(np.percentile(lags, 50)) * 1e3 if lags.size else np.nan
     row["lag_p99_ms"] = float(np.percentile(lags, 99)) * 1e3 if lags.size else np.nan
     row["lag_max_ms"] = float(lags.max()) * 1e3 if lags.size else np.nan
+    return row
 
-    # token counts: cross-check flags
+
+def _token_columns(ok: pd.DataFrame) -> dict[str, Any]:
+    """Token counts: the cross-check flags and means."""
+    row: dict[str, Any] = {}
     row["token_mismatches"] = int(ok["token_count_mismatch"].sum())
     both = ok["usage_tokens"].notna()
     row["token_mismatches_server"] = int((both & (ok["usage_tokens"] != ok["event_tokens"])).sum())
@@ -469,7 +428,7 @@ def _summarize_group(
 def summary_columns() -> list[str]:
     """The leading columns of summary.csv, in order (interval and detail columns follow)."""
     lat = []
-    for name in LATENCY_METRICS:
+    for name in (m.name for m in LATENCY):
         lat += [f"{name}_n", f"{name}_mean_ms", f"{name}_std_ms"] + [f"{name}_p{q}_ms" for q in PERCENTILES]
     return [
         *GROUP_KEYS,
@@ -511,97 +470,3 @@ def summary_columns() -> list[str]:
         "runs",
         "interrupted",
     ]
-
-
-# -- comparing two samples --------------------------------------------------------------------------------
-
-
-def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and continuity
-    corrections): could `a` and `b` come from one distribution? NaN when either is empty."""
-    n1, n2 = int(a.size), int(b.size)
-    if n1 == 0 or n2 == 0:
-        return np.nan
-    both = np.concatenate([a, b])
-    ranks = pd.Series(both).rank(method="average").to_numpy()
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
-    n = n1 + n2
-    _, ties = np.unique(both, return_counts=True)
-    tie_term = float((ties**3 - ties).sum()) / (n * (n - 1)) if n > 1 else 0.0
-    sigma = np.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0:
-        return 1.0
-    mu = n1 * n2 / 2.0
-    z = (u1 - mu - 0.5 * np.sign(u1 - mu)) / sigma
-    return float(math.erfc(abs(z) / math.sqrt(2)))
-
-
-def ratio_ci(
-    a: np.ndarray,
-    b: np.ndarray,
-    stat: str = "p50",
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """`stat(a) / stat(b)` and a percentile-bootstrap interval (each sample resampled on its own)."""
-    if a.size < 2 or b.size < 2:
-        return np.nan, np.nan, np.nan
-    q = 50.0 if stat == "p50" else float(stat[1:]) if stat.startswith("p") else None
-
-    def f(x: np.ndarray) -> np.ndarray:
-        return x.mean(axis=-1) if q is None else np.percentile(x, q, axis=-1)
-
-    point = float(f(a) / f(b))
-    rng = np.random.default_rng(seed)
-    boots = max(200, min(n_boot, 4_000_000 // max(a.size, b.size)))
-    ra = f(a[rng.integers(0, a.size, (boots, a.size))])
-    rb = f(b[rng.integers(0, b.size, (boots, b.size))])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = ra / rb
-    ratios = ratios[np.isfinite(ratios)]
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2]) if ratios.size else (np.nan, np.nan)
-    return point, float(lo), float(hi)
-
-
-def rate_resamples(tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
-    """Bootstrap resamples of a point's output rate, as factors of its measured rate: whole requests are
-    resampled and each resample's rate of service (sum of output tokens / sum of request times, send to
-    end) divided by the measured one. The load's concurrency (sum of request times / window) is held as
-    measured, so the spread is the requests' own variation, and enough requests give a tight interval
-    however short the window (a rate over time slices needs a long one). Empty for fewer than 2 requests."""
-    keep = np.isfinite(tokens) & np.isfinite(busy_s) & (busy_s > 0)
-    tok, busy = np.asarray(tokens, dtype=float)[keep], np.asarray(busy_s, dtype=float)[keep]
-    if tok.size < 2 or tok.sum() <= 0:
-        return np.array([], dtype=float)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, tok.size, (max(200, n_boot), tok.size))
-    return (tok[idx].sum(axis=1) / busy[idx].sum(axis=1)) / (tok.sum() / busy.sum())
-
-
-def throughput_ci(
-    tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0
-) -> tuple[float, float]:
-    """Relative 95 % interval (lo, hi as factors of the measured output tokens/s) from `rate_resamples`."""
-    factors = rate_resamples(tokens, busy_s, n_boot, seed)
-    if not factors.size:
-        return np.nan, np.nan
-    lo, hi = np.quantile(factors, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
-def throughput_ratio_ci(
-    a: tuple[np.ndarray, np.ndarray],
-    b: tuple[np.ndarray, np.ndarray],
-    n_boot: int = N_BOOT,
-    level: float = CI_LEVEL,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Relative interval of the ratio of two points' output tokens/s (factors of the measured ratio), each
-    point's (tokens, request times) resampled on its own by `rate_resamples`."""
-    fa = rate_resamples(*a, n_boot=n_boot, seed=seed)
-    fb = rate_resamples(*b, n_boot=n_boot, seed=seed + 1)
-    if not (fa.size and fb.size):
-        return np.nan, np.nan
-    lo, hi = np.quantile(fa / fb, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)

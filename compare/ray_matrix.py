@@ -239,7 +239,7 @@ class _Gather:
         return cell.point * self.plan.repeats + int(repeat)
 
     def _final(self, cell: Cell, final: dict[str, Any]) -> None:
-        from compare.launch import SetupReport
+        from compare.datatypes import SetupReport
 
         suffix = cell.plan.load_points[0].label.replace("=", "")
         for name, text in final["logs"].items():

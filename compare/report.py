@@ -12,6 +12,7 @@ import dataclasses
 import html
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
-from compare.cut_short import duration_cut_warnings
-from compare.launch import SetupReport
-from compare.metrics import summarize
-from compare.normalize import add_normalized
-from compare.select import Pick, break_even_rows, key_of, selection, warnings
+from compare.caveats import duration_cut_warnings, point_caveats
+from compare.costs import add_normalized
+from compare.datatypes import Pick, SetupReport, key_of
+from compare.metrics import LATENCY, request_table, summarize
+from compare.selection import break_even_rows, selection
 from compare.store import RunDir
 from workloads import timing
 from workloads.records import RequestRecord
@@ -46,8 +47,6 @@ class Results:
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
-    from compare.metrics import request_table
-
     records = run.records()
     points = run.points()
     slo = run.slo()
@@ -64,9 +63,11 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
-    results.warnings = list(run.manifest.get("notes") or []) + (
-        warnings(summary, setups) if not summary.empty else []
-    ) + duration_cut_warnings(run)
+    results.warnings = (
+        list(run.manifest.get("notes") or [])
+        + (point_caveats(summary, setups) if not summary.empty else [])
+        + duration_cut_warnings(run)
+    )
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -135,19 +136,14 @@ def _ci(row: pd.Series, col: str) -> str:
     return f"{v:,.1f} [{lo:,.1f}–{hi:,.1f}]"
 
 
-def build_blocks(res: Results) -> list[Block]:
+def _header(res: Results) -> list[Block]:
+    """Title, status, model, machine, command and the SLOs in force."""
     m = res.run.manifest
     config = m.get("config") or {}
-    s = res.summary
     status = m.get("status", "unknown")
-    blocks: list[Block] = [("h1", f"llm-compare report: {m.get('run_id', res.run.path.name)}")]
+    partial = " — a partial report of what was measured before the run stopped."
     head = [
-        f"Status: **{status}**"
-        + (
-            " — a partial report of what was measured before the run stopped."
-            if status == "interrupted"
-            else "."
-        ),
+        f"Status: **{status}**" + (partial if status == "interrupted" else "."),
         f"Model: `{config.get('model', '?')}`; created {m.get('created', '?')}.",
     ]
     mach = m.get("machine") or {}
@@ -161,18 +157,13 @@ def build_blocks(res: Results) -> list[Block]:
         )
     if m.get("command"):
         head.append("Command: `" + " ".join(m["command"]) + "`")
+    blocks: list[Block] = [("h1", f"llm-compare report: {m.get('run_id', res.run.path.name)}")]
     blocks.append(("p", " ".join(head[:2])))
     blocks += [("p", h) for h in head[2:]]
     slo = config.get("slo_s") or {}
     if slo:
-        blocks.append(
-            (
-                "p",
-                "SLOs: "
-                + ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in slo.items())
-                + "; goodput counts the requests within all of them.",
-            )
-        )
+        limits = ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in slo.items())
+        blocks.append(("p", f"SLOs: {limits}; goodput counts the requests within all of them."))
     else:
         blocks.append(
             (
@@ -181,43 +172,61 @@ def build_blocks(res: Results) -> list[Block]:
                 "class ranks by median end-to-end latency, the batch class by output tokens/s.",
             )
         )
+    return blocks
 
-    blocks.append(("h2", "Decision"))
+
+def _decision(res: Results) -> list[Block]:
+    """The picks' sentences, memory trade notes and the CPU note."""
+    config = res.run.manifest.get("config") or {}
+    blocks: list[Block] = [("h2", "Decision")]
     if config.get("candidates_reason"):
         blocks.append(("p", config["candidates_reason"]))
-    if s.empty:
+    if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
-    for pick in res.picks:
-        if pick.sentences:
-            blocks.append(("p", " ".join(pick.sentences)))
-    for note in res.memory_notes:
-        blocks.append(("p", note))
+    blocks += [("p", " ".join(pick.sentences)) for pick in res.picks if pick.sentences]
+    blocks += [("p", note) for note in res.memory_notes]
     cpu_note = _cpu_note(res)
     if cpu_note:
         blocks.append(("p", cpu_note))
+    return blocks
 
-    blocks.append(("h2", "Warnings"))
-    blocks.append(
-        ("ul", res.warnings)
-        if res.warnings
-        else ("p", "None: no failed or cancelled requests, no token-count mismatch, no client lag.")
-    )
 
-    if not s.empty:
-        blocks.append(("h2", "Plots"))
-        blocks += [("svg", svg) for svg in make_plots(res)]
+def _warnings(res: Results) -> list[Block]:
+    none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
+    return [("h2", "Warnings"), ("ul", res.warnings) if res.warnings else ("p", none)]
 
-    blocks.append(("h2", "Set-up cost"))
-    blocks.append(
-        (
-            "p",
-            "Ready: spawn (process or container) to the first healthy answer, as measured here, and as the "
-            "server logs it about itself. Phases: from the server's own start-up lines, in its words. Cold "
-            "first token: for a launched server, from ready to the first token of the first request sent "
-            "right after it; for a running endpoint, the first measured request's TTFT. Peak RSS: the "
-            "server's processes' peak resident memory summed (a container: its highest memory reading). GPU "
-            "memory: what the launch added on the visible GPUs by ready (nvidia-smi, before and after).",
-        )
+
+def _plots(res: Results) -> list[Block]:
+    if res.summary.empty:
+        return []
+    return [("h2", "Plots"), *(("svg", svg) for svg in make_plots(res))]
+
+
+SETUP_COLUMNS = [
+    "backend",
+    "launcher",
+    "ready (s, measured)",
+    "ready (s, logged)",
+    "phases (s)",
+    "weights GiB",
+    "KV GiB",
+    "graph pool GiB",
+    "peak RSS GiB",
+    "GPU memory GiB",
+    "device",
+    "cold first token (ms)",
+]
+
+
+def _setup_cost(res: Results) -> list[Block]:
+    """One row per launched backend: time to ready, its phases, memory, and the cold first token."""
+    explained = (
+        "Ready: spawn (process or container) to the first healthy answer, as measured here, and as the "
+        "server logs it about itself. Phases: from the server's own start-up lines, in its words. Cold "
+        "first token: for a launched server, from ready to the first token of the first request sent "
+        "right after it; for a running endpoint, the first measured request's TTFT. Peak RSS: the "
+        "server's processes' peak resident memory summed (a container: its highest memory reading). GPU "
+        "memory: what the launch added on the visible GPUs by ready (nvidia-smi, before and after)."
     )
     rows = []
     for key, st in res.setups.items():
@@ -237,139 +246,106 @@ def build_blocks(res: Results) -> list[Block]:
                 _f(res.cold_first_token.get(key, math.nan) * 1e3, 1),
             ]
         )
-    blocks.append(
-        (
-            "table",
-            (
-                [
-                    "backend",
-                    "launcher",
-                    "ready (s, measured)",
-                    "ready (s, logged)",
-                    "phases (s)",
-                    "weights GiB",
-                    "KV GiB",
-                    "graph pool GiB",
-                    "peak RSS GiB",
-                    "GPU memory GiB",
-                    "device",
-                    "cold first token (ms)",
-                ],
-                rows,
-            ),
-        )
-    )
+    return [("h2", "Set-up cost"), ("p", explained), ("table", (SETUP_COLUMNS, rows))]
 
+
+def _break_even(res: Results) -> list[Block]:
+    """Every pair of launched candidates: when the faster one's longer start pays back."""
+    s = res.summary
     pairs = break_even_rows(res.picks, s, res.setups, res.requests, res.seed) if not s.empty else []
-    if pairs:
-        blocks.append(("h2", "Set-up cost against latency"))
-        blocks.append(
-            (
-                "p",
-                "For each pair of launched candidates: the one faster per request, how long each took to be "
-                "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
-                "time per request equal), with how long serving those takes at its measured rate. Only a difference "
-                "established as in the decision pays anything back.",
-            )
-        )
-        blocks.append(
-            (
-                "table",
-                (
-                    [
-                        "workload",
-                        "class (time per request)",
-                        "faster",
-                        "other",
-                        "ready s",
-                        "per request",
-                        "pays back",
-                    ],
-                    pairs,
-                ),
-            )
-        )
+    if not pairs:
+        return []
+    explained = (
+        "For each pair of launched candidates: the one faster per request, how long each took to be "
+        "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
+        "time per request equal), with how long serving those takes at its measured rate. Only a difference "
+        "established as in the decision pays anything back."
+    )
+    header = [
+        "workload",
+        "class (time per request)",
+        "faster",
+        "other",
+        "ready s",
+        "per request",
+        "pays back",
+    ]
+    return [("h2", "Set-up cost against latency"), ("p", explained), ("table", (header, pairs))]
 
-    blocks.append(("h2", "Results per load point"))
-    blocks.append(
-        (
-            "p",
-            "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
-            "values. Throughput over the measured window (first send to last end).",
-        )
-    )
-    rows = []
-    for _, r in s.iterrows():
-        rows.append(
-            [
-                key_of(r["backend"], r["variant"]),
-                r["workload"],
-                r["load_point"],
-                f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
-                _ci(r, "ttft_p50_ms"),
-                _f(r["ttft_p99_ms"]),
-                _ci(r, "tpot_p50_ms"),
-                _f(r["tpot_p99_ms"]),
-                _ci(r, "itl_p50_ms"),
-                _f(r["itl_p99_ms"]),
-                _ci(r, "e2e_p50_ms"),
-                _f(r["e2e_p99_ms"]),
-                _f(r["output_tok_s"]),
-                _f(r["input_tok_s"]),
-                _f(r["request_rps"], 2),
-                _f(r["goodput_rps"], 2),
-                f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}",
-                _f(r["lag_p99_ms"], 2),
-                str(int(r["token_mismatches"])),
-            ]
-        )
-    blocks.append(
-        (
-            "table",
-            (
-                [
-                    "backend",
-                    "workload",
-                    "load",
-                    "ok/failed/cancelled",
-                    "TTFT p50",
-                    "TTFT p99",
-                    "TPOT p50",
-                    "TPOT p99",
-                    "ITL p50",
-                    "ITL p99",
-                    "E2E p50",
-                    "E2E p99",
-                    "out tok/s",
-                    "in tok/s",
-                    "req/s",
-                    "goodput req/s",
-                    "offered / sent req/s",
-                    "lag p99 ms",
-                    "token mismatches",
-                ],
-                rows,
-            ),
-        )
-    )
-    blocks.append(
-        (
-            "p",
-            "n per metric: "
-            + "; ".join(
-                f"{key_of(r['backend'], r['variant'])} {r['load_point']}: TTFT {int(r['ttft_n'])}, "
-                f"TPOT {int(r['tpot_n'])}, "
-                f"ITL {int(r['itl_n'])}, E2E {int(r['e2e_n'])}"
-                for _, r in s.iterrows()
-            )
-            if not s.empty
-            else "–",
-        )
-    )
 
-    blocks.append(("h2", "Normalised"))
+def _results(res: Results) -> list[Block]:
+    """One row per load point: counts, each latency metric's p50 [interval] and p99 (`LATENCY`), rates."""
+    s = res.summary
+    shown = [m for m in LATENCY if m.results]
+    header = [
+        "backend",
+        "workload",
+        "load",
+        "ok/failed/cancelled",
+        *(f"{m.label} p{q}" for m in shown for q in (50, 99)),
+        "out tok/s",
+        "in tok/s",
+        "req/s",
+        "goodput req/s",
+        "offered / sent req/s",
+        "lag p99 ms",
+        "token mismatches",
+    ]
+    rows = [
+        [
+            key_of(r["backend"], r["variant"]),
+            r["workload"],
+            r["load_point"],
+            f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
+            *(cell for m in shown for cell in (_ci(r, f"{m.name}_p50_ms"), _f(r[f"{m.name}_p99_ms"]))),
+            _f(r["output_tok_s"]),
+            _f(r["input_tok_s"]),
+            _f(r["request_rps"], 2),
+            _f(r["goodput_rps"], 2),
+            f"{_f(r['offered_rps'], 2)} / {_f(r['achieved_rps'], 2)}",
+            _f(r["lag_p99_ms"], 2),
+            str(int(r["token_mismatches"])),
+        ]
+        for _, r in s.iterrows()
+    ]
+    counts = (
+        "; ".join(
+            f"{key_of(r['backend'], r['variant'])} {r['load_point']}: "
+            + ", ".join(f"{m.label} {int(r[f'{m.name}_n'])}" for m in shown)
+            for _, r in s.iterrows()
+        )
+        if not s.empty
+        else "–"
+    )
+    explained = (
+        "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
+        "values. Throughput over the measured window (first send to last end)."
+    )
+    return [
+        ("h2", "Results per load point"),
+        ("p", explained),
+        ("table", (header, rows)),
+        ("p", "n per metric: " + counts),
+    ]
+
+
+NORMALISED_COLUMNS = [
+    "backend",
+    "workload",
+    "load",
+    "p50 TTFT per 1k input tokens, c=1 only (ms)",
+    "TPOT p50 (ms)",
+    "roofline TPOT (ms)",
+    "of roofline",
+    "$ per 1M output tokens",
+]
+
+
+def _normalised(res: Results) -> list[Block]:
+    """Prefill per 1k input tokens, TPOT against the roofline, cost per million output tokens."""
+    config = res.run.manifest.get("config") or {}
     rows = []
-    for _, r in s.iterrows():
+    for _, r in res.summary.iterrows():
         eff = r["roofline_efficiency"]
         rows.append(
             [
@@ -383,32 +359,16 @@ def build_blocks(res: Results) -> list[Block]:
                 _f(r["usd_per_1m_out"], 3),
             ]
         )
-    blocks.append(
-        (
-            "table",
-            (
-                [
-                    "backend",
-                    "workload",
-                    "load",
-                    "p50 TTFT per 1k input tokens, c=1 only (ms)",
-                    "TPOT p50 (ms)",
-                    "roofline TPOT (ms)",
-                    "of roofline",
-                    "$ per 1M output tokens",
-                ],
-                rows,
-            ),
-        )
-    )
-    blocks.append(
+    blocks: list[Block] = [
+        ("h2", "Normalised"),
+        ("table", (NORMALISED_COLUMNS, rows)),
         (
             "p",
             "TTFT per 1k input tokens is given at single-stream points (c=1) only: under more load a TTFT is "
             "mostly time queued behind other requests, not prefill, and the server's own prefill time is not "
             "recorded.",
-        )
-    )
+        ),
+    ]
     missing = []
     if not config.get("mem_bandwidth_gbs"):
         missing.append(
@@ -419,17 +379,17 @@ def build_blocks(res: Results) -> list[Block]:
         missing.append("cost per token: give `--gpu-price` (per hour)")
     if missing:
         blocks.append(("p", "Not computed — " + "; ".join(missing) + "."))
+    return blocks
 
-    blocks.append(("h2", "Definitions"))
-    blocks.append(
+
+def _definitions(res: Results) -> list[Block]:
+    """Each latency metric's declared definition (`LATENCY`), then the counting and statistics rules."""
+    return [
+        ("h2", "Definitions"),
         (
             "ul",
             [
-                "TTFT: first event carrying a generated token minus the send time (role-only and empty "
-                "events do not count).",
-                "E2E: last token event minus the send time. TPOT: (E2E − TTFT) / (output tokens − 1).",
-                "ITL: gaps between token events; an event with k tokens counts as k gaps of gap/k "
-                "(per-event view in summary.csv: itl_event_*). Its interval resamples whole requests.",
+                *(f"{m.label}: {m.definition}" for m in LATENCY),
                 "Output tokens: the server's usage when given, else the stream's per-event counts; "
                 "re-tokenisation is a cross-check only.",
                 "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
@@ -441,9 +401,27 @@ def build_blocks(res: Results) -> list[Block]:
                 "throughput decision's, resamples whole requests: each resample's rate of service (output "
                 "tokens / request time) against the measured one, the load's concurrency held as measured.",
             ],
-        )
-    )
-    return blocks
+        ),
+    ]
+
+
+#: The report's sections, in order: each makes its blocks from the results. A new section is a function
+#: here and its place in this list.
+SECTIONS: list[Callable[[Results], list[Block]]] = [
+    _header,
+    _decision,
+    _warnings,
+    _plots,
+    _setup_cost,
+    _break_even,
+    _results,
+    _normalised,
+    _definitions,
+]
+
+
+def build_blocks(res: Results) -> list[Block]:
+    return [block for section in SECTIONS for block in section(res)]
 
 
 def _cpu_note(res: Results) -> str:
@@ -480,7 +458,9 @@ def make_plots(res: Results) -> list[str]:
     for workload in dict.fromkeys(s["workload"]):
         ws = s[s["workload"] == workload]
         suffix = f" ({workload})" if workload else ""
-        for metric, label in (("tpot_p50_ms", "TPOT p50 (ms)"), ("ttft_p50_ms", "TTFT p50 (ms)")):
+        for metric, label in (
+            (f"{m.name}_p50_ms", f"{m.label} p50 (ms)") for m in LATENCY if m.against_throughput
+        ):
             series = []
             for k in keys:
                 rows = ws[ws["key"] == k].sort_values("output_tok_s")
@@ -501,7 +481,7 @@ def make_plots(res: Results) -> list[str]:
             )
         wr = req[(req["workload"] == workload) & (req["status"] == "ok")]
         points = list(dict.fromkeys(ws["load_point"]))
-        for metric, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
+        for metric, label in ((f"{m.name}_s", m.label) for m in LATENCY if m.cdf):
             series = []
             for k in keys:
                 for j, point in enumerate(points):
@@ -520,11 +500,7 @@ def make_plots(res: Results) -> list[str]:
                     series, f"{label} CDF{suffix}", f"{label} (ms)", "fraction of requests", x_from_zero=False
                 )
             )
-        for metric, label in (
-            ("ttft_p50_ms", "TTFT p50"),
-            ("tpot_p50_ms", "TPOT p50"),
-            ("e2e_p50_ms", "E2E p50"),
-        ):
+        for metric, label in ((f"{m.name}_p50_ms", f"{m.label} p50") for m in LATENCY if m.bars):
             bars = []
             for k in keys:
                 vals, los, his = [], [], []

@@ -26,8 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from compare.launch import SetupReport
-from compare.metrics import PointInfo
+from compare.datatypes import PointInfo, SetupReport
 from workloads.records import RequestRecord, RunSummary, read_records, read_run_summaries
 
 MANIFEST = "manifest.json"

@@ -42,7 +42,7 @@ DEFAULT_CPU_KV_BUDGET = 1024**3
 
 
 @dataclass
-class SetupReport:
+class EngineStartup:
     """What starting the engine cost: phase durations (seconds) and memory (bytes)."""
 
     phases: dict[str, float] = field(default_factory=dict)
@@ -97,7 +97,7 @@ class InFlightStep:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        self.setup = SetupReport()
+        self.setup = EngineStartup()
         t0 = time.perf_counter()
         self.device = _resolve_device(config.device)
         self.config = config = config.for_device(self.device.type)

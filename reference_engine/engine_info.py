@@ -17,7 +17,7 @@ from reference_engine.model_config import ModelSpec
 from reference_engine.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from reference_engine.engine import Engine, SetupReport
+    from reference_engine.engine import Engine, EngineStartup
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class EngineInfo:
     tokenizer_source: str | None
     device_type: str  # "cuda" or "cpu"
     max_num_seqs: int
-    setup: SetupReport
+    setup: EngineStartup
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapters import get_adapter
-from workloads.stream_reading import read_stream
+from workloads.response_parsing import read_stream
 
 DATA = Path(__file__).parent / "data"
 

@@ -15,7 +15,7 @@ import pytest
 
 from adapters import get_adapter
 from workloads.records import ErrorKind
-from workloads.stream_reading import read_stream
+from workloads.response_parsing import read_stream
 
 STREAMS = Path(__file__).parent / "data" / "streams"
 

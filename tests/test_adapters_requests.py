@@ -8,9 +8,9 @@ import pytest
 
 from adapters import ADAPTERS, get_adapter
 from adapters.prometheus import common_metrics
+from adapters.request_spec import RequestSpec
 from adapters.tgi import TGI_METRICS
 from adapters.vllm import VLLM_METRICS
-from workloads.spec import RequestSpec
 
 SPEC = RequestSpec("req-7", (11, 12, 13, 14), "The quick brown fox", 37, extra_headers={"X-Trace": "on"})
 

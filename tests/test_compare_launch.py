@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from compare.launch import (
-    LaunchError,
-    ProcessLauncher,
-    SetupReport,
-    apply_log,
-    free_port,
-    parse_log,
-)
+from compare.datatypes import SetupReport
+from compare.launch import LaunchError, ProcessLauncher, ServerProcess, free_port
+from compare.setup_log import apply_log, parse_log
 
 DATA = Path(__file__).parent / "data"
 
@@ -78,10 +73,19 @@ def test_vllm_h200_log_with_compile_and_graphs():
     near = datetime(2025, 11, 29, 17, 0).timestamp()
     parsed = parse_log("vllm", (DATA / "vllm_h200_startup.log").read_text(), near=near)
     got = {p.name: p.seconds for p in parsed.phases}
-    assert got == {"model_load": pytest.approx(1.96157), "compile": 21.78, "profile": 0.75, "cuda_graphs": 2.0,
-                   "init_engine": 41.59}
-    assert parsed.memory == {"weights": pytest.approx(12.55 * 2**30), "kv_cache": pytest.approx(104.58 * 2**30),
-                             "kv_tokens": 214176, "graph_pool": pytest.approx(0.24 * 2**30)}
+    assert got == {
+        "model_load": pytest.approx(1.96157),
+        "compile": 21.78,
+        "profile": 0.75,
+        "cuda_graphs": 2.0,
+        "init_engine": 41.59,
+    }
+    assert parsed.memory == {
+        "weights": pytest.approx(12.55 * 2**30),
+        "kv_cache": pytest.approx(104.58 * 2**30),
+        "kv_tokens": 214176,
+        "graph_pool": pytest.approx(0.24 * 2**30),
+    }
     assert datetime.fromtimestamp(parsed.first_line_epoch) == datetime(2025, 11, 29, 17, 24, 45)
 
 
@@ -101,7 +105,13 @@ def test_unknown_or_generic_backend_log_parses_to_nothing():
 def test_launch_failure_quotes_the_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('cannot load the model: boom', flush=True); sys.exit(3)"]
     launcher = ProcessLauncher(
-        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "a.log", startup_timeout=30
+        "reference",
+        "eager",
+        ServerProcess(cmd),
+        "http://127.0.0.1:9",
+        "/health",
+        tmp_path / "a.log",
+        startup_timeout=30,
     )
     with pytest.raises(LaunchError, match="exited with code 3") as info:
         launcher.start()
@@ -113,7 +123,13 @@ def test_launch_failure_quotes_the_log(tmp_path):
 def test_startup_timeout_stops_the_server(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('warming up forever', flush=True); time.sleep(120)"]
     launcher = ProcessLauncher(
-        "reference", "eager", cmd, "http://127.0.0.1:9", "/health", tmp_path / "b.log", startup_timeout=1.5
+        "reference",
+        "eager",
+        ServerProcess(cmd),
+        "http://127.0.0.1:9",
+        "/health",
+        tmp_path / "b.log",
+        startup_timeout=1.5,
     )
     with pytest.raises(LaunchError, match="not healthy") as info:
         launcher.start()
@@ -135,7 +151,7 @@ def test_teardown_on_interrupt_kills_the_whole_process_group(tmp_path):
     launcher = ProcessLauncher(
         "reference",
         "eager",
-        [sys.executable, "-c", script],
+        ServerProcess([sys.executable, "-c", script]),
         f"http://127.0.0.1:{port}",
         "/",
         tmp_path / "c.log",
@@ -197,8 +213,19 @@ def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     port = free_port()
-    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
-    launcher = ProcessLauncher("reference", "eager", server, f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30)
+    server = [
+        sys.executable,
+        "-m",
+        "http.server",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(tmp_path),
+    ]
+    launcher = ProcessLauncher(
+        "reference", "eager", ServerProcess(server), f"http://127.0.0.1:{port}", "/", tmp_path / "d.log", 30
+    )
     with launcher:
         report = launcher.start()
     assert report.memory["device_used"] == (3048 - 1000) * 2**20
@@ -208,14 +235,29 @@ def test_device_memory_at_ready_is_read_with_nvidia_smi(tmp_path, monkeypatch):
 def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
     """vLLM's CPU build answers /health for a model its kernels refuse; the first request is what tells."""
     from adapters import get_adapter
+    from adapters.request_spec import RequestSpec
     from compare.backend_launch import measure_cold_first_token
-    from workloads.spec import RequestSpec
 
     port = free_port()
-    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
-    launcher = ProcessLauncher("vllm", "", server, f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30)
+    server = [
+        sys.executable,
+        "-m",
+        "http.server",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(tmp_path),
+    ]
+    launcher = ProcessLauncher(
+        "vllm", "", ServerProcess(server), f"http://127.0.0.1:{port}", "/", tmp_path / "e.log", 30
+    )
     with launcher:
         launcher.start()
-        with pytest.raises(LaunchError, match="answered its health check, but its first request failed: HTTP 501"):
-            measure_cold_first_token(launcher, get_adapter("vllm", model="m"), RequestSpec("c", (1,), "hi", 2), 10)
+        with pytest.raises(
+            LaunchError, match="answered its health check, but its first request failed: HTTP 501"
+        ):
+            measure_cold_first_token(
+                launcher, get_adapter("vllm", model="m"), RequestSpec("c", (1,), "hi", 2), 10
+            )
     assert launcher.report.cold_first_token_s is None

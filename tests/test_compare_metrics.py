@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from compare.metrics import PointInfo, bootstrap_ci, itl_table, request_table, summarize
+from compare.datatypes import PointInfo
+from compare.metrics import itl_table, request_table, summarize
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
@@ -195,35 +196,3 @@ def test_vectorised_itl_equals_timing_itl_on_random_records():
         assert events.loc[events["row"] == i, "gap_s"].tolist() == pytest.approx(timing.itl_per_event(r)), (
             seed
         )
-
-
-def test_bootstrap_interval_coverage_of_the_mean():
-    """A 95 % interval for the mean of 40 normal draws covers the true mean in roughly 95 % of trials."""
-    seed = fresh_seed()
-    rng = np.random.default_rng(seed)
-    trials, covered = 150, 0
-    for k in range(trials):
-        x = rng.normal(10.0, 2.0, 40)
-        lo, hi = bootstrap_ci(x, n_boot=400, seed=k)["mean"]
-        covered += lo <= 10.0 <= hi
-    assert 0.85 <= covered / trials <= 0.99, (covered, seed)
-
-
-def test_bootstrap_is_reproducible_and_shrinks_with_n():
-    rng = np.random.default_rng(fresh_seed())
-    small, large = rng.exponential(1.0, 50), rng.exponential(1.0, 5000)
-    assert bootstrap_ci(small, seed=3) == bootstrap_ci(small, seed=3)
-    w_small = np.diff(bootstrap_ci(small)["p90"])[0]
-    w_large = np.diff(bootstrap_ci(large)["p90"])[0]
-    assert w_large < w_small
-
-
-def test_cluster_bootstrap_is_wider_for_correlated_gaps():
-    """Gaps within a request share its speed: resampling requests (not gaps) must show that uncertainty."""
-    rng = np.random.default_rng(fresh_seed())
-    speeds = rng.lognormal(0, 0.5, 30)
-    values = np.concatenate([s + rng.normal(0, 0.01, 100) for s in speeds])
-    owners = np.repeat(np.arange(30), 100)
-    naive = np.diff(bootstrap_ci(values)["p50"])[0]
-    clustered = np.diff(bootstrap_ci(values, owners)["p50"])[0]
-    assert clustered > 2 * naive

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from compare.cli import app
+from compare.datatypes import Phase, SetupReport
 from compare.importers import import_file
-from compare.launch import Phase, SetupReport
 from compare.metrics import summarize
 from compare.report import analyze, write_reports
 from compare.store import RunDir
@@ -356,7 +356,7 @@ def test_import_vllm_bench_by_hand(tmp_path):
 
 
 def _info(imported):
-    from compare.metrics import PointInfo
+    from compare.datatypes import PointInfo
 
     return PointInfo(
         imported.workload,

@@ -11,9 +11,9 @@ import pytest
 
 from adapters import ADAPTERS, get_adapter
 from adapters.launch_spec import ModelSource, Variant
+from adapters.request_spec import RequestSpec
 from compare.backend_launch import measure_cold_first_token
-from compare.launch import LaunchError, ProcessLauncher, free_port, package_env
-from workloads.spec import RequestSpec
+from compare.launch import LaunchError, ProcessLauncher, ServerProcess, free_port, package_env
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -47,8 +47,8 @@ def check_reference_setup(report) -> None:
 
 def test_reference_as_a_process(llama_dir, tmp_path):
     spec = reference_spec(llama_dir, tmp_path)
-    launcher = ProcessLauncher("reference", "eager", spec.command, f"http://127.0.0.1:{spec.port}", spec.health_path,
-                               tmp_path / "reference.log", 120, env={**spec.env, **package_env()})
+    launcher = ProcessLauncher("reference", "eager", ServerProcess(spec.command, {**spec.env, **package_env()}),
+                               f"http://127.0.0.1:{spec.port}", spec.health_path, tmp_path / "reference.log", 120)
     with launcher:
         launcher.start()
         measure_cold_first_token(launcher, get_adapter("reference", model="tiny"), PROBE, 60)

@@ -18,11 +18,11 @@ import pytest
 from causality import stamped_before_sent
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.accuracy import compare
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import read_event_log, scripted_server
-from workloads.spec import RequestSpec
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

@@ -9,11 +9,11 @@ import socket
 import pytest
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.loadgen import PointJob, Timeouts, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, scripted_server
-from workloads.spec import RequestSpec
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

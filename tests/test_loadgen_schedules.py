@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads import timing
 from workloads.loadgen import PointJob, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records, read_run_summaries
 from workloads.schedule import ClosedLoop, OpenLoop, TraceReplay
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
-from workloads.spec import RequestSpec
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
@@ -173,7 +173,7 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
         from adapters import get_adapter
         from workloads.loadgen import PointJob, run_load_sync
         from workloads.schedule import ClosedLoop
-        from workloads.spec import RequestSpec
+        from adapters.request_spec import RequestSpec
         header = {{"X-Scripted-Schedule": json.dumps({{"itl_s": 0.05}})}}
         specs = [RequestSpec(f"sig-{{i}}", (1,), "x", 200, extra_headers=header) for i in range(8)]
         print("started", flush=True)

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adapters.request_spec import RequestSpec
 from compare.plan import build_plan
 from compare.run_options import PlanError
 from workloads import timing
 from workloads.clocks import ClockSample, estimate_offset, to_driver_clock
 from workloads.records import RequestRecord
 from workloads.schedule import ClosedLoop, OpenLoop, TraceReplay
-from workloads.spec import RequestSpec
 from workloads.split import expand_specs, split_point
 
 ROOT = Path(__file__).resolve().parents[1]

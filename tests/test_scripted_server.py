@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
-from workloads.spec import RequestSpec
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

@@ -9,10 +9,10 @@ import pytest
 from causality import stamped_before_sent
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
-from workloads.spec import RequestSpec
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
@@ -127,3 +127,15 @@ def test_events_split_across_reads(server, adapter_name, flavor):
     for record in records:
         assert record.ok and record.output_tokens == record.wanted_output_tokens
         assert [n for _, n, _ in record.events] == [n for _, n, _ in truth[record.request_id]["events"]]
+
+
+def test_the_trtllm_adapter_checks_the_fields_trtllm_serve_documents():
+    """The scripted server keeps its own copy of trtllm-serve's accepted request fields (written from its
+    request models): an adapter list that drifts from it, by a typo or a field the server never had, would
+    let requests through that the real server refuses, or refuse ones it accepts."""
+    from adapters.trtllm import TrtllmChatAdapter, TrtllmCompletionsAdapter
+    from workloads.scripted_formats import TRTLLM_ACCEPTED_FIELDS
+
+    assert TrtllmCompletionsAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["completions"]
+    assert TrtllmChatAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["chat"]
+

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads.sse import SSEDecoder, SSEEvent
+from workloads.sse_decoder import SSEDecoder, SSEEvent
 
 # field values: no CR/LF (they end lines); may contain ':' and non-ASCII
 values = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30)

@@ -1,8 +1,9 @@
 """How far the load generator's measurements are from the truth the scripted server logged.
 
 Both processes stamp with CLOCK_MONOTONIC, so a client arrival time and a server write time can be
-subtracted directly (a record put on another host's clock is first taken back to its own). For each request the client's events and the server's logged events line up one to
-one (both list every SSE data event in order). Errors, in seconds:
+subtracted directly (a record put on another host's clock is first taken back to its own). For each request
+the client's events and the server's logged events line up one to one (both list every SSE data event in
+order). Errors, in seconds:
 
 - per event: client arrival minus server write (>= 0 by causality; loopback delivery plus client delay)
 - TTFT: measured TTFT minus (server's first token write minus client send) = the first token event's error
@@ -57,7 +58,8 @@ def compare(records: Iterable[RequestRecord], server_log: Mapping[str, Mapping[s
         if entry is None or not record.ok or record.send_s is None:
             continue
         truth = entry["events"]
-        if len(truth) != len(record.events) or any(c[1] != s[1] for c, s in zip(record.events, truth, strict=False)):
+        counts_differ = any(c[1] != s[1] for c, s in zip(record.events, truth, strict=False))
+        if len(truth) != len(record.events) or counts_differ:
             errors.unmatched.append(record.request_id)
             continue
         t0 = record.t0_monotonic - (record.clock_offset_s or 0.0)  # back on the measuring host's clock

@@ -27,9 +27,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads.spec import RequestSpec
+from adapters.request_spec import RequestSpec
 
 log = logging.getLogger(__name__)
+
+
+LENGTH_FORMS = "N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,10 @@ class LengthDist:
                 return cls("fixed", float(parts[0]))
             kind, numbers = parts[0], [float(p) for p in parts[1:]]
         except ValueError:
-            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
-                             f"or lognormal:MEDIAN:SIGMA") from None
+            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}") from None
         expected = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
         if kind not in expected or len(numbers) != expected[kind]:
-            raise ValueError(f"cannot read length {value!r}: use N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD "
-                             f"or lognormal:MEDIAN:SIGMA")
+            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}")
         return cls(kind, *numbers)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
@@ -155,13 +156,28 @@ def fixed_dataset(tokenizer: Any, n: int, seed: int = 0, id_prefix: str = "fixed
     return random_dataset(tokenizer, n, 512, 128, seed, id_prefix)
 
 
+@dataclass(frozen=True)
+class PairLimits:
+    """Which ShareGPT prompt/answer pairs are kept, in tokens: both at least `min_tokens`, neither over its
+    maximum (None: no maximum)."""
+
+    min_tokens: int = 4
+    max_input: int | None = None
+    max_output: int | None = None
+
+    def keep(self, prompt_tokens: int, output_tokens: int) -> bool:
+        return (prompt_tokens >= self.min_tokens and output_tokens >= self.min_tokens
+                and not (self.max_input and prompt_tokens > self.max_input)
+                and not (self.max_output and output_tokens > self.max_output))
+
+
 def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, seed: int = 0,
-                     output_len: LengthDist | str | int | None = None, min_tokens: int = 4,
-                     max_input: int | None = None, max_output: int | None = None, id_prefix: str = "sharegpt"
-                     ) -> list[RequestSpec]:
+                     output_len: LengthDist | str | int | None = None, limits: PairLimits | None = None,
+                     id_prefix: str = "sharegpt") -> list[RequestSpec]:
     """Conversations from a local ShareGPT file: the first human turn is the prompt; the wanted output
-    length is the token count of the answer (or drawn from `output_len`). Pairs shorter than `min_tokens`
-    or longer than the maxima are left out, the rest shuffled with `seed` and the first `n` kept."""
+    length is the token count of the answer (or drawn from `output_len`). Pairs outside the `limits` are
+    left out, the rest shuffled with `seed` and the first `n` kept."""
+    limits = limits or PairLimits()
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -185,15 +201,15 @@ def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, see
             continue
         prompt_ids = _encode(tokenizer, pair[0])
         out = int(drawn.sample(rng, 1)[0]) if drawn else len(_encode(tokenizer, pair[1]))
-        if (len(prompt_ids) < min_tokens or out < min_tokens or (max_input and len(prompt_ids) > max_input)
-                or (max_output and out > max_output)):
+        if not limits.keep(len(prompt_ids), out):
             skipped += 1
             continue
         entry = data[index]
         name = entry.get("id", index) if isinstance(entry, dict) else index
         specs.append(RequestSpec(f"{id_prefix}-{name}", tuple(prompt_ids), pair[0], out))
     if skipped:
-        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path, skipped)
+        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path,
+                 skipped)
     if not specs:
         raise ValueError(f"{path}: no usable conversation (human turn then answer, within the length limits)")
     return specs
@@ -235,8 +251,8 @@ def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = 
             raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
         out = obj.get("output_tokens", obj.get("max_tokens", output_tokens))
         if not isinstance(out, int) or isinstance(out, bool) or out < 1:
-            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the line, "
-                             f"or a default)")
+            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the "
+                             f"line, or a default)")
         ids = _encode(tokenizer, obj["prompt"])
         specs.append(RequestSpec(f"{id_prefix}-{obj.get('id', number)}", tuple(ids), obj["prompt"], out))
     if not specs:
@@ -244,9 +260,12 @@ def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = 
     return specs
 
 
+JOIN_ATTEMPTS = 100  # fresh suffixes tried per request before a prefix is given up on
+
+
 def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int,
                    suffix_len: LengthDist | str | int, output_len: LengthDist | str | int, seed: int = 0,
-                   id_prefix: str = "prefix", attempts: int = 100) -> list[RequestSpec]:
+                   id_prefix: str = "prefix") -> list[RequestSpec]:
     """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
     exactly (the join with each suffix is checked not to merge tokens), interleaved group by group."""
     if n_groups < 1 or per_group < 1:
@@ -261,7 +280,7 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
         members = []
         for j in range(per_group):
             k = g * per_group + j
-            for _ in range(attempts):
+            for _ in range(JOIN_ATTEMPTS):
                 suffix_ids, _ = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
                 text = _decode(tokenizer, prefix_ids + suffix_ids)
                 ids = _encode(tokenizer, text)
@@ -269,8 +288,9 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
                     break
             else:
                 raise ValueError(f"could not join a suffix to group {g}'s prefix without merging tokens "
-                                 f"in {attempts} tries")
-            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]), group=f"g{g}"))
+                                 f"in {JOIN_ATTEMPTS} tries")
+            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]),
+                                       group=f"g{g}"))
         groups.append(members)
     return [members[j] for j in range(per_group) for members in groups]
 

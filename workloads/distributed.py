@@ -36,11 +36,11 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from adapters.request_spec import RequestSpec
 from workloads.clocks import ClockOffset, ClockSample, Started, estimate_offset, lost_record, to_driver_clock
 from workloads.loadgen import PointJob, build_summary, new_runner, run_load
 from workloads.records import ErrorKind, RecordWriter, RequestRecord
 from workloads.schedule import ClosedLoop
-from workloads.spec import RequestSpec
 from workloads.split import Share, split_point
 
 log = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
 # Software stamps of sent data, one per send call, keyed by the byte offset of its last byte, stamp only.
 _TX_FLAGS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)  # TX_SOFTWARE | SOFTWARE | OPT_ID | OPT_TSONLY
 _IP_RECVERR, _IPV6_RECVERR = 11, 25
+_ERROR_QUEUE_MESSAGES = ((socket.IPPROTO_IP, _IP_RECVERR), (socket.IPPROTO_IPV6, _IPV6_RECVERR))
 _CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 64
 _TIMESPEC = struct.Struct("@qq")
 _EXTENDED_ERR = struct.Struct("@IBBBBII")  # struct sock_extended_err: ee_data (the last field) is the offset
@@ -120,7 +121,7 @@ class StampedSocket(socket.socket):
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
                     seconds, nanoseconds = _TIMESPEC.unpack_from(data)
                     wall_ns = seconds * 1_000_000_000 + nanoseconds
-                elif (level, kind) in ((socket.IPPROTO_IP, _IP_RECVERR), (socket.IPPROTO_IPV6, _IPV6_RECVERR)):
+                elif (level, kind) in _ERROR_QUEUE_MESSAGES:
                     offset = _EXTENDED_ERR.unpack_from(data)[-1]
             if wall_ns is not None and offset is not None:
                 stamps.append((offset, _CLOCKS.to_monotonic(wall_ns)))

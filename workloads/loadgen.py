@@ -4,7 +4,7 @@ byte-level fact happened.
 One asyncio loop (via `run_load_sync`: asyncio's own on Linux, where socket reads carry the kernel's receive
 stamps, uvloop elsewhere when installed), one shared aiohttp session with keep-alive and a connection pool
 sized to the load. The hot path does as little as possible: each socket read is stamped with the kernel's
-receive time of its data (`workloads.kernel_stamps`, `workloads.stamped_reads`), and the request's coroutine
+receive time of its data (`workloads.kernel_stamps`, `workloads.body_capture`), and the request's coroutine
 wakes once, when the body has ended; the server-sent events are then decoded and read by the adapter, each
 stamped with the time of the socket read that completed it. The client's own queueing (hundreds of streams
 readable at once) thereby stays out of the timestamps.
@@ -41,12 +41,12 @@ import numpy as np
 from yarl import URL
 
 from adapters.base import Adapter
+from adapters.request_spec import RequestSpec
+from workloads.body_capture import StampingConnector, StampingHandler, read_stamped
 from workloads.kernel_stamps import stamped_loop_factory
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
+from workloads.response_parsing import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
-from workloads.spec import RequestSpec
-from workloads.stamped_reads import StampingConnector, StampingHandler, read_stamped
-from workloads.stream_reading import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.timing import client_lag
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,10 @@ rely on the measured clock offset. Such a record says where it was measured (`ho
 that was added (`clock_offset_s`: driver clock = host clock + offset), so `t0_monotonic + send_s -
 clock_offset_s` is again a time on the measuring host's own monotonic clock.
 
-Token counts follow DESIGN.md: `output_tokens` is the server's usage when the server gave it, else the
-sum of the per-event counts; the per-event counts, the usage and the client's re-tokenisation of the text
-are all kept, and `token_count_mismatch` says whether any two of them that are known disagree.
+Token counts follow docs/design.md (Metric definitions): `output_tokens` is the server's usage when the
+server gave it, else the sum of the per-event counts; the per-event counts, the usage and the client's
+re-tokenisation of the text are all kept, and `token_count_mismatch` says whether any two of them that are
+known disagree.
 """
 
 from __future__ import annotations

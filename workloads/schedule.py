@@ -22,7 +22,8 @@ Arrival = Literal["constant", "poisson", "gamma"]
 
 @dataclass(frozen=True)
 class ClosedLoop:
-    """`concurrency` requests in flight at all times: each worker sends its next request when the last ends."""
+    """`concurrency` requests in flight at all times: each worker sends its next request when its last
+    ends."""
 
     concurrency: int
 

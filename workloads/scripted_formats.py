@@ -19,6 +19,33 @@ Flavor = Literal["vllm", "trtllm", "tgi"]
 Protocol = Literal["completions", "chat", "tgi", "triton"]
 
 
+# The request fields trtllm-serve's pydantic models accept (`openai_protocol.py`: CompletionRequest,
+# ChatCompletionRequest; any other field is refused with a 400). Written out here, not imported from the
+# TensorRT-LLM adapter, so that the server checks the adapter's own list instead of agreeing with it.
+_TRTLLM_SHARED_FIELDS = frozenset(
+    {
+        "model", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "n", "presence_penalty",
+        "seed", "stop", "stream", "stream_options", "temperature", "top_p", "user", "lora_request",
+        "prompt_ignore_length", "use_beam_search", "top_k", "top_p_min", "min_p", "repetition_penalty",
+        "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+        "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
+        "add_special_tokens", "response_format", "disaggregated_params", "priority", "conversation_params",
+        "thinking_token_budget",
+    }
+)  # fmt: skip
+TRTLLM_ACCEPTED_FIELDS: dict[str, frozenset[str]] = {
+    "completions": _TRTLLM_SHARED_FIELDS
+    | {"prompt", "max_tokens", "suffix", "return_context_logits", "detokenize"},
+    "chat": _TRTLLM_SHARED_FIELDS
+    | {
+        "messages", "prompt_token_ids", "max_tokens", "max_completion_tokens", "top_logprobs", "tools",
+        "tool_choice", "parallel_tool_calls", "reasoning_effort", "thinking", "add_generation_prompt",
+        "documents", "chat_template", "chat_template_kwargs", "media_io_kwargs", "cache_salt",
+        "agent_hierarchy", "mm_processor_kwargs",
+    },
+}  # fmt: skip
+
+
 def _dump(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -105,7 +132,8 @@ class StreamFormat:
             choice = {"index": 0, "text": text, "token_ids": None, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None, "avg_decoded_tokens_per_iter": None}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
         chunk = {**self._head(), "choices": [choice]}
         if continuous:
             chunk["usage"] = self._usage(generated)
@@ -113,11 +141,12 @@ class StreamFormat:
             chunk["usage"] = None
         return self.event(_dump(chunk))
 
-    def _tgi_token(self, text: str, token_id: int, finish: str | None, generated: int, full_text: str) -> bytes:
+    def _tgi_token(self, text: str, token_id: int, finish: str | None, generated: int,
+                   full_text: str) -> bytes:
         if self.protocol == "tgi":
-            event: dict[str, Any] = {"index": generated,
-                                     "token": {"id": token_id, "text": text, "logprob": -0.25, "special": False},
-                                     "generated_text": None, "details": None}
+            token = {"id": token_id, "text": text, "logprob": -0.25, "special": False}
+            event: dict[str, Any] = {"index": generated, "token": token, "generated_text": None,
+                                     "details": None}
             if finish is not None:
                 event["generated_text"] = full_text
                 event["details"] = {"finish_reason": finish, "generated_tokens": generated, "seed": None,
@@ -149,8 +178,9 @@ class StreamFormat:
             return self.event(_dump({"error": message, "error_type": "generation"}))
         if self.protocol == "triton":
             return self.event(_dump({"error": message}))
-        return self.event(_dump({"error": {"object": "error", "message": message, "type": "InternalServerError",
-                                           "param": None, "code": 500}}))
+        error = {"object": "error", "message": message, "type": "InternalServerError", "param": None,
+                 "code": 500}
+        return self.event(_dump({"error": error}))
 
     def malformed(self) -> bytes:
         return self.event(b'{"id": "broken", "choices": [{"index": 0, "text": "unterminated')

@@ -12,14 +12,13 @@ and prints `listening on http://HOST:PORT` once ready (use `--port 0` for a free
 The schedule (`ScriptedSchedule`) comes from `--default-schedule` and, per request, from the JSON header
 `X-Scripted-Schedule`, whose fields override the default. Times in the event log are absolute
 `time.perf_counter()` seconds (CLOCK_MONOTONIC, shared by every process on the machine), taken just before
-the write of the bytes that complete each event, or, where the transport sent them at once, the kernel's stamp
-of that send (SO_TIMESTAMPING; the time of the `send` call where there is none): the Python before the send and
-any preemption of the server stay out of the truth. A request's
-`received_s` is the kernel's receive stamp of
-the socket read that completed it (workloads/kernel_stamps.py; on Linux, where the server runs asyncio's own
-loop for this), so the truth starts when the request reached the server, not when its handler got to run;
-`received_clock` says which (`kernel` or `process`), `write_clocks` counts the writes stamped each way. One JSON
-line per request:
+the write of the bytes that complete each event, or, where the transport sent them at once, the kernel's
+stamp of that send (SO_TIMESTAMPING; the time of the `send` call where there is none): the Python before the
+send and any preemption of the server stay out of the truth. A request's `received_s` is the kernel's receive
+stamp of the socket read that completed it (workloads/kernel_stamps.py; on Linux, where the server runs
+asyncio's own loop for this), so the truth starts when the request reached the server, not when its handler
+got to run; `received_clock` says which (`kernel` or `process`), `write_clocks` counts the writes stamped
+each way. One JSON line per request:
 `{"request_id", "protocol", "flavor", "received_s", "headers_s", "status", "fault", "events": [[t, n_tokens,
 kind], ...]}`, kinds `role`, `token`, `usage`, `done`, `error`, `malformed`; one entry per SSE data event,
 in order, so it lines up with the client's record. The request id is the client's `X-Request-Id`.
@@ -50,10 +49,9 @@ from typing import IO, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from adapters.trtllm import TRTLLM_CHAT_FIELDS, TRTLLM_COMPLETION_FIELDS
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, socket_of, stamped_listener
 from workloads.loadgen import new_runner
-from workloads.scripted_formats import Flavor, Protocol, StreamFormat, error_body
+from workloads.scripted_formats import TRTLLM_ACCEPTED_FIELDS, Flavor, Protocol, StreamFormat, error_body
 
 SCHEDULE_HEADER = "X-Scripted-Schedule"
 GC_EVERY_REQUESTS = 500
@@ -197,11 +195,13 @@ class ScriptedServer:
                                   "version": "3.0.1-scripted", "sha": None, "docker_label": None})
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted", "max_model_len": 4096}]})
+        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted",
+                 "max_model_len": 4096}
+        return web.json_response({"object": "list", "data": [model]})
 
     async def triton_model(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": request.match_info["model"], "versions": ["1"], "platform": "ensemble"})
+        name = request.match_info["model"]
+        return web.json_response({"name": name, "versions": ["1"], "platform": "ensemble"})
 
     async def version(self, _request: web.Request) -> web.Response:
         return web.json_response({"version": "scripted"})
@@ -235,8 +235,7 @@ class ScriptedServer:
         body, schedule = parsed
         flavor = schedule.flavor or self.flavor
         if flavor == "trtllm":
-            allowed = TRTLLM_CHAT_FIELDS if protocol == "chat" else TRTLLM_COMPLETION_FIELDS
-            unknown = sorted(set(body) - allowed)
+            unknown = sorted(set(body) - TRTLLM_ACCEPTED_FIELDS[protocol])
             problem = ("model: field required" if "model" not in body
                        else f"extra fields not permitted: {', '.join(unknown)}" if unknown else None)
             if problem:
@@ -246,8 +245,8 @@ class ScriptedServer:
         prompt = body.get("messages") if protocol == "chat" else body.get("prompt")
         if protocol == "chat" and isinstance(prompt, list):
             prompt = " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
-        req = _Request(protocol, flavor, bool(body.get("stream")),
-                       int(body.get("max_tokens") or body.get("max_completion_tokens") or 16), _prompt_len(prompt),
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        req = _Request(protocol, flavor, bool(body.get("stream")), max_tokens, _prompt_len(prompt),
                        include_usage=bool(options.get("include_usage")),
                        continuous_usage=bool(options.get("continuous_usage_stats")))
         return await self._respond(request, received, req, schedule)
@@ -265,8 +264,8 @@ class ScriptedServer:
             return parsed
         body, schedule = parsed
         params = body.get("parameters") or {}
-        req = _Request("tgi", "tgi", stream, int(params.get("max_new_tokens") or 100), _prompt_len(body.get("inputs")),
-                       include_usage=bool(params.get("details")))
+        req = _Request("tgi", "tgi", stream, int(params.get("max_new_tokens") or 100),
+                       _prompt_len(body.get("inputs")), include_usage=bool(params.get("details")))
         return await self._respond(request, received, req, schedule)
 
     async def triton_stream(self, request: web.Request) -> web.StreamResponse:
@@ -311,8 +310,10 @@ class ScriptedServer:
                        schedule: ScriptedSchedule) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or f"scripted-{next(self._ids)}"
         log: dict[str, Any] = {"request_id": rid, "protocol": req.protocol, "flavor": req.flavor,
-                               "received_s": received, "received_clock": "kernel" if _kernel_stamped(request) else "process", "headers_s": None, "status": schedule.status,
-                               "fault": schedule.fault, "events": []}
+                               "received_s": received,
+                               "received_clock": "kernel" if _kernel_stamped(request) else "process",
+                               "headers_s": None, "status": schedule.status, "fault": schedule.fault,
+                               "events": []}
         self.running += 1
         try:
             if schedule.headers_delay_s:
@@ -348,14 +349,16 @@ class ScriptedServer:
         usage = {"prompt_tokens": fmt.prompt_tokens, "total_tokens": fmt.prompt_tokens + n_tokens,
                  "completion_tokens": n_tokens}
         if fmt.protocol == "tgi":
-            obj: dict[str, Any] = {"generated_text": text, "details": {
-                "finish_reason": "length", "generated_tokens": n_tokens, "seed": None, "prefill": [], "tokens": []}}
+            details = {"finish_reason": "length", "generated_tokens": n_tokens, "seed": None, "prefill": [],
+                       "tokens": []}
+            obj: dict[str, Any] = {"generated_text": text, "details": details}
         elif fmt.protocol == "triton":
             obj = {"model_name": fmt.model, "model_version": "1", "text_output": text}
         elif fmt.protocol == "chat":
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "finish_reason": "length"}
             obj = {"id": "chatcmpl-" + fmt.request_id, "object": "chat.completion", "created": fmt.created,
-                   "model": fmt.model, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                    "finish_reason": "length"}], "usage": usage}
+                   "model": fmt.model, "choices": [choice], "usage": usage}
         else:
             obj = {"id": "cmpl-" + fmt.request_id, "object": "text_completion", "created": fmt.created,
                    "model": fmt.model, "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
@@ -408,7 +411,8 @@ class ScriptedServer:
         for i, k in enumerate(steps):
             finish = "length" if i == len(steps) - 1 and schedule.fault is None else None
             generated += k
-            chunks.append(fmt.tokens(texts[generated - k:generated], finish, generated, continuous, full_text))
+            piece = texts[generated - k:generated]
+            chunks.append(fmt.tokens(piece, finish, generated, continuous, full_text))
         role = fmt.role(continuous) if role_pending else b""
         due = received + schedule.ttft_s
         for i, (k, chunk) in enumerate(zip(steps, chunks, strict=True)):
@@ -557,7 +561,8 @@ async def serve(host: str, port: int, server: ScriptedServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workloads.scripted_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.scripted_server",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--flavor", choices=["vllm", "trtllm", "tgi"], default="vllm")

@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from adapters.request_spec import RequestSpec
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
-from workloads.spec import RequestSpec
 
 DEFAULT_WARMUP_CONCURRENCY = 8
 

@@ -1,4 +1,5 @@
-"""The declared metric definitions (DESIGN.md) for one request, as pure functions of its record.
+"""The declared metric definitions for one request, as pure functions of its record (docs/design.md,
+Metric definitions).
 
 - TTFT: first event that carries >= 1 generated token, minus the send time (role-only, empty and
   keep-alive events do not count; a token that decodes to empty text does).

@@ -1,5 +1,5 @@
 """The truth a benchmark client should have measured, from the scripted server's event log, under each
-client's own metric definitions and under ours (DESIGN.md), and the client's errors against it.
+client's own metric definitions and under ours (docs/design.md), and the client's errors against it.
 
 Why per definition: the clients disagree on what TTFT, TPOT and ITL mean (role-only first chunk counted as
 the first token or not, chunks with empty text counted or skipped, TPOT with or without TTFT, ITL per chunk
@@ -14,9 +14,9 @@ and the bytes leaving, and, at the other end, between the bytes arriving and its
 
 Definitions (read in each client's source; see benchmarks/truth/README.md):
 
-- `ours` = DESIGN.md: TTFT at the first event carrying >= 1 generated token (role-only chunks do not count,
-  empty-text tokens do); TPOT = (last token event - first token event) / (tokens - 1); ITL per token (an event
-  with k tokens gives k gaps of gap/k).
+- `ours` = docs/design.md: TTFT at the first event carrying >= 1 generated token (role-only chunks do not
+  count, empty-text tokens do); TPOT = (last token event - first token event) / (tokens - 1); ITL per token
+  (an event with k tokens gives k gaps of gap/k).
 - `vllm` (`vllm bench serve`): TTFT at the first chunk with a non-empty `choices` list (the role-only chat
   chunk counts; empty-text chunks count); TPOT = (latency - TTFT) / (usage tokens - 1), latency at the last such
   chunk; ITL = gaps between those chunks.

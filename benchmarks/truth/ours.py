@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.spec import RequestSpec
 
 PROMPT_IDS = tuple(range(1000, 1016))  # 16 prompt tokens, as the other clients are asked for
 PROMPT_TEXT = " ".join(f"w{i}" for i in range(16))

@@ -108,7 +108,7 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
                    (99, "the tail adds each client's timing error to that, and a per-request mean ITL hides the tail "
                         "of the gaps")):
         lines += ["", f"## What a user would read: each client's reported p{q} minus the true p{q} under the declared "
-                  "definitions (DESIGN.md), ms", "", f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
+                  "definitions (docs/design.md), ms", "", f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
                   f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for (schedule, conc), runs in points.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from reference_engine.engine import SetupReport
+from reference_engine.engine import EngineStartup
 from reference_engine.serving.request_streams import RequestStreams
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -74,7 +74,7 @@ class ServerMetrics:
         self._seen_steps = 0
         self._seen_step_seconds = 0.0
 
-    def render(self, async_engine: RequestStreams, setup: SetupReport) -> bytes:
+    def render(self, async_engine: RequestStreams, setup: EngineStartup) -> bytes:
         """Refresh the gauges from the engine's live state and its start-up report, then serialise
         everything."""
         stats = async_engine.stats()

@@ -1,4 +1,8 @@
-"""What one request asks for, independent of the backend that will serve it."""
+"""What one request asks for, independent of the backend that will serve it.
+
+It sits with the adapters, which turn it into HTTP requests, so that `workloads` (which builds and sends
+requests) depends on `adapters` and never the other way round.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ class RequestSpec:
 
     def __post_init__(self) -> None:
         if self.wanted_output_tokens < 1:
-            raise ValueError(f"{self.request_id}: wanted_output_tokens must be >= 1, got {self.wanted_output_tokens}")
+            raise ValueError(
+                f"{self.request_id}: wanted_output_tokens must be >= 1, got {self.wanted_output_tokens}"
+            )
 
     @property
     def prompt_len(self) -> int:

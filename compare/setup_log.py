@@ -1,4 +1,4 @@
-"""What it cost to get a backend ready to serve, and how a backend's own start-up log becomes part of that.
+"""How a backend's own start-up log becomes part of its `SetupReport` (`compare/datatypes.py`).
 
 The log knowledge lives in the adapters (`startup_patterns`, `log_clock`: see `adapters/startup_log.py`);
 this module turns any adapter's matches into a `ParsedLog` the same way, and lays its phases on the launch's
@@ -7,22 +7,10 @@ time line (`apply_log`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from adapters.startup_log import StartupPattern, log_lines, parse_startup_log
-
-GIB = 2**30
-
-
-@dataclass
-class Phase:
-    """One start-up phase: `seconds` long, ending `end_s` after the spawn (None: unknown, laid end to end)."""
-
-    name: str
-    seconds: float
-    end_s: float | None = None
-    detail: str = ""
+from compare.datatypes import GIB, Phase, SetupReport
 
 
 @dataclass
@@ -35,50 +23,6 @@ class ParsedLog:
     first_line_epoch: float | None = (
         None  # when the process logged its first stamped line (after its imports)
     )
-
-
-@dataclass
-class SetupReport:
-    """What it cost to get a backend ready to serve; `memory` in bytes (weights, kv_cache, graph_pool,
-    peak_rss: the server's processes' peak resident memory, summed; device_used: GPU memory the launch
-    added), `kv_tokens` where the backend says how many tokens its KV cache holds."""
-
-    backend: str
-    variant: str
-    launcher: str  # process | docker | endpoint
-    url: str
-    command: list[str] = field(default_factory=list)
-    log_path: str | None = None
-    spawned_at: float | None = None  # epoch seconds
-    ready_s: float | None = None  # spawn to the first healthy answer, measured by us
-    server_ready_s: float | None = None
-    cold_first_token_s: float | None = None  # ready to the first token of the first request
-    phases: list[Phase] = field(default_factory=list)
-    memory: dict[str, float] = field(default_factory=dict)
-    device: str | None = None
-    dtype: str | None = None
-    notes: list[str] = field(default_factory=list)
-    exit_code: int | None = None
-    pinned_cpus: list[int] | None = None
-    pid: int | None = None
-    image: str | None = None
-    container_id: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    repeat: int = 0  # which launch of this backend (--repeats)
-    ready_runs: list[float] = field(default_factory=list)  # every launch's ready_s, when combined
-
-    @property
-    def key(self) -> str:
-        return f"{self.backend}:{self.variant}" if self.variant else self.backend
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SetupReport:
-        data = dict(data)
-        data["phases"] = [Phase(**p) for p in data.get("phases", [])]
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def parse_log(backend: str, text: str, near: float | None = None) -> ParsedLog:

@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters import get_adapter
+from adapters.request_spec import RequestSpec
+from workloads.body_capture import StampingConnector, StampingHandler, _cut, read_stamped
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, stamped_listener
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
 from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
-from workloads.spec import RequestSpec
-from workloads.stamped_reads import StampingConnector, StampingHandler, _cut, read_stamped
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
@@ -80,10 +80,10 @@ def test_a_body_cut_short_keeps_what_arrived():
 def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
     """The reader's buffer fills past aiohttp's high-water mark while the body is watched: no pause."""
     from adapters import get_adapter
+    from adapters.request_spec import RequestSpec
     from workloads import loadgen
     from workloads.loadgen import Timeouts, run_load_sync
     from workloads.schedule import ClosedLoop
-    from workloads.spec import RequestSpec
 
     monkeypatch.setattr(loadgen, "READ_BUFFER", 2**12)  # high water: 8 KiB, ~30 events
     with scripted_server(default_schedule=ScriptedSchedule()) as server:

@@ -1,4 +1,5 @@
-"""Numbers that make backends comparable across workloads and prices, and set-up cost against latency.
+"""What each backend costs, in numbers comparable across workloads and prices: per input and output token,
+against the hardware's bound, per million tokens, set-up time against latency, memory given up.
 
 - prefill cost: p50 TTFT per 1k input tokens, only at single-stream points (concurrency 1), where no
   request waits behind another; elsewhere the TTFT is mostly queueing and the records hold no server-side
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from compare.launch import SetupReport
+from compare.datatypes import SetupReport
 from compare.text import plural
 
 

@@ -7,56 +7,32 @@ what confidence, and what it costs to set up, in plain sentences generated from 
   loses one launch is a tie.
 - throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
   confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
-  resamples whole requests (`compare.metrics.throughput_ratio_ci`).
+  resamples whole requests (`compare.statistics.throughput_ratio_ci`).
 
 Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
 
 A candidate with failed requests at the compared point cannot win while one without failures exists, and
-every failure is named. Token-count mismatches, open-loop client lag, outputs cut short and interrupted
-points are listed as warnings ahead of the decision.
+every failure is named. What a reader must know before trusting the numbers is `compare/caveats.py`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from compare.launch import SetupReport
-from compare.metrics import busy_seconds, mann_whitney, ratio_ci, throughput_ratio_ci
-from compare.normalize import break_even, graph_pool_trade
+from compare.costs import break_even, graph_pool_trade
+from compare.datatypes import Pick, SetupReport, key_of
+from compare.metrics import busy_seconds
+from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
 ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
-
-
-@dataclass
-class Pick:
-    slo_class: str  # interactive | throughput
-    workload: str
-    winner: str | None = None
-    runner_up: str | None = None
-    load_point: str | None = None
-    value: float = math.nan
-    runner_value: float = math.nan
-    ratio: float = math.nan  # how many times better the winner is (>= 1)
-    ratio_lo: float = math.nan
-    ratio_hi: float = math.nan
-    p_value: float = math.nan
-    confidence: str = ""
-    decisive: bool = False  # the difference is significant (and held in every launch, when repeated)
-    metric: str = ""  # the summary column ranked on
-    sentences: list[str] = field(default_factory=list)
-    ranking: list[dict[str, Any]] = field(default_factory=list)
-
-
-def key_of(backend: str, variant: str) -> str:
-    return f"{backend}:{variant}" if variant else backend
 
 
 def _fmt_s(seconds: float) -> str:
@@ -174,7 +150,8 @@ class Comparison:
 
     @property
     def decisive(self) -> bool:
-        """Established: significant within the run and, when launched more than once, ahead in every launch."""
+        """Established: significant within the run and, when launched more than once, ahead in every
+        launch."""
         values = [v for v in self.launches.values() if np.isfinite(v)]
         return self.within_run_decisive and (len(values) < 2 or all(v > 1 for v in values))
 
@@ -318,7 +295,8 @@ def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
                 else "is ranked after the candidates without failures"
             )
             out.append(
-                f"{r['key']} {ranked}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
+                f"{r['key']} {ranked}: {int(r['requests_failed'])} of "
+                f"{plural(int(r['requests']), 'request')} failed "
                 f"{where or 'at ' + str(r['load_point'])} ({r['errors']})."
             )
     return out
@@ -550,58 +528,6 @@ def describe_setup(setup: SetupReport | None) -> str:
     if setup.device:
         parts.append(f"on {setup.device}")
     return " ".join(parts).replace(" ;", ";")
-
-
-def warnings(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
-    """Everything a reader must know before trusting the numbers."""
-    out: list[str] = []
-    for _, r in summary.iterrows():
-        key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
-        if r["requests_failed"]:
-            out.append(
-                f"{key}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
-                f"({r['errors']})."
-            )
-        if r["interrupted"] or r["requests_cancelled"]:
-            out.append(
-                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, numbers are "
-                "partial."
-            )
-        if r["token_mismatches"]:
-            example = r.get("mismatch_example") or ""
-            server = int(r.get("token_mismatches_server", 0) or 0)
-            what = (
-                f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
-                "problem)"
-                if server
-                else "all between the generated count and the client's re-tokenisation of "
-                "the text, which does not always give back the generated tokens"
-            )
-            out.append(
-                f"{key}: {int(r['token_mismatches'])} of {plural(int(r['requests_ok']), 'response')} "
-                f"{'disagrees' if int(r['token_mismatches']) == 1 else 'disagree'} on their "
-                f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
-            )
-        if r["output_short"]:
-            out.append(
-                f"{key}: {plural(int(r['output_short']), 'response')} "
-                f"{'is' if int(r['output_short']) == 1 else 'are'} shorter than the forced output length."
-            )
-        if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
-            behind = (
-                np.isfinite(r["achieved_rps"])
-                and np.isfinite(r["offered_rps"])
-                and r["achieved_rps"] < 0.95 * r["offered_rps"]
-            )
-            if r["lag_p99_ms"] > 5 or behind:
-                out.append(
-                    f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
-                    f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
-                    "load was not the load applied."
-                )
-    for s in setups.values():
-        out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
-    return out
 
 
 def selection(

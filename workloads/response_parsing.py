@@ -1,5 +1,7 @@
-"""From the raw reads of a response body to what it said: events, per-event token counts, usage, finish
-reason and what went wrong, the same way for the load generator and for anything reading recorded bytes.
+"""From the captured pieces of a response body (`workloads/body_capture.py`) to what it said: events,
+per-event token counts, usage, finish reason and what went wrong, the same way for the load generator and
+for anything reading recorded bytes.
+The event framing is `workloads/sse_decoder.py`; the protocol's meaning is the adapter's.
 
 `read_stream(adapter, chunks)` does it in one go. The load generator drives `reading_steps` instead, a
 generator that pauses (yields) every ~0.1 ms of work so that reading a finished response does not hold up
@@ -15,7 +17,7 @@ from time import perf_counter
 
 from adapters.base import Adapter, MalformedEvent, StreamEvent
 from workloads.records import ErrorKind
-from workloads.sse import SSEDecoder
+from workloads.sse_decoder import SSEDecoder
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,9 @@ class StreamReading:
         return sum(self.counts)
 
 
-def read_stream(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], streaming: bool = True) -> StreamReading:
+def read_stream(
+    adapter: Adapter, chunks: Sequence[tuple[float, bytes]], streaming: bool = True
+) -> StreamReading:
     """Read a whole body given as `(read_time, bytes)` pairs; a body that is not an event stream
     (`streaming=False`) is read as one JSON response."""
     return run_to_end(reading_steps(adapter, chunks, streaming, pause_every_s=None))

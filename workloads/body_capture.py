@@ -1,19 +1,17 @@
-"""Reading a response body with the time each piece of it reached the socket.
+"""Capturing a response body as raw bytes, each piece with the time it reached the socket; parsing is
+`workloads/response_parsing.py`.
 
-aiohttp builds each connection's protocol from the connector's factory; `StampingConnector` swaps in
-`StampingHandler`, which notes the time of every socket read and, while a body is watched, how far that read
-advanced it (cumulative payload bytes). The connector's sockets are `StampedSocket`s
-(workloads/kernel_stamps.py): on Linux under asyncio's own loop, a read's time is the kernel's receive stamp
-of its newest segment, so neither the client's queue of ready streams nor a sleeping CPU delays it;
-elsewhere it is the moment the read returned. `read_stamped` then waits for the end of the body without waking
-per event (one wake-up per response instead of one per token), and cuts the body at those marks: every piece
-carries the time of the socket read that delivered it, and the client's own queueing (hundreds of coroutines
-resuming one after the other) stays out of the timestamps.
+`StampingConnector` gives each aiohttp connection a `StampingHandler`, which notes the time of every
+socket read and how far it advanced the watched body. Its sockets are `StampedSocket`s
+(`workloads/kernel_stamps.py`), so on Linux under asyncio's own loop a read's time is the kernel's receive
+stamp: neither the client's queue of ready streams nor a sleeping CPU delays it (elsewhere, the moment the
+read returned). `read_stamped` wakes once per response instead of once per token and cuts the body at those
+marks, so the client's own queueing stays out of the timestamps; since a body is read whole once it has
+ended, the handler never pauses the socket for aiohttp's buffer limits.
 
-Since every body is read whole once it has ended, the handler never pauses the socket for aiohttp's
-buffer limits. Two aiohttp internals are used, each with a fallback: the connector's `_factory` (without
-it, pieces are stamped when each read call returns) and the stream reader's `_buffer`, to recover the part
-of a body that arrived before an error (without it, that part is lost from the record; the error is not).
+Two aiohttp internals are used, each with a fallback: the connector's `_factory` (without it, pieces are
+stamped when each read call returns) and the stream reader's `_buffer`, to keep the part of a body that
+arrived before an error (without it, that part is lost from the record; the error is not).
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
-"""Normalisation, break-even, significance tests: hand-computed answers."""
+"""Normalisation, break-even and memory trade-offs: hand-computed answers."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
-from compare.diff import holm
-from compare.launch import SetupReport
-from compare.metrics import mann_whitney, ratio_ci
-from compare.normalize import (
+from compare.costs import (
     break_even,
     cost_per_million_tokens,
     graph_pool_trade,
     prefill_ms_per_1k,
     roofline_tpot_ms,
 )
+from compare.datatypes import SetupReport
 
 
 def test_prefill_roofline_and_cost():
@@ -58,36 +55,12 @@ def test_graph_pool_trade():
     assert graph_pool_trade(SetupReport("r", "eager", "process", "x", memory={"kv_cache": 1.0}), 10) is None
 
 
-def test_mann_whitney_by_hand():
-    # a = 1,2,3; b = 4,5,6: U = 0, mean 4.5, sigma sqrt(9/12 * 7) = 2.2913; z = (0 - 4.5 + 0.5) / 2.2913
-    z = -4.0 / math.sqrt(9 / 12 * 7)
-    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(
-        math.erfc(abs(z) / math.sqrt(2))
-    )
-    assert mann_whitney(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(0.0809, abs=1e-4)
-    assert mann_whitney(np.array([1.0, 1, 1]), np.array([1.0, 1, 1])) == 1.0
-    assert math.isnan(mann_whitney(np.array([]), np.array([1.0])))
-
-
-def test_ratio_ci_brackets_a_known_ratio():
-    rng = np.random.default_rng(5)
-    a = rng.normal(200, 10, 300)
-    b = rng.normal(100, 5, 300)
-    ratio, lo, hi = ratio_ci(a, b, "p50")
-    assert lo <= ratio <= hi and lo < 2.0 < hi
-
-
-def test_holm_by_hand():
-    # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
-    assert holm([0.04, 0.01, 0.02, math.nan]) == pytest.approx([0.04, 0.03, 0.04, math.nan], nan_ok=True)
-
-
 def test_ttft_per_input_token_only_where_no_request_queues():
     """At c=4 a TTFT is mostly waiting behind the other streams: dividing it by the prompt length is not
     a prefill cost, so only a single-stream point gets the normalised TTFT."""
     import pandas as pd
 
-    from compare.normalize import add_normalized
+    from compare.costs import add_normalized
 
     summary = pd.DataFrame(
         {
@@ -108,7 +81,7 @@ def test_ttft_per_input_token_only_where_no_request_queues():
 
 
 def test_counted_words_agree_with_their_number():
-    from compare.normalize import BreakEven
+    from compare.costs import BreakEven
     from compare.text import plural
 
     assert plural(1, "request") == "1 request" and plural(2, "request") == "2 requests"
@@ -121,7 +94,7 @@ def test_counted_words_agree_with_their_number():
 def test_warnings_count_one_in_the_singular():
     import pandas as pd
 
-    from compare.select import warnings
+    from compare.caveats import point_caveats
 
     row = {
         "backend": "b",
@@ -139,7 +112,7 @@ def test_warnings_count_one_in_the_singular():
         "output_short": 1,
         "mode": "closed",
     }
-    text = " ".join(warnings(pd.DataFrame([row]), {}))
+    text = " ".join(point_caveats(pd.DataFrame([row]), {}))
     assert "1 of 1 request failed" in text and "1 request cancelled" in text
     assert "1 of 1 response disagrees" in text and "1 response is shorter" in text
     assert "requests" not in text and "responses" not in text

@@ -1,0 +1,94 @@
+"""What a reader must know before trusting the numbers, listed ahead of the decision: failed, cancelled and
+interrupted requests, token-count mismatches, outputs shorter than forced, open-loop client lag, launch
+notes, and load points that `--duration` ended before they reached `--num-requests` (their statistics rest
+on fewer requests than asked for, and the selection's confidence with them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from compare.datatypes import SetupReport, key_of
+from compare.text import plural
+
+
+def duration_cut_warnings(run: Any) -> list[str]:
+    """One warning per measured point (per launch) that the duration bound stopped short of the request
+    count; interrupted points are warned about elsewhere, and imported points had bounds of their own."""
+    config = run.manifest.get("config") or {}
+    asked, duration = config.get("num_requests"), config.get("duration_s")
+    if not asked or not duration:
+        return []
+    points = {p["run_id"]: p for p in run.manifest.get("points", [])}
+    repeated = int(config.get("repeats") or 1) > 1
+    out = []
+    for s in run.run_summaries():
+        point = points.get(s.run_id)
+        if point is None or s.interrupted or s.n_measured >= asked:
+            continue
+        if s.wall_s - s.measured_start_s < duration:  # ended for another reason (too few prompts)
+            continue
+        where = point.get("workload") or ""
+        if repeated:
+            where += f"{', ' if where else ''}launch {int(point.get('repeat', 0)) + 1}"
+        out.append(
+            f"{s.load_point} on {key_of(s.backend, s.variant)}{f' ({where})' if where else ''}: "
+            f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
+            "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests)."
+        )
+    return out
+
+
+def point_caveats(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
+    """The caveats read from the summary's rows and the launches' notes."""
+    out: list[str] = []
+    for _, r in summary.iterrows():
+        key = f"{key_of(r['backend'], r['variant'])} {r['workload']} {r['load_point']}"
+        if r["requests_failed"]:
+            out.append(
+                f"{key}: {int(r['requests_failed'])} of {plural(int(r['requests']), 'request')} failed "
+                f"({r['errors']})."
+            )
+        if r["interrupted"] or r["requests_cancelled"]:
+            out.append(
+                f"{key}: interrupted; {plural(int(r['requests_cancelled']), 'request')} cancelled, "
+                "numbers are partial."
+            )
+        if r["token_mismatches"]:
+            example = r.get("mismatch_example") or ""
+            server = int(r.get("token_mismatches_server", 0) or 0)
+            what = (
+                f"{server} where the server's usage and the stream's own count differ (a backend or adapter "
+                "problem)"
+                if server
+                else "all between the generated count and the client's re-tokenisation of "
+                "the text, which does not always give back the generated tokens"
+            )
+            out.append(
+                f"{key}: {int(r['token_mismatches'])} of {plural(int(r['requests_ok']), 'response')} "
+                f"{'disagrees' if int(r['token_mismatches']) == 1 else 'disagree'} on their "
+                f"token count{example}, {what}; the metrics use the server's usage, else the stream's count."
+            )
+        if r["output_short"]:
+            out.append(
+                f"{key}: {plural(int(r['output_short']), 'response')} "
+                f"{'is' if int(r['output_short']) == 1 else 'are'} shorter than the forced output length."
+            )
+        if r["mode"] == "open" and np.isfinite(r.get("lag_p99_ms", np.nan)):
+            behind = (
+                np.isfinite(r["achieved_rps"])
+                and np.isfinite(r["offered_rps"])
+                and r["achieved_rps"] < 0.95 * r["offered_rps"]
+            )
+            if r["lag_p99_ms"] > 5 or behind:
+                out.append(
+                    f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
+                    f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
+                    "load was not the load applied."
+                )
+    for s in setups.values():
+        out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
+    return out

@@ -1,0 +1,206 @@
+"""The statistics every comparison rests on, in one place and on `scipy.stats`: summary figures, percentile
+bootstrap intervals (`scipy.stats.bootstrap`) and the Mann-Whitney U test (`scipy.stats.mannwhitneyu`).
+
+The one thing scipy does not do for us is the cluster bootstrap: inter-token gaps of one request are not
+independent, so their intervals resample whole requests (`bootstrap_ci` with `clusters`), which scipy's
+resampling of single observations is made to do by resampling cluster labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from scipy import stats
+
+PERCENTILES = (50, 90, 95, 99)
+CI_LEVEL = 0.95
+N_BOOT = 1000
+MIN_BOOT = 200  # never fewer resamples than this, whatever is asked or capped
+MAX_CELLS = 20_000_000  # resamples x values per interval: caps the work for very large inputs
+BATCH_CELLS = 4_000_000  # resamples x values held in memory at once
+EXACT_MAX_N = 100  # Mann-Whitney: the exact distribution up to this many values per sample (without ties)
+
+
+def describe(values: np.ndarray) -> dict[str, float]:
+    """n, mean, std (ddof=1), p50/p90/p95/p99 of `values` (NaN-free), NaN where undefined."""
+    n = int(values.size)
+    out = {"n": n, "mean": np.nan, "std": np.nan, **{f"p{q}": np.nan for q in PERCENTILES}}
+    if n:
+        out["mean"] = float(values.mean())
+        out["std"] = float(values.std(ddof=1)) if n > 1 else np.nan
+        for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
+            out[f"p{q}"] = float(v)
+    return out
+
+
+def _mean_and_percentiles(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.stack([x.mean(axis=axis), *np.percentile(x, PERCENTILES, axis=axis)])
+
+
+def _percentile_interval(
+    data: tuple[np.ndarray, ...],
+    statistic: Callable[..., np.ndarray],
+    n_resamples: int,
+    level: float,
+    seed: int,
+    vectorized: bool = True,
+    paired: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """scipy's percentile bootstrap, in batches that keep about `BATCH_CELLS` values in memory."""
+    size = max(len(d) for d in data)
+    res = stats.bootstrap(
+        data,
+        statistic,
+        n_resamples=n_resamples,
+        batch=max(1, BATCH_CELLS // size) if vectorized else None,
+        vectorized=vectorized,
+        paired=paired,
+        confidence_level=level,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    clusters: np.ndarray | None = None,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> dict[str, tuple[float, float]]:
+    """Percentile-bootstrap intervals for the mean and p50/p90/p95/p99 of `values`.
+
+    With `clusters` (one label per value) whole clusters are resampled, so values that belong together (a
+    request's gaps) move together. Large inputs get fewer resamples (`MAX_CELLS`), never fewer than
+    `MIN_BOOT`."""
+    keys = ["mean", *(f"p{q}" for q in PERCENTILES)]
+    n = int(values.size)
+    nan = {key: (np.nan, np.nan) for key in keys}
+    if n < 2:
+        return nan
+    boots = max(MIN_BOOT, min(n_boot, MAX_CELLS // n))
+    if clusters is None:
+        lo, hi = _percentile_interval((values,), _mean_and_percentiles, boots, level, seed)
+    else:
+        labels, owner = np.unique(np.asarray(clusters), return_inverse=True)
+        if labels.size < 2:
+            return nan
+        order = np.argsort(owner, kind="stable")
+        grouped, sizes = values[order], np.bincount(owner)
+        starts = np.cumsum(sizes) - sizes
+
+        def pooled(ids: np.ndarray) -> np.ndarray:
+            """The statistics over the values of the clusters `ids` (a cluster drawn twice counts twice)."""
+            lengths = sizes[ids]
+            offsets = np.repeat(starts[ids] - np.cumsum(lengths) + lengths, lengths)
+            return _mean_and_percentiles(grouped[offsets + np.arange(lengths.sum())])
+
+        lo, hi = _percentile_interval((np.arange(labels.size),), pooled, boots, level, seed, vectorized=False)
+    return {key: (float(lo[i]), float(hi[i])) for i, key in enumerate(keys)}
+
+
+def mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test: could `a` and `b` come from one distribution? Exact at
+    the small samples a concurrency-1 point gives (when no values tie), else the normal approximation with
+    tie and continuity corrections. 1.0 when every value is the same; NaN when either sample is empty."""
+    if a.size == 0 or b.size == 0:
+        return np.nan
+    both = np.concatenate([a, b])
+    if np.all(both == both[0]):
+        return 1.0
+    exact = max(a.size, b.size) <= EXACT_MAX_N and np.unique(both).size == both.size
+    return float(
+        stats.mannwhitneyu(a, b, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue
+    )
+
+
+def ratio_ci(
+    a: np.ndarray,
+    b: np.ndarray,
+    stat: str = "p50",
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """`stat(a) / stat(b)` (`stat`: mean or pNN) and a percentile-bootstrap interval, each sample resampled
+    on its own."""
+    if a.size < 2 or b.size < 2:
+        return np.nan, np.nan, np.nan
+    q = float(stat[1:]) if stat.startswith("p") else None
+
+    def f(x: np.ndarray, axis: int = -1) -> np.ndarray:
+        return x.mean(axis=axis) if q is None else np.percentile(x, q, axis=axis)
+
+    def ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return f(x, axis) / f(y, axis)
+
+    boots = max(MIN_BOOT, min(n_boot, BATCH_CELLS // max(a.size, b.size)))
+    lo, hi = _percentile_interval((a, b), ratio, boots, level, seed)
+    return float(ratio(a, b)), float(lo), float(hi)
+
+
+def _rate(tokens: np.ndarray, busy_s: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Rate of service: output tokens over the summed request times (send to end)."""
+    return tokens.sum(axis=axis) / busy_s.sum(axis=axis)
+
+
+def _usable(tokens: np.ndarray, busy_s: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The requests with a finite, positive time; None when fewer than 2 remain or no token was produced."""
+    tokens, busy_s = np.asarray(tokens, dtype=float), np.asarray(busy_s, dtype=float)
+    keep = np.isfinite(tokens) & np.isfinite(busy_s) & (busy_s > 0)
+    tokens, busy_s = tokens[keep], busy_s[keep]
+    return (tokens, busy_s) if tokens.size >= 2 and tokens.sum() > 0 else None
+
+
+def throughput_ci(
+    tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0
+) -> tuple[float, float]:
+    """Interval of a point's output rate, as factors of the measured rate: whole requests are resampled
+    (tokens and time together) and each resample's rate of service (`_rate`) divided by the measured one.
+    The load's concurrency (request time over the window) is held as measured, so the spread is the
+    requests' own variation, and enough requests give a tight interval however short the window."""
+    usable = _usable(tokens, busy_s)
+    if usable is None:
+        return np.nan, np.nan
+    measured = _rate(*usable)
+    lo, hi = _percentile_interval(usable, _rate, max(MIN_BOOT, n_boot), level, seed, paired=True)
+    return float(lo / measured), float(hi / measured)
+
+
+def throughput_ratio_ci(
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Interval of the ratio of two points' output rates (as factors of the measured ratio), each point's
+    requests (tokens, request times) resampled on its own, as `throughput_ci` does for one point."""
+    ua, ub = _usable(*a), _usable(*b)
+    if ua is None or ub is None:
+        return np.nan, np.nan
+    measured = _rate(*ua) / _rate(*ub)
+
+    def ratio(ia: np.ndarray, ib: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _rate(ua[0][ia], ua[1][ia]) / _rate(ub[0][ib], ub[1][ib])
+
+    ids = (np.arange(ua[0].size), np.arange(ub[0].size))
+    lo, hi = _percentile_interval(ids, ratio, max(MIN_BOOT, n_boot), level, seed)
+    return float(lo / measured), float(hi / measured)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN stays NaN); scipy has Benjamini-Hochberg, not Holm."""
+    idx = [i for i, p in enumerate(pvalues) if np.isfinite(p)]
+    order = sorted(idx, key=lambda i: pvalues[i])
+    m = len(order)
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
