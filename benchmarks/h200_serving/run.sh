@@ -9,7 +9,8 @@
 # Needs: VLLM_SITE, a folder holding vLLM and the packages it needs beyond the machine's (unpacked bundle;
 # default /tmp/site); TOKENIZER, a folder with the SmolLM2 tokenizer's files (made on
 # a machine with the built-in model by `python -m reference_engine.builtin_models` and copying tokenizer.json,
-# tokenizer_config.json and chat_template.jinja). Optional: CONC (default 1,16,64,128), DURATION (default 16s).
+# tokenizer_config.json and chat_template.jinja). Optional: CONC (default 1,16,64,128), DURATION (default 16s),
+# BACKENDS (default reference,vllm).
 set -euo pipefail
 shape=${SHAPE:?SHAPE, e.g. llama-2-7b}
 site=${VLLM_SITE:-/tmp/site}
@@ -24,6 +25,6 @@ ckpt=/tmp/ckpt-$shape
   || python3 benchmarks/h200_serving/random_checkpoint.py "$ckpt" "$shape" --tokenizer "$tokenizer"
 rate_args=()
 [ -z "${RATE:-}" ] || rate_args=(--rate "$RATE")
-python3 -m compare.cli run --backends reference,vllm --vllm-bin "$bin/vllm" --model "$ckpt" \
+python3 -m compare.cli run --backends "${BACKENDS:-reference,vllm}" --vllm-bin "$bin/vllm" --model "$ckpt" \
   --dataset random --input-len 512 --output-len 128 --concurrency "${CONC:-1,16,64,128}" "${rate_args[@]}" \
   --num-requests 0 --duration "${DURATION:-16s}" --out "$out/run" || echo "compare run exited with $?"
