@@ -1,6 +1,6 @@
-"""Float32 linears on one CPU thread: F.linear (MKL) against oneDNN on pre-packed weights, over every linear of
-SmolLM2-135M's shapes (30 layers of QKV, O, gate/up, down and the 49152-row LM head: 540 MB, far more than the
-caches, so each pass streams the weights from memory as a decode step does).
+"""Float32 linears on one CPU thread: F.linear (MKL) against oneDNN on pre-packed weights, over every linear
+of SmolLM2-135M's shapes (30 layers of QKV, O, gate/up, down and the 49152-row LM head: 540 MB, far more than
+the caches, so each pass streams the weights from memory as a decode step does).
 
     python benchmarks/cpu_linear.py --out benchmarks/results/cpu_linear.md
 """

@@ -101,9 +101,9 @@ def main() -> None:
                          f"{statistics.median(r['tpot_p50_ms'] for r in sel):.1f} |")
     (out / "README.md").write_text(
         "# Reference engine against vLLM's CPU build, SmolLM2-135M-Instruct, float32\n\n"
-        f"{meta['machine']}, {meta['cpus']} CPUs, {meta['date']}. {args.requests} requests of {args.input_len} "
-        f"prompt tokens and {args.output_len} output tokens per load point, servers alternately, "
-        f"{args.rounds} rounds.\n\n```\n{meta['command']}\n```\n\n" + "\n".join(lines) + "\n")
+        f"{meta['machine']}, {meta['cpus']} CPUs, {meta['date']}. {args.requests} requests of "
+        f"{args.input_len} prompt tokens and {args.output_len} output tokens per load point, servers "
+        f"alternately, {args.rounds} rounds.\n\n```\n{meta['command']}\n```\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

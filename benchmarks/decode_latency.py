@@ -134,7 +134,8 @@ def run_hf(shape: str, batches: list[int], repeats: int) -> list[dict]:
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 with torch.no_grad():
-                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                   min_new_tokens=new,
                                    do_sample=False, cache_implementation="static", pad_token_id=0)
                 torch.cuda.synchronize()
                 times[new] = time.perf_counter() - t
@@ -157,7 +158,8 @@ def vllm_model_dir(shape: str) -> str:
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
               "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
               "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
-              "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "rms_norm_eps": spec.rms_norm_eps,
+              "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+              "rms_norm_eps": spec.rms_norm_eps,
               "rope_theta": spec.rope_theta, "rope_scaling": spec.rope_scaling,
               "max_position_embeddings": spec.max_position_embeddings, "hidden_act": "silu",
               "tie_word_embeddings": spec.tie_word_embeddings, "torch_dtype": "bfloat16",
@@ -193,9 +195,10 @@ def run_vllm(shape: str, mode: str, batches: list[int], repeats: int) -> list[di
                 ttfts.append(times[1])
                 e2es.append(times[NEW_TOKENS])
         ttft, e2e = statistics.median(ttfts), statistics.median(e2es)
+        total, free = torch.cuda.mem_get_info()[1], torch.cuda.mem_get_info()[0]
         rows.append(dict(backend="vllm", mode=mode, shape=shape, batch=batch, ttft_ms=1e3 * ttft,
                          tpot_ms=1e3 * (e2e - ttft) / (NEW_TOKENS - 1), startup_s=startup,
-                         gpu_memory_used_gib=torch.cuda.mem_get_info()[1] / 2**30 - torch.cuda.mem_get_info()[0] / 2**30,
+                         gpu_memory_used_gib=total / 2**30 - free / 2**30,
                          tokens=tokens if batch == 8 else None))
     del llm
     gc.collect()
@@ -208,7 +211,8 @@ def main() -> None:
     p.add_argument("--backend", choices=["reference", "hf", "vllm"], required=True)
     p.add_argument("--shapes", default="llama-3.2-1b,llama-2-7b,llama-2-13b")
     p.add_argument("--modes", default="graphs,eager",
-                   help="graphs, eager (both with overlapped decode for our engine), graphs-sync (ours without it)")
+                   help="graphs, eager (both with overlapped decode for our engine), graphs-sync (ours "
+                   "without it)")
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
@@ -216,7 +220,8 @@ def main() -> None:
     args = p.parse_args()
     knobs = set_knobs(args.set)
     bandwidth = copy_bandwidth()
-    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
+    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                   python=platform.python_version(),
                    copy_bandwidth_tb_s=bandwidth / 1e12, command=" ".join(sys.argv),
                    date=time.strftime("%Y-%m-%d"))
     batches = [int(b) for b in args.batches.split(",")]
@@ -233,8 +238,8 @@ def main() -> None:
                 for row in rows:
                     context = PROMPT_LEN + NEW_TOKENS / 2  # mean context over the decode steps
                     floor = roofline_seconds(spec, row["batch"], context, bandwidth)
-                    row.update(roofline_ms=1e3 * floor, roofline_fraction=1e3 * floor / row["tpot_ms"], knobs=knobs,
-                               **machine)
+                    row.update(roofline_ms=1e3 * floor, roofline_fraction=1e3 * floor / row["tpot_ms"],
+                               knobs=knobs, **machine)
                     out.write(json.dumps(row) + "\n")
                     out.flush()
                     print(f"{row['backend']:>12} {row['mode']:>12} {shape:>13} b={row['batch']:<3} "

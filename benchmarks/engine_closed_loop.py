@@ -1,17 +1,17 @@
-"""The engine alone under served-like load: a closed loop of `add_request`/`step` at a fixed concurrency, no HTTP,
-round after round, with every step's cost and what it paid for on first sight.
+"""The engine alone under served-like load: a closed loop of `add_request`/`step` at a fixed concurrency, no
+HTTP, round after round, with every step's cost and what it paid for on first sight.
 
     python benchmarks/engine_closed_loop.py --shape llama-3.2-1b --concurrency 64 --requests 192 --rounds 3 \\
         --out results.jsonl
 
-Each round keeps `--concurrency` requests in the engine (a finished one is replaced at once) until `--requests`
-have finished: `--input-len` random-token prompts (fresh each round, so the prefix cache never answers), exactly
-`--output-len` new tokens each (ignore_eos). Per step it records the host's wall time of `step()` (with
-overlapped decode a step returns the previous model step's tokens, so this is the served cadence), the step's
-composition (decode rows, prefill tokens), Triton kernels compiled during it and the CUDA caching allocator's
-new device allocations and allocation retries (a retry frees every cached block and synchronises). One JSON
-line per round: output tokens/s, step percentiles, and the steps that paid a first-use cost, which is what an
-engine that says it is ready must already have paid.
+Each round keeps `--concurrency` requests in the engine (a finished one is replaced at once) until
+`--requests` have finished: `--input-len` random-token prompts (fresh each round, so the prefix cache never
+answers), exactly `--output-len` new tokens each (ignore_eos). Per step it records the host's wall time of
+`step()` (with overlapped decode a step returns the previous model step's tokens, so this is the served
+cadence), the step's composition (decode rows, prefill tokens), Triton kernels compiled during it and the CUDA
+caching allocator's new device allocations and allocation retries (a retry frees every cached block and
+synchronises). One JSON line per round: output tokens/s, step percentiles, and the steps that paid a first-use
+cost, which is what an engine that says it is ready must already have paid.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def count_triton_compiles() -> None:
 
 
 def allocator_counts(device: torch.device) -> tuple[int, int, int]:
-    """Device allocations, allocation retries (each frees the cache and synchronises), pinned host allocations."""
+    """Device allocations, allocation retries (each frees the cache and synchronises), pinned host
+    allocations."""
     if device.type != "cuda":
         return 0, 0, 0
     stats = torch.cuda.memory_stats(device)
@@ -93,8 +94,10 @@ def run_round(engine: Engine, concurrency: int, total: int, input_len: int, outp
             prof.__exit__(None, None, None)
             with open(profile_out, "w", encoding="utf-8") as f:
                 prof.export_chrome_trace(f"{profile_out}.trace.json")
-                for key in ("self_cuda_time_total", "self_cpu_time_total")[0 if torch.cuda.is_available() else 1:]:
-                    f.write(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
+                keys = ("self_cuda_time_total", "self_cpu_time_total")
+                for key in keys[0 if torch.cuda.is_available() else 1:]:
+                    table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70)
+                    f.write(table + "\n")
         allocs, retries, host = allocator_counts(engine.device)
         for out in outputs:
             tokens += len(out.new_token_ids)
@@ -110,8 +113,8 @@ def run_round(engine: Engine, concurrency: int, total: int, input_len: int, outp
     slow = sorted(steps, key=lambda s: -s["ms"])[:8]
     return {
         "output_tokens_per_s": tokens / wall, "wall_s": wall, "steps": len(steps), "output_tokens": tokens,
-        "step_ms_p50": statistics.median(ms), "step_ms_p90": ms[int(0.9 * (len(ms) - 1))], "step_ms_max": ms[-1],
-        "step_ms_sum_with_compiles": sum(s["ms"] for s in steps if s["compiles"]),
+        "step_ms_p50": statistics.median(ms), "step_ms_p90": ms[int(0.9 * (len(ms) - 1))],
+        "step_ms_max": ms[-1], "step_ms_sum_with_compiles": sum(s["ms"] for s in steps if s["compiles"]),
         "steps_with_compiles": sum(1 for s in steps if s["compiles"]),
         "triton_compiles": sum(s["compiles"] for s in steps),
         "device_allocs": sum(s["device_allocs"] for s in steps),
@@ -137,8 +140,8 @@ def main() -> None:
     p.add_argument("--warm-up", choices=("auto", "on", "off"), default="auto",
                    help="the engine's pre-serving warm-up of every eager step shape (auto: on for CUDA)")
     p.add_argument("--profile", default=None, metavar="ROUNDS:FIRST:LAST",
-                   help="torch.profiler over steps FIRST..LAST-1 of each round in ROUNDS (e.g. 1,2:20:120), first "
-                        "concurrency only")
+                   help="torch.profiler over steps FIRST..LAST-1 of each round in ROUNDS (e.g. 1,2:20:120), "
+                        "first concurrency only")
     p.add_argument("--profile-out", default="profile.txt")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the engine is built")
@@ -153,10 +156,10 @@ def main() -> None:
     overrides = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                    ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
     t0 = time.perf_counter()
-    engine = Engine(EngineConfig(model=f"random:{args.shape}", device=args.device, warm_up=warm_up, **overrides,
-                                 **overrides_extra))
-    setup = {"compiled_at_setup": list(COMPILES), "engine_s": time.perf_counter() - t0, "phases": engine.setup.phases,
-             "compiles_at_setup": len(COMPILES)}
+    engine = Engine(EngineConfig(model=f"random:{args.shape}", device=args.device, warm_up=warm_up,
+                                 **overrides, **overrides_extra))
+    setup = {"compiled_at_setup": list(COMPILES), "engine_s": time.perf_counter() - t0,
+             "phases": engine.setup.phases, "compiles_at_setup": len(COMPILES)}
     print(json.dumps(setup), flush=True)
     if args.gc_freeze:
         gc.collect()
@@ -168,11 +171,14 @@ def main() -> None:
             window = None
             if args.profile and concurrency == args.concurrency[0]:
                 rounds, first, last = args.profile.split(":")
-                window = range(int(first), int(last)) if r + 1 in {int(x) for x in rounds.split(",")} else None
-            result = run_round(engine, concurrency, args.requests, args.input_len, args.output_len, rng, window,
-                               f"{args.profile_out}.round{r + 1}")
-            line = {"label": args.label, "knobs": knobs, "shape": args.shape, "concurrency": concurrency, "round": r + 1,
-                    "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor(),
+                profiled = {int(x) for x in rounds.split(",")}
+                window = range(int(first), int(last)) if r + 1 in profiled else None
+            result = run_round(engine, concurrency, args.requests, args.input_len, args.output_len, rng,
+                               window, f"{args.profile_out}.round{r + 1}")
+            line = {"label": args.label, "knobs": knobs, "shape": args.shape, "concurrency": concurrency,
+                    "round": r + 1,
+                    "device": (torch.cuda.get_device_name() if engine.device.type == "cuda"
+                               else platform.processor()),
                     "max_num_seqs": engine.config.max_num_seqs,
                     "max_num_batched_tokens": engine.config.max_num_batched_tokens, "setup": setup, **result}
             summary = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in line.items()

@@ -1,6 +1,6 @@
 """`--set NAME=VALUE`: same-machine A/B runs of a kernel choice, by setting a module-level knob of
-reference_engine.kernels.triton_ops before the engine is built (each knob is a named constant there, with why it is set
-as it is)."""
+reference_engine.kernels.triton_ops before the engine is built (each knob is a named constant there, with why
+it is set as it is)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import argparse
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                        help="set a knob of reference_engine.kernels.triton_ops first (0/1 for booleans), e.g. "
-                             "ATTENTION_PDL=1; repeatable; recorded in each row")
+                        help="set a knob of reference_engine.kernels.triton_ops first (0/1 for booleans), "
+                             "e.g. ATTENTION_PDL=1; repeatable; recorded in each row")
 
 
 def set_knobs(assignments: list[str]) -> dict:
-    """Apply NAME=VALUE settings to reference_engine.kernels.triton_ops (same-machine A/B runs of a kernel choice)."""
+    """Apply NAME=VALUE settings to reference_engine.kernels.triton_ops (same-machine A/B runs of a kernel
+    choice)."""
     if not assignments:
         return {}
     from reference_engine.kernels import triton_ops

@@ -54,7 +54,8 @@ GOAL_P99_MS = 1.0  # every error's 99th percentile, at every point
 
 
 def meets_goal(point: dict) -> bool:
-    return all(point.get(f"{name}_p99_ms", float("inf")) <= GOAL_P99_MS for name in ("event", "ttft", "itl", "tpot"))
+    return all(point.get(f"{name}_p99_ms", float("inf")) <= GOAL_P99_MS
+               for name in ("event", "ttft", "itl", "tpot"))
 
 
 def cpu_pressure_total_us() -> int | None:
@@ -154,7 +155,8 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
             {"ttft_s": rng.uniform(0, itl), "itl_s": itl})}) for i in range(streams)]
         pin.apply(server.process.pid)
         try:
-            pressure0, server0, t0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid), time.perf_counter()
+            pressure0, server0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid)
+            t0 = time.perf_counter()
             records = run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(streams),
                                              progress=sample, progress_interval_s=0.1))
             wall = time.perf_counter() - t0
@@ -170,10 +172,11 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
     in_window = int(((times >= ta) & (times < tb)).sum())
     return {
         "streams": streams, "itl_s": itl, "offered_events_per_s": round(streams / itl),
-        "achieved_events_per_s": round(in_window / (tb - ta)), "events": int(times.size), "wall_s": round(wall, 2),
+        "achieved_events_per_s": round(in_window / (tb - ta)), "events": int(times.size),
+        "wall_s": round(wall, 2),
         "client_cpu_share": round((cb - ca) / (tb - ta), 3), "server_cpu_share": round(server_cpu / wall, 3),
-        "events_per_client_cpu_s": round(in_window / (cb - ca)), "events_per_read": round(times.size / reads, 2),
-        "failed": sum(not r.ok for r in records),
+        "events_per_client_cpu_s": round(in_window / (cb - ca)),
+        "events_per_read": round(times.size / reads, 2), "failed": sum(not r.ok for r in records),
         "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
     }
 
@@ -200,27 +203,31 @@ def markdown(result: dict) -> str:
              f"{result['client_cpu']}, scripted server on CPU {result['server_cpu']}.\n",
              "Errors in ms against the scripted server's write times (client arrival minus server write per "
              "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
-             "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a point "
-             "is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try is kept. "
-             f"Goal: every p99 within {GOAL_P99_MS:g} ms.\n",
-             "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event max "
-             "| p99 goal met | client CPU | server CPU | cpu pressure | failed |",
+             "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a "
+             "point is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try "
+             f"is kept. Goal: every p99 within {GOAL_P99_MS:g} ms.\n",
+             "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event "
+             "max | p99 goal met | client CPU | server CPU | cpu pressure | failed |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["accuracy"]:
         lines.append(f"| {r['streams']} | {'yes' if r['aligned_steps'] else 'no'} | {r['events_per_s']} | "
                      f"{r['event_p50_ms']:.3f} | {r['event_p99_ms']:.3f} | {r['ttft_p99_ms']:.3f} | "
                      f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
-                     f"{'yes' if meets_goal(r) else 'no'} | {r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
+                     f"{'yes' if meets_goal(r) else 'no'} | {r['client_cpu_share']:.0%} | "
+                     f"{r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
     if result.get("rate"):
-        lines += ["", "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
+        lines += ["",
+                  "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
                   "(one process, one event loop: 100% is one core), and events handled per second of client "
                   "CPU (at saturation, the rate one core sustains).\n",
-                  "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per client "
-                  "CPU-second | events per read | cpu pressure |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per "
+                  "client CPU-second | events per read | cpu pressure |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in result["rate"]:
             lines.append(f"| {r['streams']} | {r['itl_s'] * 1e3:g} | {r['offered_events_per_s']} | "
-                         f"{r['achieved_events_per_s']} | {r['client_cpu_share']:.0%} | {r['server_cpu_share']:.0%} | "
-                         f"{r['events_per_client_cpu_s']} | {r['events_per_read']} | {r['cpu_pressure']} |")
+                         f"{r['achieved_events_per_s']} | {r['client_cpu_share']:.0%} | "
+                         f"{r['server_cpu_share']:.0%} | {r['events_per_client_cpu_s']} | "
+                         f"{r['events_per_read']} | {r['cpu_pressure']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -234,8 +241,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for loadgen_accuracy.json and .md")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tries", type=int, default=3,
-                        help="run a point again (up to this many times) while CPU pressure exceeds --max-pressure; "
-                             "the quietest try is kept")
+                        help="run a point again (up to this many times) while CPU pressure exceeds "
+                             "--max-pressure; the quietest try is kept")
     parser.add_argument("--max-pressure", type=float, default=0.05)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     parser.add_argument("--client-cpu", default=str(cpus[-1]) if len(cpus) >= 2 else "none",
@@ -264,7 +271,8 @@ def main() -> None:
 
     for streams, aligned in runs:
         itl, per_stream = ACCURACY.get(streams, (0.05, 2))
-        result["accuracy"].append(quietest(measure, pin, streams, itl, per_stream, workdir, args.seed, aligned))
+        result["accuracy"].append(quietest(measure, pin, streams, itl, per_stream, workdir, args.seed,
+                                           aligned))
     if not args.no_rate:
         for gap in (float(g) / 1e3 for g in args.rate_gaps_ms.split(",")):
             result["rate"].append(quietest(rate_point, pin, args.rate_streams, gap))

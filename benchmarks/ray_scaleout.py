@@ -177,8 +177,8 @@ def write(args, rows: list[dict]) -> None:
     machine = (
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs ({cpu}), "
         f"kernel {platform.release()}, Python {platform.python_version()}, ray {ray.__version__}, "
-        f"aiohttp {aiohttp.__version__}; nothing pinned: server, actors, driver and Ray's own processes share "
-        "the CPUs"
+        f"aiohttp {aiohttp.__version__}; nothing pinned: server, actors, driver and Ray's own processes "
+        "share the CPUs"
     )
     (args.out / "ray_scaleout.json").write_text(
         json.dumps({"command": command, "machine": machine, "rows": rows}, indent=1) + "\n"
@@ -190,9 +190,9 @@ def write(args, rows: list[dict]) -> None:
         machine + ".",
         "",
         f"Closed loop, {args.streams} streams, {args.tokens} tokens per request one per event, "
-        f"{args.laps} requests per stream; events/s over the steady middle half of the run (merged timeline). "
-        "CPU columns: CPU-seconds per second of wall time (1.0 = one core busy); the actors' column sums "
-        "all actors. ITL error: measured per-event gap minus the scripted gap.",
+        f"{args.laps} requests per stream; events/s over the steady middle half of the run (merged "
+        "timeline). CPU columns: CPU-seconds per second of wall time (1.0 = one core busy); the actors' "
+        "column sums all actors. ITL error: measured per-event gap minus the scripted gap.",
         "",
         "| config | gap ms | offered ev/s | achieved ev/s | ITL err p50 ms | ITL err p99 ms | server CPU | "
         "actors CPU | driver CPU | cpu pressure | failed |",

@@ -15,9 +15,9 @@ under a memory-bound decode step, to set beside its TPOT.
   against a float32 product first). Eight copies of each weight in turn, so that none is served from L2,
   captured in a CUDA graph as a decode step is (so each GEMV launch follows another, as in a step).
 
-read-bandwidth.json and read-bandwidth-rows16-64.json (benchmarks/results/h200) were measured by this script as
-it was in commits bbe4cb2 and bb4c48b, whose GEMV was a copy of the engine's with the input length a run-time
-argument; it now launches the engine's kernel itself (read-bandwidth-gemv-pdl.json, at 1579df6).
+read-bandwidth.json and read-bandwidth-rows16-64.json (benchmarks/results/h200) were measured by this script
+as it was in commits bbe4cb2 and bb4c48b, whose GEMV was a copy of the engine's with the input length a
+run-time argument; it now launches the engine's kernel itself (read-bandwidth-gemv-pdl.json, at 1579df6).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from reference_engine.model_config import named_shape
 
 @triton.jit
 def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    """Each program reads ITERS consecutive blocks and writes one partial sum (so the reads cannot be elided)."""
+    """Each program reads ITERS consecutive blocks and writes one partial sum (so the reads cannot be
+    elided)."""
     base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
     acc = tl.zeros([BLOCK], tl.float32)
     for i in range(ITERS):
@@ -79,12 +80,12 @@ def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.con
 def _splitk_gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x, stride_w, stride_y,
                         K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr):
-    """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a multiple
-    of BLOCK_K. Program (tile, split) streams BLOCK_N rows of W once, over 1/SPLIT_K of the input, so that even a
-    4096-wide output gives every SM programs (SPLIT_K = 1: the plain skinny GEMM). With SPLIT_K > 1 each writes
-    its float32 partial sums; the last of a tile's programs to finish (an atomic count, which it resets) adds
-    them in split order: the same bits whichever finished last, and no second kernel. A row's result does not
-    depend on the other rows (no choice by row count)."""
+    """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a
+    multiple of BLOCK_K. Program (tile, split) streams BLOCK_N rows of W once, over 1/SPLIT_K of the input, so
+    that even a 4096-wide output gives every SM programs (SPLIT_K = 1: the plain skinny GEMM). With SPLIT_K >
+    1 each writes its float32 partial sums; the last of a tile's programs to finish (an atomic count, which it
+    resets) adds them in split order: the same bits whichever finished last, and no second kernel. A row's
+    result does not depend on the other rows (no choice by row count)."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -119,21 +120,24 @@ def _splitk_gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x
             for s in tl.static_range(1, SPLIT_K):
                 total += tl.load(parts + s * BLOCK_M * n, mask=y_mask, other=0.0, cache_modifier=".cg")
             tl.store(y_rows, total.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch (a graph replays the same counters)
+            # ready for the next launch (a graph replays the same counters)
+            tl.atomic_xchg(count_ptr + tile, 0)
 
 
-SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3), (128, 64, 4, 5),
-                  (128, 128, 8, 3), (16, 256, 4, 4))
+SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3),
+                  (128, 64, 4, 5), (128, 128, 8, 3), (16, 256, 4, 4))
 
 
-IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), (32, 128, 4, 4, 1), (32, 512, 8, 3, 1),
+IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), (32, 128, 4, 4, 1),
+                    (32, 512, 8, 3, 1),
                     (64, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 8))
 
 
 # (rows, columns a step, warps, stages, launch): launch "plain", "pdl" (programmatic dependent launch) or
 # "pdl_prefetch" (PDL, and each program's rows asked into L2 before it waits for the kernel before it).
 GEMV_TILINGS = ((8, 512, 4, 3), (4, 512, 4, 3), (2, 1024, 4, 3), (16, 512, 4, 3))
-GEMV_CONFIGS = (*((*tiling, launch) for tiling in GEMV_TILINGS for launch in ("plain", "pdl", "pdl_prefetch")),
+GEMV_CONFIGS = (*((*tiling, launch) for tiling in GEMV_TILINGS
+                  for launch in ("plain", "pdl", "pdl_prefetch")),
                 (8, 512, 4, 3, "pdl_prefetch_whole"))
 GEMV_PREFETCH_BYTES = 2048  # of each row, in "pdl_prefetch"
 
@@ -170,7 +174,8 @@ def read_bandwidths(gib: float = 4.0) -> dict[str, float]:
     for block, iters, warps in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4), (8192, 16, 16)):
         grid = triton.cdiv(n, block * iters)
         out = torch.empty(grid, dtype=torch.float32, device="cuda")
-        launch = functools.partial(_read_kernel[(grid,)], x, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
+        launch = functools.partial(_read_kernel[(grid,)], x, out, n, BLOCK=block, ITERS=iters,
+                                   num_warps=warps)
         best[f"triton_read_{block}x{iters}_w{warps}"] = 2 * n / gpu_seconds(launch)
     best["torch_sum"] = 2 * n / gpu_seconds(x.sum)
     return best
@@ -189,7 +194,8 @@ def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
 
 
 # (columns of W a program, input a step, splits of the input, warps, stages) for the split-K GEMM
-SPLITK_CONFIGS = ((64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 4, 6), (64, 128, 8, 4, 4),
+SPLITK_CONFIGS = ((64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 4, 6),
+                  (64, 128, 8, 4, 4),
                   (128, 128, 2, 4, 3), (128, 128, 4, 4, 3), (128, 64, 4, 8, 4), (32, 128, 2, 4, 4),
                   (32, 128, 4, 4, 4))
 
@@ -197,12 +203,14 @@ SPLITK_CONFIGS = ((64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (6
 def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = False,
                     splitk_only: bool = False) -> dict[str, dict[str, float]]:
     """Per linear and variant (see the module's docstring): GPU time and weights read per second; `gemv_only`
-    measures only cuBLAS as called and the engine's GEMV, `splitk_only` cuBLAS as called and the split-K GEMM."""
+    measures only cuBLAS as called and the engine's GEMV, `splitk_only` cuBLAS as called and the split-K
+    GEMM."""
     result = {}
     for name, (out_f, in_f) in linear_shapes(shape).items():
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
-        variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)}
+        variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x),
+                                                weights)}
         y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
         transposed = []
         if splitk_only and rows > 1:
@@ -213,7 +221,8 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
             for bn, bk, split, warps, stages in SPLITK_CONFIGS:
                 if in_f % bk:
                     continue
-                launch = functools.partial(_splitk_each, x, weights, y, parts, counts, bn, bk, split, warps, stages)
+                launch = functools.partial(_splitk_each, x, weights, y, parts, counts, bn, bk, split, warps,
+                                           stages)
                 launch()
                 err = ((y.float() - reference).norm() / reference.norm()).item()
                 assert err < 1e-2, f"split-K GEMM {bn}x{bk} split {split}: relative error {err:.1e}"
@@ -231,12 +240,13 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
                 variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
                 y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
                 for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
-                    launch = functools.partial(_gemv_in_major_each, transposed, x[0], y32 if split > 1 else y[0],
-                                               bn, bk, warps, stages, split)
+                    launch = functools.partial(_gemv_in_major_each, transposed, x[0],
+                                               y32 if split > 1 else y[0], bn, bk, warps, stages, split)
                     variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
         if rows == 1:
             for bn, bk, warps, stages, launch_mode in GEMV_CONFIGS:
-                launch = functools.partial(_gemv_each, weights, x[0], y[0], bn, bk, warps, stages, launch_mode)
+                launch = functools.partial(_gemv_each, weights, x[0], y[0], bn, bk, warps, stages,
+                                           launch_mode)
                 suffix = "" if launch_mode == "plain" else f"_{launch_mode}"
                 variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}{suffix}"] = launch
         bytes_read = out_f * in_f * 2
@@ -270,7 +280,8 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
 def _splitk_each(x, weights, y, parts, counts, bn, bk, split, warps, stages) -> None:
     for w in weights:
         _splitk_gemm_kernel[(triton.cdiv(w.shape[0], bn), split)](
-            x, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0), K=w.shape[1],
+            x, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0),
+            K=w.shape[1],
             BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             num_warps=warps, num_stages=stages)
 
@@ -283,7 +294,8 @@ def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
     prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)
     for w in weights:
         _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
-                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, UNROLL=False, PDL=pdl,
+                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, UNROLL=False,
+                                                     PDL=pdl,
                                                      PREFETCH=prefetch, PRELOAD=False, launch_pdl=pdl,
                                                      num_warps=warps, num_stages=stages)
 
@@ -317,7 +329,8 @@ def main() -> None:
                     members = [k for k in timings if k.startswith(family)]
                     if members:
                         bests.append(min(members, key=lambda k: timings[k]["us"]))
-                cells = ", ".join(f"{k} {v['us']:.1f}" for k, v in timings.items() if not k.startswith("triton")
+                cells = ", ".join(f"{k} {v['us']:.1f}" for k, v in timings.items()
+                                  if not k.startswith("triton")
                                   or k == best or k in bests)
                 print(f"{shape} rows={rows} {name} ({g['bytes'] / 1e6:.0f} MB): {cells} us; best {best} "
                       f"{timings[best]['bytes_per_s'] / 1e12:.2f} TB/s")

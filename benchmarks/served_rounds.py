@@ -1,15 +1,17 @@
 """Our server under closed-loop load, round after round on one launch: what the first round after "ready" pays
 that later rounds do not, and where the serving layer's time goes.
 
-    python benchmarks/served_rounds.py --model random:llama-3.2-1b --concurrency 64 --requests 192 --rounds 3 \\
-        --out results.jsonl [--py-spy-round 2 --py-spy-out profile.txt] [--server-args "--no-engine-process"]
+    python benchmarks/served_rounds.py --model random:llama-3.2-1b --concurrency 64 --requests 192 \\
+        --rounds 3 --out results.jsonl [--py-spy-round 2 --py-spy-out profile.txt] \\
+        [--server-args "--no-engine-process"]
 
 It launches `python -m reference_engine.server` on 127.0.0.1 (or drives `--url`), sends token-id prompts of
-`--input-len` random tokens (fresh each round: no prefix-cache hits) for exactly `--output-len` tokens, with the
-project's load generator, and prints one JSON line per round: output tokens/s, TTFT, TPOT and ITL percentiles,
-the number of inter-token gaps over 50 and 250 ms. With `--py-spy-round`, py-spy samples the server process
-(every thread of it and of its engine-core child, idle included, GIL holder marked) during that round and writes collapsed stacks, the input of a
-flame graph, so the served step's host time can be attributed.
+`--input-len` random tokens (fresh each round: no prefix-cache hits) for exactly `--output-len` tokens, with
+the project's load generator, and prints one JSON line per round: output tokens/s, TTFT, TPOT and ITL
+percentiles, the number of inter-token gaps over 50 and 250 ms. With `--py-spy-round`, py-spy samples the
+server process (every thread of it and of its engine-core child, idle included, GIL holder marked) during that
+round and writes collapsed stacks, the input of a flame graph, so the served step's host time can be
+attributed.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=None, help="token ids are drawn below this (default: /v1/models)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="token ids are drawn below this (default: /v1/models)")
     p.add_argument("--py-spy-round", type=int, default=None)
     p.add_argument("--py-spy-out", default="py-spy.txt")
     p.add_argument("--server-log", default="server.log")
@@ -94,7 +97,8 @@ def main() -> None:
     url = args.url or f"http://127.0.0.1:{args.port}"
     launched = time.perf_counter()
     if args.url is None:
-        cmd = [sys.executable, "-m", "reference_engine.server", "--model", args.model, "--port", str(args.port),
+        cmd = [sys.executable, "-m", "reference_engine.server", "--model", args.model, "--port",
+               str(args.port),
                "--max-num-seqs", str(max(64, *args.concurrency)), *shlex.split(args.server_args)]
         log = open(args.server_log, "w", encoding="utf-8")  # noqa: SIM115 (open for the server's life)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -103,7 +107,8 @@ def main() -> None:
                                                   os.environ.get("PYTHONPATH")]))})
     try:
         ready_s = wait_ready(url, proc, 600)
-        print(json.dumps({"ready_s": round(time.perf_counter() - launched, 2), "polled_s": round(ready_s, 2)}),
+        print(json.dumps({"ready_s": round(time.perf_counter() - launched, 2),
+                          "polled_s": round(ready_s, 2)}),
               flush=True)
         vocab = args.vocab or 32000
         adapter = get_adapter("reference", prompt_as_token_ids=True, force_output_length=True)
@@ -115,8 +120,9 @@ def main() -> None:
                                      args.output_len) for i in range(args.requests)]
                 spy = None
                 if args.py_spy_round == r and proc is not None:
-                    spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw", "--idle",
-                                            "--threads", "--gil", "--subprocesses", "--rate", "200", "--nonblocking",
+                    spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
+                                            "--idle", "--threads", "--gil", "--subprocesses", "--rate", "200",
+                                            "--nonblocking",
                                             "-o", args.py_spy_out], stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
@@ -127,7 +133,8 @@ def main() -> None:
                     spy.send_signal(2)
                     spy.wait(timeout=60)
                 line = {"label": args.label, "model": args.model, "concurrency": concurrency, "round": r,
-                        **{k: round(v, 2) if isinstance(v, float) else v for k, v in summarise(records, wall).items()}}
+                        **{k: round(v, 2) if isinstance(v, float) else v
+                           for k, v in summarise(records, wall).items()}}
                 print(json.dumps(line), flush=True)
                 if args.out:
                     with open(args.out, "a", encoding="utf-8") as f:

@@ -34,7 +34,7 @@ import ray
 
 from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED
 from compare.measure import measure
-from workloads.clocks import Started, lost_record
+from workloads.clocks import RecordLabels, Started, lost_record
 from workloads.distributed import stream_batches
 from workloads.records import RecordWriter, RequestRecord
 
@@ -269,18 +269,10 @@ class _Gather:
         for run_id, started in lost.values():
             t0 = self.t0.get(run_id, started.start)
             b = cell.plan.backends[0]
-            record = lost_record(
-                started,
-                run_id=run_id,
-                backend=b.name,
-                variant=b.variant,
-                load_point=cell.plan.load_points[0].label,
-                t0=t0,
-                offset_s=0.0,
-                host=f"cell-{cell.index}",
-                forced=False,
-                reason=reason,
-            )
+            labels = RecordLabels(run_id=run_id, backend=b.name, variant=b.variant,
+                                  load_point=cell.plan.load_points[0].label, output_length_forced=False)
+            record = lost_record(started, labels, t0=t0, offset_s=0.0, host=f"cell-{cell.index}",
+                                 reason=reason)
             if cancelled:
                 record = record.model_copy(update={"error_kind": ErrorKind.CANCELLED})
             self.requests.append(record)

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import torch
 
-WORDS = ["the", "a", "engine", "token", "cache", "block", "paged", "attention", "serving", "latency", "throughput", "request", "stream", "batch", "graph", "kernel", "memory", "prefix", "decode", "prefill", "sample", "model", "weight", "layer", "head", "query", "key", "value", "scale", "rope", "norm", "vocab", "merge", "byte", "unicode", "café", "naïve", "東京", "данные", "λόγος", "emoji", "🙂", "🚀", "numbers", "0", "1", "2", "3", "42", "3.14", "and", "or", "not", "if", "then", "else", "while", "for", "in", "of", "to", "with", "from", "by", "on", "at"]
+WORDS = ["the", "a", "engine", "token", "cache", "block", "paged", "attention", "serving", "latency",
+         "throughput", "request", "stream", "batch", "graph", "kernel", "memory", "prefix", "decode",
+         "prefill", "sample", "model", "weight", "layer", "head", "query", "key", "value", "scale", "rope",
+         "norm", "vocab", "merge", "byte", "unicode", "café", "naïve", "東京", "данные", "λόγος", "emoji",
+         "🙂", "🚀", "numbers", "0", "1", "2", "3", "42", "3.14", "and", "or", "not", "if", "then", "else",
+         "while", "for", "in", "of", "to", "with", "from", "by", "on", "at"]
 
 
 def training_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
@@ -37,16 +42,17 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 384):
     return fast
 
 
-def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: bool = False, **overrides) -> Path:
-    """Save a tiny random checkpoint of `family` (llama, qwen2 or mistral) with its tokenizer; `overrides` replace
-    config fields (hidden_size, intermediate_size, num_hidden_layers, ...)."""
+def make_checkpoint(out_dir: Path, family: str = "llama", seed: int = 0, shard: bool = False,
+                    **overrides) -> Path:
+    """Save a tiny random checkpoint of `family` (llama, qwen2 or mistral) with its tokenizer; `overrides`
+    replace config fields (hidden_size, intermediate_size, num_hidden_layers, ...)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out_dir)
     # head_dim 32: vLLM's CPU attention kernels support no smaller head. Llama and Mistral take head_dim from
-    # the config (so q/k/v are wider than the hidden size, which the engine must handle); Qwen2 in vLLM derives
-    # it from hidden_size / heads, so Qwen2 gets hidden 128.
+    # the config (so q/k/v are wider than the hidden size, which the engine must handle); Qwen2 in vLLM
+    # derives it from hidden_size / heads, so Qwen2 gets hidden 128.
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                   rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.3)

@@ -91,8 +91,10 @@ def docker_client():
     """The Docker-compatible API at DOCKER_HOST: in CI, podman's (`.ci/setup_podman.sh RUN_DIR`)."""
     host = os.environ.get("DOCKER_HOST")
     if not host:
-        pytest.skip("DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it prints")
-    docker = pytest.importorskip("docker", reason="the docker SDK is not installed (`pip install -e '.[docker]'`)")
+        pytest.skip("DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it "
+                    "prints")
+    docker = pytest.importorskip("docker",
+                                 reason="the docker SDK is not installed (`pip install -e '.[docker]'`)")
     try:
         client = docker.DockerClient(base_url=host, timeout=900)
         client.ping()

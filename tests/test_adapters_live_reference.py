@@ -28,8 +28,8 @@ def test_live_stream_counts(tiny_server, llama_dir, tokenizer, tmp_path, name):
     records = run_load_sync(PointJob(tiny_server.url, adapter, specs, ClosedLoop(3), output_path=out,
                                      backend=name, tokenizer=tokenizer))
     assert len(records) == 6 and [r.request_id for r in read_records(out)]
-    for record, spec in zip(sorted(records, key=lambda r: r.request_id), sorted(specs, key=lambda s: s.request_id),
-                            strict=True):
+    for record, spec in zip(sorted(records, key=lambda r: r.request_id),
+                            sorted(specs, key=lambda s: s.request_id), strict=True):
         assert record.error_kind is None, record.error_message
         assert record.http_status == 200
         token_events = [e for e in record.events if e[1] > 0]

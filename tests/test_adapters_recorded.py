@@ -27,12 +27,15 @@ CASES = [
      " The café opens at nine"),
     ("vllm_chat_continuous_usage.sse", ("vllm-chat", {}), [0, 1, 2, 1, 1, 1, 1, 0, 0], (12, 7), "stop",
      "Bonjour le monde🙂"),
-    ("tgi_generate_stream.sse", ("tgi", {}), [1, 1, 1, 1, 1, 1], (5, 6), "eos_token", " Deep learning isé</s>"),
+    ("tgi_generate_stream.sse", ("tgi", {}), [1, 1, 1, 1, 1, 1], (5, 6), "eos_token",
+     " Deep learning isé</s>"),
     ("tgi_openai_chat.sse", ("tgi-openai", {}), [1, 1, 1, 1, 0, 0], (17, 4), "length", "Deep learning is"),
-    ("tgi_openai_completions.sse", ("tgi-openai-completions", {}), [1, 1, 1], (5, 3), "length", " Deep learning is"),
+    ("tgi_openai_completions.sse", ("tgi-openai-completions", {}), [1, 1, 1], (5, 3), "length",
+     " Deep learning is"),
     ("trtllm_completions.sse", ("trtllm", {"model": "m"}), [1, 1, 2, 1, 1, 0, 0], (7, 6), "length",
      " Paris is the capitalé"),
-    ("trtllm_chat.sse", ("trtllm-chat", {"model": "m"}), [0, 1, 1, 2, 1, 0, 0], (20, 5), "stop", "Hello! How can"),
+    ("trtllm_chat.sse", ("trtllm-chat", {"model": "m"}), [0, 1, 1, 2, 1, 0, 0], (20, 5), "stop",
+     "Hello! How can"),
     ("triton_generate_stream.sse", ("trtllm-triton", {}), [1, 1, 1, 1], (None, None), None,
      "\nMachine learning is"),
 ]
@@ -80,7 +83,8 @@ def test_events_keep_the_time_of_the_read_that_completed_them():
 
 @pytest.mark.parametrize("name,adapter_name,message", [
     ("vllm_stream_error.sse", "vllm", "The engine encountered an internal error."),
-    ("tgi_stream_error.sse", "tgi", "Request failed during generation: Server error: CUDA out of memory (generation)"),
+    ("tgi_stream_error.sse", "tgi",
+     "Request failed during generation: Server error: CUDA out of memory (generation)"),
     ("triton_stream_error.sse", "trtllm-triton", "in ensemble 'ensemble', Encountered error for requestId 7"),
 ])
 def test_errors_inside_a_stream(name, adapter_name, message):
@@ -91,7 +95,9 @@ def test_errors_inside_a_stream(name, adapter_name, message):
 
 @pytest.mark.parametrize("name,adapter_name,cut_before", [
     ("vllm_completions_continuous_usage.sse", "vllm", b"data: [DONE]"),
-    ("vllm_chat_continuous_usage.sse", "vllm-chat", b'data: {"id":"chatcmpl-0c6f2d8e91b34a7f","object":"chat.completion.chunk","created":1732000100,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[]'),
+    ("vllm_chat_continuous_usage.sse", "vllm-chat",
+     b'data: {"id":"chatcmpl-0c6f2d8e91b34a7f","object":"chat.completion.chunk","created":1732000100,'
+     b'"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[]'),
     ("tgi_generate_stream.sse", "tgi", b'data:{"index":6'),
     ("trtllm_chat.sse", "trtllm-chat", b"data: [DONE]"),
 ])

@@ -67,12 +67,14 @@ def test_trtllm_serve_quirks():
 
 
 def test_triton_generate():
-    assert body("trtllm-triton") == {"path": "/v2/models/ensemble/generate_stream", "text_input": "The quick brown fox",
+    assert body("trtllm-triton") == {"path": "/v2/models/ensemble/generate_stream",
+                                     "text_input": "The quick brown fox",
                                      "max_tokens": 37, "stream": True, "min_length": 37}
     adapter = get_adapter("trtllm-triton", model="tensorrt_llm_bls", min_length_field="min_tokens",
                           sampling={"temperature": 0.0})
     b = adapter.build_request(SPEC).body
-    assert b["min_tokens"] == 37 and b["temperature"] == 0.0 and adapter.info_path == "/v2/models/tensorrt_llm_bls"
+    assert (b["min_tokens"] == 37 and b["temperature"] == 0.0
+            and adapter.info_path == "/v2/models/tensorrt_llm_bls")
 
 
 def test_reference_speaks_vllm_and_tgi():
@@ -96,12 +98,16 @@ def test_extra_body_and_registry():
 
 
 @pytest.mark.parametrize("name,response,text,tokens", [
-    ("vllm", {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+    ("vllm",
+     {"id": "c", "object": "text_completion",
+      "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
               "usage": {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5}}, " ok", 5),
     ("vllm-chat", {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                "finish_reason": "stop"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
+                                "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
      "hi", 2),
-    ("tgi", {"generated_text": " Deep", "details": {"finish_reason": "length", "generated_tokens": 3}}, " Deep", 3),
+    ("tgi", {"generated_text": " Deep", "details": {"finish_reason": "length", "generated_tokens": 3}},
+     " Deep", 3),
 ])
 def test_whole_responses(name, response, text, tokens):
     event = get_adapter(name).parse_response(json.dumps(response).encode())
@@ -127,5 +133,6 @@ unrelated_metric 9
     assert common_metrics(text, VLLM_METRICS) == {"requests_running": 4.0, "kv_cache_usage": 0.25,
                                                   "generation_tokens_total": 1200.0, "e2e_seconds_sum": 7.5,
                                                   "e2e_seconds_count": 5.0}
-    tgi = "# TYPE tgi_queue_size gauge\ntgi_queue_size 2\n# TYPE tgi_request_count counter\ntgi_request_count 10\n"
+    tgi = ("# TYPE tgi_queue_size gauge\ntgi_queue_size 2\n"
+           "# TYPE tgi_request_count counter\ntgi_request_count 10\n")
     assert common_metrics(tgi, TGI_METRICS) == {"requests_waiting": 2.0, "requests_total": 10.0}

@@ -388,8 +388,8 @@ def test_shared_prefix_dataset_runs_with_its_shape(llama_dir, tmp_path):
         flavor="vllm", default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.002)
     ) as server:
         _scripted_run(
-            server.url, str(llama_dir), out, "--dataset", "prefix", "--prefix-len", "24", "--prefix-groups", "3",
-            "--input-len", "8", "--output-len", "4", "--concurrency", "1,2", "--num-requests", "7",
+            server.url, str(llama_dir), out, "--dataset", "prefix", "--prefix-len", "24", "--prefix-groups",
+            "3", "--input-len", "8", "--output-len", "4", "--concurrency", "1,2", "--num-requests", "7",
         )  # fmt: skip
     records = list(read_records(out / "requests.jsonl"))
     assert len(records) == 14 and all(r.ok and r.prompt_tokens == 32 for r in records)

@@ -112,7 +112,8 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     """vLLM-shaped OpenAI completions: TTFT 20 ms, 4 ms per token; TGI's own stream: TTFT 80 ms, 12 ms per
     token. Both protocols are read for real; the fast one must win both classes, with high confidence, and
     the measured latencies must match the schedules: never below them (the server is never early), and above
-    them by at most what a busy machine adds (it writes and reads late), far less than the two servers differ."""
+    them by at most what a busy machine adds (it writes and reads late), far less than the two servers
+    differ."""
     fast = ScriptedSchedule(ttft_s=0.02, itl_s=0.004)
     slow = ScriptedSchedule(ttft_s=0.08, itl_s=0.012)
     out = tmp_path / "run"

@@ -1,6 +1,6 @@
-"""`compare run --launch process|docker` end to end, as users run it (a subprocess of the CLI): servers started,
-timed and measured, set-up reports and results written, the set-up-against-latency section computed from
-those reports, and nothing left running after a Ctrl-C, whenever it comes."""
+"""`compare run --launch process|docker` end to end, as users run it (a subprocess of the CLI): servers
+started, timed and measured, set-up reports and results written, the set-up-against-latency section computed
+from those reports, and nothing left running after a Ctrl-C, whenever it comes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-SMALL = ["--concurrency", "1", "--num-requests", "4", "--input-len", "16", "--output-len", "8", "--n-boot", "100"]
+SMALL = ["--concurrency", "1", "--num-requests", "4", "--input-len", "16", "--output-len", "8", "--n-boot",
+         "100"]
 
 
 def setups(out: Path) -> dict[str, dict]:
@@ -83,7 +84,8 @@ def test_ctrl_c_removes_the_container(docker_client, reference_image, llama_dir,
     assert (out / "report.md").exists()
 
 
-def test_launch_process_runs_real_vllm_and_ours_and_weighs_set_up_against_latency(vllm_bin, llama_dir, tmp_path):
+def test_launch_process_runs_real_vllm_and_ours_and_weighs_set_up_against_latency(vllm_bin, llama_dir,
+                                                                                   tmp_path):
     """The real vLLM (its CPU build) started by `compare run`, its phases read from its own log, beside our
     server; the break-even table is computed from the two set-up reports."""
     out = tmp_path / "run"
@@ -100,7 +102,8 @@ def test_launch_process_runs_real_vllm_and_ours_and_weighs_set_up_against_latenc
     assert vllm["memory"]["peak_rss"] > ours["memory"]["peak_rss"]  # API server, engine core and worker
     for setup in (vllm, ours):
         assert setup["exit_code"] is not None and 0 < setup["cold_first_token_s"] < 30
-        assert not Path(f"/proc/{setup['pid']}").exists() or "Z" in Path(f"/proc/{setup['pid']}/stat").read_text()
+        proc = Path(f"/proc/{setup['pid']}")
+        assert not proc.exists() or "Z" in (proc / "stat").read_text()
     report = (out / "report.md").read_text()
     section = report.split("## Set-up cost against latency", 1)[1]
     rows = [line for line in section.splitlines() if line.startswith("| random-16x8")]

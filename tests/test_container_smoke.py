@@ -58,7 +58,8 @@ def start_server(client, image, checkpoint):
     def start(*server_args: str):
         t0 = time.monotonic()
         container = client.containers.run(
-            image.id, list(server_args), detach=True, init=True, name=f"llm-compare-test-{RUN_ID}-{len(started)}",
+            image.id, list(server_args), detach=True, init=True,
+            name=f"llm-compare-test-{RUN_ID}-{len(started)}",
             labels={LABEL: "1", RUN_LABEL: RUN_ID}, ports={"8000/tcp": ("127.0.0.1", None)},
             volumes={str(checkpoint): {"bind": "/models", "mode": "ro"}})
         started.append(container)

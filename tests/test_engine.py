@@ -37,7 +37,8 @@ def test_preemption_gives_the_same_tokens_and_leaks_nothing(llama_dir):
     expected = [o.token_ids for o in ample.generate(prompts, GREEDY)]
     assert ample.scheduler.num_preemptions == 0
     # 40 blocks of 4 tokens hold 160 tokens; 32 requests of up to 64 tokens need far more.
-    tight = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32, num_kv_blocks=40))
+    tight = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32,
+                                num_kv_blocks=40))
     got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
@@ -70,7 +71,8 @@ def test_prefix_cache_hits_and_gives_the_same_tokens(llama_dir):
 
 def test_abort_frees_blocks_mid_generation(llama_dir):
     engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4))
-    ids = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in random_prompts(6, 300)]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True))
+           for p in random_prompts(6, 300)]
     for _ in range(5):
         engine.step()
     assert engine.stats().kv_blocks_used > 0
@@ -206,7 +208,8 @@ def test_warm_up_runs_every_step_shape_and_leaves_no_trace(llama_dir):
     assert "warm_up" in warm.setup.phases and "warm_up" not in cold.setup.phases
     for layer in warm.runner.model.layers:
         assert not layer.self_attn.k_cache.any() and not layer.self_attn.v_cache.any()
-    assert [o.token_ids for o in warm.generate(prompts, GREEDY)] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
+    assert ([o.token_ids for o in warm.generate(prompts, GREEDY)]
+            == [o.token_ids for o in cold.generate(prompts, GREEDY)])
     assert_nothing_held(warm)
 
 
@@ -224,6 +227,7 @@ def test_graph_buckets_reach_max_num_seqs():
     from reference_engine.cuda_graphs import graph_batch_sizes
 
     assert graph_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
-    assert graph_batch_sizes(100)[-2:] == [96, 100]  # the largest batch the scheduler makes replays a graph too
+    # the largest batch the scheduler makes replays a graph too
+    assert graph_batch_sizes(100)[-2:] == [96, 100]
     assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert graph_batch_sizes(256, [3, 300]) == [3]

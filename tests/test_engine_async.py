@@ -1,5 +1,5 @@
-"""Overlapped decode (`async_scheduling`) on the CPU: the same tokens, finish reasons and per-step outputs as the
-synchronous engine, with EOS and stop tokens mid-batch, length limits, arrivals, aborts and preemption."""
+"""Overlapped decode (`async_scheduling`) on the CPU: the same tokens, finish reasons and per-step outputs as
+the synchronous engine, with EOS and stop tokens mid-batch, length limits, arrivals, aborts and preemption."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def both(model_dir, script: Script, **kwargs) -> tuple[Run, Run]:
 
 
 def common_token(model_dir, prompts: list[list[int]]) -> int:
-    """A token the free runs produce often mid-output, to serve as EOS or a stop token that ends requests early."""
+    """A token the free runs produce often mid-output, to serve as EOS or a stop token that ends requests
+    early."""
     engine = Engine(EngineConfig(model=str(model_dir), device="cpu", async_scheduling=False))
     outs = engine.generate(prompts, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     counts: dict[int, int] = {}
@@ -106,9 +107,11 @@ def test_eos_stop_tokens_and_lengths_mid_batch(llama_dir):
                SamplingParams(max_tokens=25, temperature=1.0, top_k=20, top_p=0.9, seed=11),
                SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
                SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)]
-    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    script = Script(adds={0: [(str(i), p, sp)
+                              for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
     sync, overlapped = both(llama_dir, script, eos={eos}, block_size=4)
-    assert sum(t[-1] in (eos, stop) for t in sync.tokens.values()) >= 3, "EOS and stop should end some requests"
+    assert sum(t[-1] in (eos, stop) for t in sync.tokens.values()) >= 3, (
+        "EOS and stop should end some requests")
     assert "length" in sync.reasons.values()
     # Nothing arrived mid-run, so each step returned the same outputs; nearly every decode step overlapped.
     assert overlapped.steps == sync.steps
@@ -122,7 +125,8 @@ def test_logprobs_overlap_and_min_tokens_runs_synchronously(llama_dir):
               SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12),
               SamplingParams(max_tokens=25, temperature=0.7, seed=5, logprobs=True),
               *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=i == 0) for i in range(3)]]
-    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    script = Script(adds={0: [(str(i), p, sp)
+                              for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
     sync, overlapped = both(llama_dir, script, eos={eos})
     assert overlapped.steps == sync.steps  # the logprobs too
     assert any(step and step[0][2] for step in sync.steps), "logprobs should be reported"
@@ -195,7 +199,8 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
     async def serve(overlap: bool) -> dict[int, list[int]]:
-        engine = AsyncEngine(Engine(EngineConfig(model=str(llama_dir), device="cpu", async_scheduling=overlap)))
+        engine = AsyncEngine(Engine(EngineConfig(model=str(llama_dir), device="cpu",
+                                                 async_scheduling=overlap)))
         engine.start()
         for i, prompt in enumerate(prompts):
             engine.submit(str(i), prompt, params)
@@ -231,7 +236,8 @@ class ReplayOnCPU:
         r = self.runner
         n = int((r.slot_mapping[:self.size] >= 0).sum())
         assert bool((r.slot_mapping[n:self.size] == -1).all()), "padded rows must write no cache slot"
-        batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n, decode_block_tables=r.block_tables[:n],
+        batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n,
+                               decode_block_tables=r.block_tables[:n],
                                decode_context_lens=r.context_lens[:n], decode_max_context=r.max_model_len)
         batch.decode_mask = decode_mask(batch.decode_context_lens, r.max_blocks * self.block_size)
         r.logits[self.size][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
@@ -250,11 +256,13 @@ def with_stand_in_graphs(engine: Engine, sizes: list[int]) -> Engine:
 
 def test_graph_runner_staging_and_device_gather(llama_dir):
     """The graph path's input staging (alternating host buffers, padded rows, token ids gathered from the last
-    step's samples) on the CPU, with stand-in graphs; batches of 1-7 rows fill buckets 1, 2, 4 and 8 or pad."""
+    step's samples) on the CPU, with stand-in graphs; batches of 1-7 rows fill buckets 1, 2, 4 and 8 or
+    pad."""
     prompts = random_prompts(7, VOCAB, 2, 40, seed=8)
     eos = common_token(llama_dir, prompts)
     rng = random.Random(8)
-    params = [SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2) for i in range(7)]
+    params = [SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2)
+              for i in range(7)]
     runs = {}
     for overlap in (False, True):
         engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,

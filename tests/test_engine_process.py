@@ -1,6 +1,6 @@
-"""The engine core in a process of its own (`engine_core.py`, `engine_client.py`): the same tokens as the engine
-in this process, aborts that free the core's blocks, and a failed step or a dead core surfacing as errors to
-in-flight requests (and 503 on /health), never as a hang."""
+"""The engine core in a process of its own (`engine_core.py`, `engine_client.py`): the same tokens as the
+engine in this process, aborts that free the core's blocks, and a failed step or a dead core surfacing as
+errors to in-flight requests (and 503 on /health), never as a hang."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def test_core_streams_the_same_tokens_as_the_engine_here(llama_dir):
     for request_id, want in expected.items():
         got = outs[request_id]
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
-        assert [lp for o in got for lp in o.new_logprobs] == pytest.approx([lp for o in want for lp in o.new_logprobs])
+        assert [lp for o in got for lp in o.new_logprobs] == pytest.approx(
+            [lp for o in want for lp in o.new_logprobs])
         assert [(o.finished, o.finish_reason) for o in got] == [(o.finished, o.finish_reason) for o in want]
         assert got[-1].finish_reason == "length" and len(got) == 12
     assert steps >= 12 and stats.running == 0 and stats.kv_blocks_used == 0
@@ -97,7 +98,8 @@ def test_abort_frees_the_cores_blocks_and_others_finish(llama_dir):
         try:
             client.submit("long", [5, 6, 7], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
             client.submit("short", [8, 9], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-            short_stream = client.stream("short")  # taken now, as a handler does: it may finish before it is read
+            # taken now, as a handler does: it may finish before it is read
+            short_stream = client.stream("short")
             seen = 0
             async with aclosing(client.stream("long")) as stream:
                 async for out in stream:
@@ -162,8 +164,8 @@ def test_a_killed_core_fails_in_flight_requests(llama_dir):
 
 def test_a_config_the_engine_refuses_raises_at_launch(llama_dir):
     with pytest.raises(ValueError, match="max_model_len 100000 exceeds"):
-        asyncio.run(launch_engine_core(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=100000), 1,
-                                       "INFO", LOG_FORMAT))
+        asyncio.run(launch_engine_core(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=100000),
+                                       1, "INFO", LOG_FORMAT))
 
 
 def test_server_answers_503_and_ends_streams_when_its_core_dies(llama_dir, tmp_path):
@@ -184,7 +186,8 @@ def test_server_answers_503_and_ends_streams_when_its_core_dies(llama_dir, tmp_p
         assert b"[DONE]" not in rest
         health = requests.get(server.url + "/health", timeout=10)
         assert health.status_code == 503 and "engine core process ended" in health.text
-        refused = requests.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        refused = requests.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                                timeout=10)
         assert refused.status_code == 503
         assert server.stop() == 0
         assert "the engine core process ended unexpectedly" in server.log()

@@ -39,8 +39,8 @@ def hf_greedy(hf, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy tokens for a prompt, and its teacher-forced logits at every generated position."""
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                          pad_token_id=0)
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                          do_sample=False, pad_token_id=0)
         generated = out[0, len(prompt):].tolist()
         logits = hf(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:]
     return generated, logits
@@ -80,7 +80,8 @@ def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS, cpu_li
             assert out.token_ids == want, f"block_size={block_size}, prompt length {len(prompt)}"
             ours = torch.stack(recorder.logits[out.request_id])
             rel = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
-            assert rel < 1e-4, f"block_size={block_size}, prompt length {len(prompt)}: relative error {rel:.2e}"
+            assert rel < 1e-4, (
+                f"block_size={block_size}, prompt length {len(prompt)}: relative error {rel:.2e}")
         stats = engine.stats()
         assert stats.kv_blocks_used == 0 and stats.running == 0 and stats.waiting == 0
 

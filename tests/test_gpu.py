@@ -12,7 +12,8 @@ from reference_engine import Engine, EngineConfig, SamplingParams
 from reference_engine.serving.async_engine import AsyncEngine
 from reference_engine.serving.server_metrics import ServerMetrics
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # Every bucket size and sizes between buckets (max_num_seqs 48: buckets 1 2 4 8 16 24 32 48).
 BATCH_SIZES = [1, 2, 3, 4, 5, 8, 13, 16, 20, 24, 31, 32, 47, 48]
@@ -42,11 +43,11 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     assert engines["eager"].setup.cuda_graph_buckets == []
     rng = random.Random()
     params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
-    # A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count), so
-    # logits may differ in their last bits, by up to `rel` of their norm. Greedy tokens may then part only at a
-    # near-tie: where the eager top-2 margin is within what that noise can close (per element a few times
-    # rel * std, twice over as both tokens move), hence `tie`. Up to where they part, the sequences saw the same
-    # tokens, so their logits must be close; after it they see different inputs and are not compared.
+    # A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count),
+    # so logits may differ in their last bits, by up to `rel` of their norm. Greedy tokens may then part only
+    # at a near-tie: where the eager top-2 margin is within what that noise can close (per element a few times
+    # rel * std, twice over as both tokens move), hence `tie`. Up to where they part, the sequences saw the
+    # same tokens, so their logits must be close; after it they see different inputs and are not compared.
     rel = 1e-5 if dtype == "float32" else 2e-2
     tie = max(1e-3, 8 * rel)
     for n in BATCH_SIZES:
@@ -73,15 +74,16 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs Hopper or later")
 @pytest.mark.parametrize("knob, on, off", [("USE_PDL", True, False), ("MERGE_PDL", True, False),
-                                           ("MERGE_LETS_NEXT_START", True, False), ("GEMV_EPILOGUES", True, False),
+                                           ("MERGE_LETS_NEXT_START", True, False),
+                                           ("GEMV_EPILOGUES", True, False),
                                            ("GEMV_PRELOAD_MIN_ROW_BYTES", 0, 1 << 62)])
 def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
     """PDL only moves when a kernel starts; each waits for the one before it ahead of any read of its outputs
     (and the GEMV prefetches and preloads only weights). A missing wait would read stale activations: logits
     must be the bits of the same engine launched without PDL (or without the attention merge's early launch,
-    which the 1B's GQA takes at batch 1, or with no GEMV loading its first tile early), at batch 1 (every linear
-    on the GEMV) and at a batch of 5. Likewise the GEMV epilogues (SiLU * up, rotary + cache write) give the
-    bits of the separate kernels."""
+    which the 1B's GQA takes at batch 1, or with no GEMV loading its first tile early), at batch 1 (every
+    linear on the GEMV) and at a batch of 5. Likewise the GEMV epilogues (SiLU * up, rotary + cache write)
+    give the bits of the separate kernels."""
     from reference_engine.kernels import triton_ops
     from reference_engine.kernels.triton_ops import GemvLinear
 
@@ -91,7 +93,8 @@ def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
     logits = {}
     for value in (on, off):
         monkeypatch.setattr(triton_ops, knob, value)
-        engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16", max_num_seqs=8,
+        engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16",
+                                     max_num_seqs=8,
                                      max_model_len=512, num_kv_blocks=256, async_scheduling=False, seed=1234))
         assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 16 * 4 + 1
         engine.sampler = LogitRecorder(engine.sampler)
@@ -108,7 +111,8 @@ def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
                                  max_model_len=512, num_kv_blocks=1024, cuda_graph_batch_sizes=[1, 2, 4]))
     setup = engine.setup
     assert setup.cuda_graph_buckets == [1, 2, 4]
-    assert all(t > 0 for t in setup.cuda_graph_capture_seconds.values()) and setup.cuda_graph_warmup_seconds > 0
+    assert (all(t > 0 for t in setup.cuda_graph_capture_seconds.values())
+            and setup.cuda_graph_warmup_seconds > 0)
     assert setup.phases["capture_cuda_graphs"] >= setup.cuda_graph_warmup_seconds + sum(
         setup.cuda_graph_capture_seconds.values())
     assert setup.cuda_graph_pool_bytes >= 0
@@ -117,7 +121,8 @@ def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
                for family in text_string_to_metric_families(text) for s in family.samples}
     for size, seconds in setup.cuda_graph_capture_seconds.items():
         assert samples["reference:cuda_graph_capture_seconds", str(size)] == pytest.approx(seconds)
-    assert samples["reference:cuda_graph_warmup_seconds", None] == pytest.approx(setup.cuda_graph_warmup_seconds)
+    warmup = setup.cuda_graph_warmup_seconds
+    assert samples["reference:cuda_graph_warmup_seconds", None] == pytest.approx(warmup)
     assert samples["reference:cuda_graph_buckets", None] == 3
     prompts = [[random.randrange(3, 300) for _ in range(20)] for _ in range(8)]  # 8 > largest bucket: eager
     outs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
@@ -129,7 +134,8 @@ def assert_nothing_held(engine: Engine) -> None:
     assert stats.running == 0 and stats.waiting == 0 and stats.kv_blocks_used == 0
 
 
-def _drive(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], late: int) -> dict[str, list[int]]:
+def _drive(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
+           late: int) -> dict[str, list[int]]:
     """Run the prompts, the last `late` of them added after a few steps; return each request's tokens."""
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts[:-late], params[:-late], strict=True)]
     tokens: dict[str, list[int]] = {}
@@ -152,7 +158,8 @@ def test_overlapped_decode_on_graphs_gives_the_synchronous_tokens(llama_dir, dty
     # batch to another graph bucket, whose GEMMs differ in the last bits, so there only lengths end them.
     stops = dtype == "float32"
     params = [SamplingParams(max_tokens=rng.randint(1, 100), temperature=0.0, ignore_eos=not stops,
-                             stop_token_ids=[13] if stops and i % 4 == 0 else []) for i in range(len(prompts))]
+                             stop_token_ids=[13] if stops and i % 4 == 0 else [])
+              for i in range(len(prompts))]
     params[3] = SamplingParams(max_tokens=60, temperature=0.9, seed=3, ignore_eos=True)
     runs = {}
     for overlap in (False, True):
@@ -179,11 +186,13 @@ def test_overlapped_decode_under_preemption_on_graphs(llama_dir):
 
 
 def test_eager_steps_never_wait_for_the_device(llama_dir, monkeypatch):
-    """An eager step (prefill or decode) and the sampler queue their work without synchronising the stream: their
-    host lists reach the device through pinned memory. A synchronising copy would make each step's launches wait
-    for the step before to finish on the GPU, adding host time to GPU time instead of overlapping them."""
+    """An eager step (prefill or decode) and the sampler queue their work without synchronising the stream:
+    their host lists reach the device through pinned memory. A synchronising copy would make each step's
+    launches wait for the step before to finish on the GPU, adding host time to GPU time instead of
+    overlapping them."""
     engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=8,
-                                 max_model_len=512, num_kv_blocks=512, enforce_eager=True, async_scheduling=True))
+                                 max_model_len=512, num_kv_blocks=512, enforce_eager=True,
+                                 async_scheduling=True))
     checked = []
 
     def never_synchronising(fn):
@@ -210,8 +219,9 @@ def test_eager_steps_never_wait_for_the_device(llama_dir, monkeypatch):
 
 @pytest.mark.parametrize("enforce_eager", [False, True])
 def test_no_served_step_compiles_after_warm_up(llama_dir, enforce_eager):
-    """Ready means ready: after the engine's warm-up, mixed prefill + decode steps at every context length and a
-    full token budget compile no Triton kernel (a compile stalled the first served steps for up to 1.8 s)."""
+    """Ready means ready: after the engine's warm-up, mixed prefill + decode steps at every context length and
+    a full token budget compile no Triton kernel (a compile stalled the first served steps for up to 1.8
+    s)."""
     from triton import knobs
 
     engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=16,

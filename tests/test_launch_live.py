@@ -22,7 +22,8 @@ PROBE = RequestSpec("cold-0", (5, 6, 7, 8), "the paged cache", 3)
 
 def reference_spec(checkpoint: Path, workdir: Path, variant: str = "eager"):
     model = ModelSource(str(checkpoint), "tiny", max_model_len=256)
-    return ADAPTERS["reference"].launch_spec(model, Variant.parse(variant), free_port(), workdir=workdir, gpu=False)
+    return ADAPTERS["reference"].launch_spec(model, Variant.parse(variant), free_port(), workdir=workdir,
+                                             gpu=False)
 
 
 def alive(pid: int) -> bool:
@@ -47,8 +48,10 @@ def check_reference_setup(report) -> None:
 
 def test_reference_as_a_process(llama_dir, tmp_path):
     spec = reference_spec(llama_dir, tmp_path)
-    launcher = ProcessLauncher("reference", "eager", ServerProcess(spec.command, {**spec.env, **package_env()}),
-                               f"http://127.0.0.1:{spec.port}", spec.health_path, tmp_path / "reference.log", 120)
+    launcher = ProcessLauncher("reference", "eager",
+                               ServerProcess(spec.command, {**spec.env, **package_env()}),
+                               f"http://127.0.0.1:{spec.port}", spec.health_path, tmp_path / "reference.log",
+                               120)
     with launcher:
         launcher.start()
         measure_cold_first_token(launcher, get_adapter("reference", model="tiny"), PROBE, 60)
@@ -76,7 +79,8 @@ def test_reference_in_a_container(docker_client, reference_image, llama_dir, tmp
         assert [b["HostIp"] for b in bindings] == ["127.0.0.1"] and report.url.startswith("http://127.0.0.1:")
         assert host.get("Init") is True
         assert [(m["Destination"], m["RW"]) for m in container.attrs["Mounts"]] == [("/models", False)]
-        assert container.labels["llm-compare"] == "1" and container.labels["llm-compare.backend"] == "reference:eager"
+        assert container.labels["llm-compare"] == "1"
+        assert container.labels["llm-compare.backend"] == "reference:eager"
         assert not host.get("DeviceRequests")  # no GPU asked for when none is visible
     check_reference_setup(report)
     assert report.launcher == "docker" and report.phases[0].name == "container_start"

@@ -19,7 +19,8 @@ from adapters.launch_spec import CONFIG_MOUNT, LaunchSpecError, ModelSource, Var
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spec(backend: str, variant: str = "", gpu: bool = True, model: ModelSource | None = None, tmp: Path = Path("/w")):
+def spec(backend: str, variant: str = "", gpu: bool = True, model: ModelSource | None = None,
+         tmp: Path = Path("/w")):
     model = model or ModelSource("hub/model", "m")
     return ADAPTERS[backend].launch_spec(model, Variant.parse(variant), 8123, workdir=tmp, gpu=gpu)
 
@@ -39,7 +40,8 @@ def test_variant_syntax():
     assert (v.graphs, v.graph_sizes, v.block_size, v.max_num_seqs) == (True, (1, 2, 4), 32, 64)
     assert Variant.parse("eager").graphs is False and Variant.parse("").graphs is None
     assert Variant.parse("x", graph_sizes=[8, 1], max_batch_size=16) == Variant("x", True, (1, 8), None, 16)
-    for bad, message in (("turbo", "unknown variant item"), ("block=0", "positive"), ("eager+graphs", "off and on")):
+    for bad, message in (("turbo", "unknown variant item"), ("block=0", "positive"),
+                         ("eager+graphs", "off and on")):
         with pytest.raises(LaunchSpecError, match=message):
             Variant.parse(bad)
 
@@ -49,11 +51,13 @@ def test_vllm_flags_on_a_gpu(monkeypatch):
     s = spec("vllm", "graphs=1/2/4+block=32+batch=64")
     assert s.command[:3] == ["vllm", "serve", "hub/model"]
     assert flags_after(s.command, "--cudagraph-capture-sizes") == ["1", "2", "4"]
-    assert flags_after(s.command, "--block-size") == ["32"] and flags_after(s.command, "--max-num-seqs") == ["64"]
+    assert flags_after(s.command, "--block-size") == ["32"]
+    assert flags_after(s.command, "--max-num-seqs") == ["64"]
     assert "--enforce-eager" not in s.command and s.gpus and s.container_error is None
     assert "--enforce-eager" in spec("vllm", "eager").command
     assert s.image.startswith("vllm/vllm-openai:") and s.shm_size == "16g" and s.container_port == 8000
-    assert s.container_args[:2] == ["--model", "hub/model"] and "--cudagraph-capture-sizes" in s.container_args
+    assert s.container_args[:2] == ["--model", "hub/model"]
+    assert "--cudagraph-capture-sizes" in s.container_args
 
 
 def test_vllm_on_a_cpu_gets_the_cpu_build_flags_and_caches_in_its_folder(tmp_path):
@@ -61,7 +65,8 @@ def test_vllm_on_a_cpu_gets_the_cpu_build_flags_and_caches_in_its_folder(tmp_pat
     s = spec("vllm", "graphs", gpu=False, model=model, tmp=Path("/runs/r/launch/vllm"))
     for flag in ("--enforce-eager", "--kv-cache-memory-bytes"):
         assert flag in s.command
-    assert flags_after(s.command, "--dtype") == ["float32"] and flags_after(s.command, "--max-model-len") == ["1024"]
+    assert flags_after(s.command, "--dtype") == ["float32"]
+    assert flags_after(s.command, "--max-model-len") == ["1024"]
     assert "--cudagraph-capture-sizes" not in s.command
     assert all(Path(v).is_relative_to("/runs/r/launch/vllm") for v in s.process_env.values())
     assert s.dirs == list(s.process_env.values()) and s.scratch == []
@@ -104,7 +109,8 @@ def test_trtllm_options_yaml_and_flags(tmp_path):
     }
     assert spec("trtllm", tmp=tmp_path).files == {}  # the defaults need no options file
     assert s.container_args[0] == "trtllm-serve"  # the release image starts no server itself
-    assert flags_after(s.container_args, "--extra_llm_api_options") == [f"{CONFIG_MOUNT}/extra-llm-api-options.yml"]
+    options = f"{CONFIG_MOUNT}/extra-llm-api-options.yml"
+    assert flags_after(s.container_args, "--extra_llm_api_options") == [options]
     assert s.volumes[str(tmp_path.resolve())] == {"bind": CONFIG_MOUNT, "mode": "ro"}
     assert s.ulimits == {"memlock": -1, "stack": 67108864}
     assert (s.served_as, s.container_served_as) == ("hub/model", "hub/model")
@@ -113,11 +119,13 @@ def test_trtllm_options_yaml_and_flags(tmp_path):
 def test_reference_flags_are_ones_our_server_accepts():
     from reference_engine.serving.options import parse_args
 
-    s = spec("reference", "graphs=1/2+block=32+batch=8", model=ModelSource("random:tiny", "m", "float32", 512))
+    s = spec("reference", "graphs=1/2+block=32+batch=8",
+             model=ModelSource("random:tiny", "m", "float32", 512))
     assert s.command[:3] == [sys.executable, "-m", "reference_engine.server"]
     args = parse_args(s.command[3:])
     assert (args.cudagraph_capture_sizes, args.block_size, args.max_num_seqs) == ([1, 2], 32, 8)
-    assert (args.max_model_len, args.dtype, args.enforce_eager, args.host) == (512, "float32", False, "127.0.0.1")
+    got = (args.max_model_len, args.dtype, args.enforce_eager, args.host)
+    assert got == (512, "float32", False, "127.0.0.1")
     assert parse_args(spec("reference", "eager").command[3:]).enforce_eager
     assert spec("reference", gpu=False).image == "llm-compare/reference-cpu:latest"
     assert spec("reference", gpu=True).image == "llm-compare/reference-cuda:latest"
@@ -136,7 +144,8 @@ def test_compose_file_agrees_with_the_launch_specs():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
     served = "${SERVED_MODEL_NAME:-model}"
     model = ModelSource("/srv/models/x", served)
-    for service, backend in (("vllm", "vllm"), ("tgi", "tgi"), ("trtllm", "trtllm"), ("reference", "reference")):
+    for service, backend in (("vllm", "vllm"), ("tgi", "tgi"), ("trtllm", "trtllm"),
+                             ("reference", "reference")):
         s = ADAPTERS[backend].launch_spec(model, Variant.parse(""), 8000, workdir=Path("/w"), gpu=True)
         s.container_args = [a.replace("/srv/models/x", "/models") for a in s.container_args]
         assert compose[service]["command"] == s.container_args, service

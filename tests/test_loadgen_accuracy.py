@@ -27,14 +27,15 @@ from workloads.scripted_server import read_event_log, scripted_server
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
 STREAMS = 64
-# Only a wrong definition (another clock, a missing origin) puts the typical event seconds away from the truth;
-# a loaded machine delays the server's writes and the client's reads by milliseconds, not by this much.
+# Only a wrong definition (another clock, a missing origin) puts the typical event seconds away from the
+# truth; a loaded machine delays the server's writes and the client's reads by milliseconds, not by this much.
 GROSS_S = 0.5
 
 
 def specs(prefix: str, n: int, rng: random.Random, out: tuple[int, int]) -> list[RequestSpec]:
     return [RequestSpec(f"{prefix}-{i}", (1, 2, 3), "a b c", rng.randint(*out), extra_headers={
-        "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0.005, 0.05), "itl_s": 0.02})}) for i in range(n)]
+        "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0.005, 0.05), "itl_s": 0.02})})
+        for i in range(n)]
 
 
 @pytest.mark.slow

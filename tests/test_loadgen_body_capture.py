@@ -28,7 +28,8 @@ from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
 
-@settings(deadline=None)  # a pure function: a busy machine, not the code, would pass Hypothesis' 200 ms deadline
+# a pure function: a busy machine, not the code, would pass Hypothesis' 200 ms deadline
+@settings(deadline=None)
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=12))
 def test_cutting_at_marks_keeps_every_byte_in_order(body, offsets):
     # marks as the protocol makes them: rising cumulative offsets, the last at the end of the body
@@ -48,7 +49,8 @@ async def post(url: str, connector_class: type[aiohttp.TCPConnector], schedule: 
     async with (aiohttp.ClientSession(connector=connector) as session,
                 session.post(url + "/v1/completions", json=request,
                              headers={"X-Scripted-Schedule": json.dumps(schedule)}) as response):
-        assert isinstance(response.connection.protocol, StampingHandler) == isinstance(connector, StampingConnector)
+        stamping = isinstance(connector, StampingConnector)
+        assert isinstance(response.connection.protocol, StampingHandler) == stamping
         try:
             await read_stamped(response, chunks)
         except aiohttp.ClientPayloadError as exc:
@@ -94,7 +96,8 @@ def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
 
 
 async def post_while_busy(url: str, tokens: int, busy_s: float, every_s: float) -> list[tuple[float, bytes]]:
-    """`post`, on a loop that a callback blocks for `busy_s` out of every `every_s`: a client busy elsewhere."""
+    """`post`, on a loop that a callback blocks for `busy_s` out of every `every_s`: a client busy
+    elsewhere."""
     loop = asyncio.get_running_loop()
 
     def hog() -> None:
@@ -120,11 +123,12 @@ def token_write_times(event_log: Path) -> list[float]:
 @pytest.mark.skipif(not kernel_stamps_supported(), reason="the kernel's receive stamps are a Linux feature")
 @pytest.mark.parametrize("kernel", [True, False])
 def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, monkeypatch, kernel):
-    """Tokens 30 ms apart reach a client that is blocked 20 ms of every 25: most arrive while it is blocked and
-    are read up to 20 ms late. With the kernel's stamps each read keeps the arrival time of what it brought
-    (within 2 ms of the server's write); with the process's clock (the option refused) the lateness shows.
-    The pair shows the test can tell them apart. A busy machine may write two tokens into one blocked spell:
-    their read then carries one stamp, no earlier than the first one's write and no later than the last's."""
+    """Tokens 30 ms apart reach a client that is blocked 20 ms of every 25: most arrive while it is blocked
+    and are read up to 20 ms late. With the kernel's stamps each read keeps the arrival time of what it
+    brought (within 2 ms of the server's write); with the process's clock (the option refused) the lateness
+    shows. The pair shows the test can tell them apart. A busy machine may write two tokens into one blocked
+    spell: their read then carries one stamp, no earlier than the first one's write and no later than the
+    last's."""
     if not kernel:
         monkeypatch.setattr(StampedSocket, "enable_stamps", lambda self: False)
     log = tmp_path / "events.jsonl"
@@ -147,7 +151,8 @@ def test_kernel_stamps_keep_the_arrival_time_when_the_reader_is_late(tmp_path, m
 
 def wait_for_receive_stamps(server: StampedSocket, client: StampedSocket, tries: int = 200) -> None:
     """Linux turns receive stamping on a moment after the first socket asks for it (the switch is deferred
-    to a work queue), so a fresh pair of sockets may see its first reads unstamped: exchange bytes until one is."""
+    to a work queue), so a fresh pair of sockets may see its first reads unstamped: exchange bytes until one
+    is."""
     for _ in range(tries):
         server.send(b"w")
         client.recv(16)
@@ -158,7 +163,8 @@ def wait_for_receive_stamps(server: StampedSocket, client: StampedSocket, tries:
     pytest.fail("the kernel never stamped a read")
 
 
-@pytest.mark.skipif(not kernel_stamps_supported(), reason="the kernel's send and receive stamps are a Linux feature")
+@pytest.mark.skipif(not kernel_stamps_supported(),
+                    reason="the kernel's send and receive stamps are a Linux feature")
 def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
     """The scripted server's truth: the kernel's stamp of each send lies within the send call, and the
     receiver's kernel stamp of the same bytes comes after it (on loopback, microseconds after)."""
@@ -182,7 +188,8 @@ def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
                 received = 0
                 while received < size:
                     received += len(client.recv(1 << 20))
-                assert client.kernel_stamped_reads > stamped_reads and sent <= client.last_rx <= time.perf_counter()
+                assert client.kernel_stamped_reads > stamped_reads
+                assert sent <= client.last_rx <= time.perf_counter()
             server.send(b"x")
             assert server.sent_at_kernel() is not None
             assert server.sent_at_kernel() is None  # each stamp is read once
@@ -193,7 +200,8 @@ def test_busy_poll_measures_the_same_and_stops_with_the_run(tmp_path):
     task left spinning on the loop)."""
     log = tmp_path / "events.jsonl"
     specs = [RequestSpec(f"poll-{i}", (1, 2, 3), "a b c", 6) for i in range(4)]
-    with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.005, itl_s=0.004), event_log=log) as server:
+    schedule = ScriptedSchedule(ttft_s=0.005, itl_s=0.004)
+    with scripted_server(default_schedule=schedule, event_log=log) as server:
         records = run_load_sync(
             PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(2), busy_poll=True)
         )

@@ -21,12 +21,14 @@ pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("faults") / "events.jsonl"
-    with scripted_server(event_log=log, default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.005)) as handle:
+    schedule = ScriptedSchedule(ttft_s=0.01, itl_s=0.005)
+    with scripted_server(event_log=log, default_schedule=schedule) as handle:
         yield handle
 
 
 def spec(request_id: str, schedule: dict, out: int = 12) -> RequestSpec:
-    return RequestSpec(request_id, (1, 2), "fault test", out, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
+    return RequestSpec(request_id, (1, 2), "fault test", out,
+                       extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
 
 
 FAULTS = [
@@ -38,7 +40,8 @@ FAULTS = [
     ("http500", {"status": 500, "error_message": "engine died"}, ErrorKind.HTTP_STATUS, "engine died"),
     ("http503", {"status": 503, "error_message": "warming up"}, ErrorKind.HTTP_STATUS, "warming up"),
     ("malformed", {"fault": "malformed", "fault_after_events": 3}, ErrorKind.MALFORMED_EVENT, "not JSON"),
-    ("in-stream-error", {"fault": "error_event", "fault_after_events": 2}, ErrorKind.STREAM_ERROR, "scripted failure"),
+    ("in-stream-error", {"fault": "error_event", "fault_after_events": 2}, ErrorKind.STREAM_ERROR,
+     "scripted failure"),
     ("no-final", {"fault": "no_final"}, ErrorKind.INCOMPLETE_STREAM, "without its final event"),
     ("cut-early", {"fault": "no_final", "fault_after_events": 5}, ErrorKind.INCOMPLETE_STREAM, "final event"),
     # pauses each shorter than the read timeout, together longer than the whole-request timeout (margins in
@@ -103,7 +106,8 @@ def test_server_killed_mid_run(tmp_path):
             run = asyncio.create_task(run_load(
                 PointJob(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out)
             ))
-            await asyncio.to_thread(doomed.wait_streaming, 4)  # all four streams have tokens: none is connecting
+            # all four streams have tokens: none is connecting
+            await asyncio.to_thread(doomed.wait_streaming, 4)
             doomed.kill()
             return await run
 

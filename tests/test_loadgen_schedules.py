@@ -32,7 +32,8 @@ REPO = Path(__file__).parents[1]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("schedules") / "events.jsonl"
-    with scripted_server(event_log=log, default_schedule=ScriptedSchedule(ttft_s=0.005, itl_s=0.004)) as handle:
+    schedule = ScriptedSchedule(ttft_s=0.005, itl_s=0.004)
+    with scripted_server(event_log=log, default_schedule=schedule) as handle:
         yield handle
 
 

@@ -57,13 +57,14 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 def prefill_batch(rows: list[tuple[int, int, int, list[int]]], tile_tokens: int | None,
                   device: torch.device) -> PrefillBatch | None:
-    """The chunks as the model runner hands them to a one-launch prefill kernel (None where the ops have none)."""
+    """The chunks as the model runner hands them to a one-launch prefill kernel (None where the ops have
+    none)."""
     if tile_tokens is None or not rows:
         return None
     chunks, tables, tiles, width = prefill_batch_lists(rows, tile_tokens)
     as_tensor = partial(torch.tensor, dtype=torch.int32, device=device)
-    return PrefillBatch(as_tensor(chunks).view(-1, 3), as_tensor(tables).view(-1, width), as_tensor(tiles).view(-1, 2),
-                        max(ctx for _, _, ctx, _ in rows))
+    return PrefillBatch(as_tensor(chunks).view(-1, 3), as_tensor(tables).view(-1, width),
+                        as_tensor(tiles).view(-1, 2), max(ctx for _, _, ctx, _ in rows))
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -86,22 +87,23 @@ DTYPES = [torch.float32, torch.bfloat16] if DEVICE.type == "cuda" else [torch.fl
 def test_decode_and_prefill_match_dense(ops, block_size, heads, kv_heads, dtype):
     rng = random.Random()
     # Ragged contexts; each sequence has some tokens already cached and some new this step.
-    specs = [(rng.randint(1, 70), 1) for _ in range(5)] + [(rng.randint(0, 40), rng.randint(2, 30)) for _ in range(4)]
+    specs = [(rng.randint(1, 70), 1) for _ in range(5)]
+    specs += [(rng.randint(0, 40), rng.randint(2, 30)) for _ in range(4)]
     check_against_dense(ops, specs, block_size, heads, kv_heads, 16, dtype, rng)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 32), (8, 2, 64)])
 def test_long_prefill_chunks_match_dense(ops, heads, kv_heads, head_dim):
-    """Chunks longer than a prefill kernel's tile (several programs per chunk, the causal limit inside a tile), one
-    starting a sequence and one continuing a long cached prefix, beside a few decodes."""
+    """Chunks longer than a prefill kernel's tile (several programs per chunk, the causal limit inside a
+    tile), one starting a sequence and one continuing a long cached prefix, beside a few decodes."""
     rng = random.Random()
     specs = [(rng.randint(1, 300), 1) for _ in range(3)] + [(0, rng.randint(65, 160)), (rng.randint(100, 200),
                                                                                        rng.randint(65, 130))]
     check_against_dense(ops, specs, 16, heads, kv_heads, head_dim, DTYPES[-1], rng)
 
 
-def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int, head_dim: int,
-                        dtype: torch.dtype, rng: random.Random) -> None:
+def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int,
+                        head_dim: int, dtype: torch.dtype, rng: random.Random) -> None:
     """`ops.attend` over a flat batch of (cached, new) token counts per sequence (decodes first) against dense
     causal attention per sequence."""
     scale = head_dim**-0.5
@@ -144,8 +146,8 @@ def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, head
         chunk.block_table = chunk.block_table.to(dev)
     batch = AttentionBatch(
         slot_mapping=torch.tensor(slots, device=dev), num_decode=len(decode_tables),
-        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.int32,
-                                         device=dev),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
+                                         dtype=torch.int32, device=dev),
         decode_context_lens=lens, decode_max_context=max(decode_lens),
         decode_mask=decode_mask(lens, width * block_size), prefills=prefills,
         prefill_batch=prefill_batch(prefill_rows, ops.prefill_tile_tokens(heads // kv_heads), dev))

@@ -95,7 +95,8 @@ def test_one_and_three_actors_measure_the_same_load_point(cluster, llama_dir, tm
         records = read_records(out / "requests.jsonl")
         errors = accuracy.compare(records, truth_log)
         assert errors.n_requests == len(records) and not errors.unmatched
-        early = {r.request_id: e for r in records if (e := stamped_before_sent(r, truth_log[r.request_id], 0.002))}
+        early = {r.request_id: e for r in records
+                 if (e := stamped_before_sent(r, truth_log[r.request_id], 0.002))}
         assert not early, dict(list(early.items())[:5])
         assert errors.summary()["event_p50_ms"] < LATE_MS
 
@@ -114,7 +115,8 @@ def test_one_and_three_actors_measure_the_same_load_point(cluster, llama_dir, tm
     # the two runs agree within what the scripted truth and a busy machine allow, and sent the same requests
     for point in ("c=6", "r=20"):
         for metric in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms"):
-            assert summaries[3].loc[point, metric] == pytest.approx(summaries[1].loc[point, metric], abs=LATE_MS)
+            assert summaries[3].loc[point, metric] == pytest.approx(summaries[1].loc[point, metric],
+                                                                    abs=LATE_MS)
     ids = [
         {r.request_id for r in read_records(out / "requests.jsonl") if not r.warmup} for out in runs.values()
     ]
@@ -127,7 +129,8 @@ def test_one_and_three_actors_measure_the_same_load_point(cluster, llama_dir, tm
     scheduled = np.sort([r.scheduled_s - start for r in records])
     points = json.loads((runs[3] / "manifest.json").read_text())["ray"]["points"].values()
     uncertainty = max(g["clock_offset"]["uncertainty_s"] for p in points for g in p["generators"])
-    assert np.abs(scheduled - OpenLoop(20.0).offsets(30)).max() < uncertainty + 0.003  # within the offsets' uncertainty
+    # within the offsets' uncertainty
+    assert np.abs(scheduled - OpenLoop(20.0).offsets(30)).max() < uncertainty + 0.003
     assert not actors_left(cluster)
 
 
@@ -137,8 +140,8 @@ def test_an_actor_killed_mid_run_loses_only_its_requests_in_flight(cluster, llam
     with scripted_server(default_schedule=slow) as server:
         args = scripted_args(server.url, llama_dir, out, "--output-len", "30", "--concurrency", "6")
         args += ["--num-requests", "60", "--warmup", "0", "--ray", cluster.address, "--ray-actors", "3"]
-        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                                text=True, stderr=subprocess.STDOUT)  # fmt: skip
         try:
             victim = _wait_for_load_then(out, lambda m: m["ray"]["generators"][1]["pid"])
             os.kill(victim, signal.SIGKILL)
@@ -175,8 +178,8 @@ def test_ctrl_c_records_in_flight_requests_as_cancelled(cluster, llama_dir, tmp_
     with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.02, itl_s=0.02)) as server:
         args = scripted_args(server.url, llama_dir, out, "--output-len", "30", "--concurrency", "4")
         args += ["--num-requests", "200", "--warmup", "0", "--ray", cluster.address, "--ray-actors", "2"]
-        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(compare_cmd(*args), env=compare_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                                text=True, stderr=subprocess.STDOUT)  # fmt: skip
         try:
             _wait_for_load_then(out, lambda m: None)
             proc.send_signal(signal.SIGINT)
@@ -200,8 +203,8 @@ def test_ctrl_c_records_in_flight_requests_as_cancelled(cluster, llama_dir, tmp_
 def test_a_two_cell_matrix_runs_as_ray_tasks(cluster, tmp_path):
     out = tmp_path / "run"
     run_compare(
-        "run", "--backends", "reference", "--model", "random:tiny", "--concurrency", "1,2", "--num-requests", "4",
-        "--input-len", "16", "--output-len", "8", "--n-boot", "100", "--out", str(out),
+        "run", "--backends", "reference", "--model", "random:tiny", "--concurrency", "1,2", "--num-requests",
+        "4", "--input-len", "16", "--output-len", "8", "--n-boot", "100", "--out", str(out),
         "--ray", cluster.address, "--ray-cells",
     )  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("scripted") / "events.jsonl"
-    with scripted_server(event_log=log, default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.002)) as handle:
+    schedule = ScriptedSchedule(ttft_s=0.01, itl_s=0.002)
+    with scripted_server(event_log=log, default_schedule=schedule) as handle:
         yield handle
 
 
@@ -64,7 +65,8 @@ def test_live_stream_counts_match_the_server(server, tmp_path, adapter_name, opt
         assert [n for _, n, _ in record.events] == [n for _, n, _ in logged], "per-event token counts"
         assert record.event_tokens == spec.wanted_output_tokens
         if adapter_name != "trtllm-triton":  # Triton reports no usage
-            assert record.output_tokens_source == "usage" and record.usage_completion_tokens == spec.wanted_output_tokens
+            assert record.output_tokens_source == "usage"
+            assert record.usage_completion_tokens == spec.wanted_output_tokens
             assert record.finish_reason == "length"
         assert not record.token_count_mismatch
         assert record.output_length_forced == adapter.forces_output_length
@@ -117,7 +119,8 @@ def test_triton_multi_token_steps_show_only_in_the_cross_check(server):
     assert record.token_count_mismatch
 
 
-@pytest.mark.parametrize("adapter_name,flavor", [("vllm-chat", "vllm"), ("tgi", "tgi"), ("trtllm-chat", "trtllm")])
+@pytest.mark.parametrize("adapter_name,flavor",
+                         [("vllm-chat", "vllm"), ("tgi", "tgi"), ("trtllm-chat", "trtllm")])
 def test_events_split_across_reads(server, adapter_name, flavor):
     """Every event written in two pieces 2 ms apart: each arrives in two reads and is still read whole."""
     options = {"model": "scripted-model"} if flavor == "trtllm" else {}

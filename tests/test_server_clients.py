@@ -20,7 +20,8 @@ def setup(request, llama_dir, smollm2_dir):
     """(server, in-process engine on the same checkpoint, served model name)."""
     if request.param == "tiny":
         server = request.getfixturevalue("tiny_server")
-        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=256, num_kv_blocks=256))
+        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=256,
+                                     num_kv_blocks=256))
         return server, engine, str(llama_dir)
     server = request.getfixturevalue("smollm2_server")
     engine = Engine(EngineConfig(model=str(smollm2_dir), device="cpu", max_model_len=1024, num_kv_blocks=256))
@@ -104,8 +105,8 @@ def test_seeded_sampling_over_http_is_reproducible(setup):
                   extra_body={"ignore_eos": True})
     first = client.completions.create(**kwargs).choices[0].text
     assert client.completions.create(**kwargs).choices[0].text == first
-    out = engine.generate([engine.tokenizer.encode(PROMPTS[0])],
-                          SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True))[0]
+    sampling = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True)
+    out = engine.generate([engine.tokenizer.encode(PROMPTS[0])], sampling)[0]
     assert engine.tokenizer.decode(out.token_ids, skip_special_tokens=True) == first
 
 

@@ -74,7 +74,8 @@ def test_completion_stream_matches_recorded_vllm(smollm2_server):
 def test_chat_stream_matches_recorded_vllm(smollm2_server):
     vllm = recorded_chunks("vllm_cpu_chat_stream.txt")
     ours = our_chunks(smollm2_server.url, "/v1/chat/completions", {
-        "model": "smollm2", "messages": [{"role": "user", "content": "What is 'cat' in Japanese? Write it in hiragana."}],
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is 'cat' in Japanese? Write it in hiragana."}],
         "max_tokens": 64, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     assert len(ours) == len(vllm)
@@ -204,8 +205,8 @@ def _metric(text: str, name: str) -> float:
 async def _open_and_drop(url: str, rng: random.Random) -> None:
     # Long enough that no stream can end before its client goes: the engine core steps on its own, so on a
     # loaded machine it may run far ahead of a front end that has yet to notice a dropped connection.
-    body = {"prompt": "stream me " * rng.randint(1, 20), "max_tokens": rng.randint(800, 950), "ignore_eos": True,
-            "stream": True, "temperature": 0}
+    body = {"prompt": "stream me " * rng.randint(1, 20), "max_tokens": rng.randint(800, 950),
+            "ignore_eos": True, "stream": True, "temperature": 0}
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         resp = await session.post(url + "/v1/completions", json=body)
@@ -221,7 +222,8 @@ async def _open_and_drop(url: str, rng: random.Random) -> None:
 
 @pytest.mark.timing
 def test_dropped_streams_free_every_block(llama_dir, tmp_path):
-    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "1024", "--max-num-seqs", "32") as server:
+    flags = ("--max-model-len", "1024", "--max-num-seqs", "32")
+    with reference_server(str(llama_dir), tmp_path, *flags) as server:
         _drop_streams_and_check(server.url)
 
 
@@ -236,8 +238,9 @@ def _drop_streams_and_check(url: str) -> None:
     deadline = time.monotonic() + 120  # a wait on the server's state: a loaded machine may need a while
     while time.monotonic() < deadline:
         text = requests.get(url + "/metrics", timeout=10).text
-        if (_metric(text, "reference:kv_cache_blocks_used") == 0 and _metric(text, "reference:num_requests_running")
-                == 0 and _metric(text, "reference:num_requests_waiting") == 0):
+        if (_metric(text, "reference:kv_cache_blocks_used") == 0
+                and _metric(text, "reference:num_requests_running") == 0
+                and _metric(text, "reference:num_requests_waiting") == 0):
             break
         time.sleep(0.2)
     assert _metric(text, "reference:kv_cache_blocks_used") == 0, text
@@ -245,18 +248,22 @@ def _drop_streams_and_check(url: str) -> None:
     assert _metric(text, "reference:num_requests_waiting") == 0
     assert _metric(text, "reference:kv_cache_blocks_free") > 0
     assert _metric(text, "reference:num_aborted_requests_total") - before >= 150  # most were cut off mid-way
-    good = requests.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=60)
+    good = requests.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 2},
+                         timeout=60)
     assert good.status_code == 200
 
 
 @pytest.mark.parametrize("protocol", ["openai", "tgi"])
 def test_api_key(llama_dir, tmp_path, protocol):
-    with reference_server(str(llama_dir), tmp_path, "--api-key", "s3cret", "--max-model-len", "128") as server:
+    args = ("--api-key", "s3cret", "--max-model-len", "128")
+    with reference_server(str(llama_dir), tmp_path, *args) as server:
         path, body = (("/v1/completions", {"prompt": "x", "max_tokens": 2}) if protocol == "openai"
                       else ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}}))
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            _check_error_shape(path, requests.post(server.url + path, json=body, headers=headers, timeout=30), 401)
-        ok = requests.post(server.url + path, json=body, headers={"Authorization": "Bearer s3cret"}, timeout=60)
+            _check_error_shape(path, requests.post(server.url + path, json=body, headers=headers, timeout=30),
+                               401)
+        ok = requests.post(server.url + path, json=body, headers={"Authorization": "Bearer s3cret"},
+                           timeout=60)
         assert ok.status_code == 200
         assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
@@ -266,7 +273,8 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
     with reference_server(str(llama_dir), tmp_path, "--max-num-seqs", "1", "--max-waiting", "2",
                           "--max-model-len", "1024") as server:
         async def wait_for(session, name: str, value: float) -> None:
-            deadline = time.monotonic() + 120  # a wait on the server's state: a loaded machine may need a while
+            # a wait on the server's state: a loaded machine may need a while
+            deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 if _metric(await (await session.get(server.url + "/metrics")).text(), name) == value:
                     return
@@ -281,7 +289,8 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
                 tasks += [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))
                           for _ in range(2)]
                 await wait_for(session, "reference:num_requests_waiting", 2)
-                resp = await session.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                resp = await session.post(server.url + "/v1/completions",
+                                          json={"prompt": "x", "max_tokens": 2})
                 status, retry, payload = resp.status, resp.headers.get("Retry-After"), await resp.json()
                 tgi = await session.post(server.url + "/generate", json={"inputs": "x"})
                 tgi_status, tgi_payload = tgi.status, await tgi.json()
@@ -297,7 +306,8 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
 
 @pytest.mark.timing
 def test_sigterm_drains_running_requests_and_exits_zero(llama_dir, tmp_path):
-    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512", "--shutdown-timeout", "20") as server:
+    args = ("--max-model-len", "512", "--shutdown-timeout", "20")
+    with reference_server(str(llama_dir), tmp_path, *args) as server:
         async def main():
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": "drain me", "max_tokens": 200, "ignore_eos": True, "stream": True}

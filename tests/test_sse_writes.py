@@ -1,5 +1,5 @@
-"""Streams when the front end falls behind the engine: outputs that arrive before a handler reads are kept, the
-events ready together are marked, and a writer sends them in one socket write with the same bytes."""
+"""Streams when the front end falls behind the engine: outputs that arrive before a handler reads are kept,
+the events ready together are marked, and a writer sends them in one socket write with the same bytes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_a_request_finished_before_it_is_read_streams_every_token_marked_ready(l
         streams = AsyncEngine(engine)
         streams.start()
         try:
-            gen = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), [])
+            gen = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),
+                                    [])
             streams.submit("r", gen.prompt_ids, gen.params)
             events = generate_tokens(streams, engine.tokenizer, ServerMetrics("m"), "r", gen)
             deadline = time.monotonic() + 60

@@ -84,16 +84,16 @@ def test_engine_with_triton_kernels_matches_torch_kernels(llama_dir):
     outs = {}
     for kernels in ("torch", "triton"):
         # A fixed KV cache: on a GPU the default budget would give the first engine 90% of the memory.
-        engine = Engine(EngineConfig(model=str(llama_dir), device=DEVICE.type, dtype="float32", kernels=kernels,
-                                     block_size=8, enforce_eager=True, num_kv_blocks=256))
+        engine = Engine(EngineConfig(model=str(llama_dir), device=DEVICE.type, dtype="float32",
+                                     kernels=kernels, block_size=8, enforce_eager=True, num_kv_blocks=256))
         outs[kernels] = [o.token_ids for o in engine.generate(prompts, params)]
     assert outs["triton"] == outs["torch"]
 
 
 def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
-    """A model wide enough for the single-row GEMV (hidden 512; its o projection, 128 wide, stays on torch), one
-    sequence so that every decode step is one row, each qkv and gate/up GEMV with its epilogue (rotary + cache
-    write, SiLU * up): the torch path's greedy tokens."""
+    """A model wide enough for the single-row GEMV (hidden 512; its o projection, 128 wide, stays on torch),
+    one sequence so that every decode step is one row, each qkv and gate/up GEMV with its epilogue (rotary +
+    cache write, SiLU * up): the torch path's greedy tokens."""
     from checkpoints import make_checkpoint
 
     from reference_engine import Engine, EngineConfig, SamplingParams
@@ -106,8 +106,8 @@ def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = {}
     for kernels in ("torch", "triton"):
-        engine = Engine(EngineConfig(model=str(model_dir), device=DEVICE.type, dtype="float32", kernels=kernels,
-                                     block_size=8, enforce_eager=True, num_kv_blocks=64))
+        engine = Engine(EngineConfig(model=str(model_dir), device=DEVICE.type, dtype="float32",
+                                     kernels=kernels, block_size=8, enforce_eager=True, num_kv_blocks=64))
         if kernels == "triton":  # qkv, gate/up, down in both layers, and the LM head
             assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 2 * 3 + 1
         outs[kernels] = engine.generate([prompt], params)[0].token_ids
@@ -153,9 +153,9 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("unroll, preload", [(False, False), (True, False), (False, True), (True, True)])
 def test_single_row_gemv_matches_linear(dtype, bias, unroll, preload, monkeypatch):
-    """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of its
-    column step, a tied-style shared weight, and more than one row handed back to cuBLAS; its loop over the
-    input compiled as a loop or written out; its first tile loaded in the loop or ahead of it."""
+    """The batch-1 GEMV against F.linear: outputs not a multiple of its row block, inputs not a multiple of
+    its column step, a tied-style shared weight, and more than one row handed back to cuBLAS; its loop over
+    the input compiled as a loop or written out; its first tile loaded in the loop or ahead of it."""
     from reference_engine.kernels import triton_ops
     from reference_engine.kernels.triton_ops import GemvLinear, gemv_suits, use_gemv_for_single_rows
 
@@ -196,7 +196,8 @@ def test_gemv_prefetches_only_aligned_long_rows():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_f,bias", [(1024, False), (1040, True)])  # 2 x 1024 and 4 x 512 tilings (K masked)
+# 2 x 1024 and 4 x 512 tilings (K masked)
+@pytest.mark.parametrize("in_f,bias", [(1024, False), (1040, True)])
 @pytest.mark.parametrize("preload", [False, True])
 def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, preload, monkeypatch):
     """At one row the gate/up GEMV applies SiLU * up and the qkv GEMV rotary + cache write in their epilogues:
@@ -232,13 +233,13 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
         for name, ops in (("fused", fused), ("separate", separate), ("ref", ref)):
             k_cache, v_cache = k_before.clone(), v_before.clone()
             if name == "fused":
-                q = ops.project_rope_and_write_kv(qkv_proj, x, position, cos, sin, k_cache, v_cache, slots, heads,
-                                                  kv_heads)
+                q = ops.project_rope_and_write_kv(qkv_proj, x, position, cos, sin, k_cache, v_cache, slots,
+                                                  heads, kv_heads)
             else:
                 qkv = qkv_proj(x) if name == "separate" else torch.nn.functional.linear(
                     x, qkv_proj.weight, qkv_proj.bias)
-                q = ops.rope_and_write_kv(qkv, position, cos, sin, k_cache, v_cache, slots.clamp(min=0), heads,
-                                          kv_heads)
+                q = ops.rope_and_write_kv(qkv, position, cos, sin, k_cache, v_cache, slots.clamp(min=0),
+                                          heads, kv_heads)
                 if slot < 0:
                     k_cache, v_cache = k_before, v_before
             caches[name] = (q, k_cache, v_cache)
@@ -246,4 +247,5 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
             assert torch.equal(a, b)
         for a, b in zip(caches["fused"], caches["ref"], strict=True):
             assert rel_err(a, b) < TOL[dtype]
-        assert torch.equal(caches["fused"][1] != k_before, caches["ref"][1] != k_before)  # the same slot written
+        # the same slot written
+        assert torch.equal(caches["fused"][1] != k_before, caches["ref"][1] != k_before)

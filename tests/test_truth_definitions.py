@@ -1,5 +1,6 @@
-"""benchmarks/truth: each client's definitions applied to a known server log, and the importers of the clients'
-own output files (vLLM bench JSON, AIPerf JSONL, GuideLLM JSON) read back into errors against that truth."""
+"""benchmarks/truth: each client's definitions applied to a known server log, and the importers of the
+clients' own output files (vLLM bench JSON, AIPerf JSONL, GuideLLM JSON) read back into errors against that
+truth."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ def test_role_chunk_definitions():
     aiperf, guidellm = true_metrics(truth, "aiperf"), true_metrics(truth, "guidellm")
     assert approx(ours["ttft"], 0.1) and approx(ours["tpot"], 0.01) and approx(ours["itl"], [0.01, 0.01])
     # vLLM bench: the role-only chunk has a non-empty `choices` list: it is the "first token"
-    assert approx(vllm["ttft"], 0.001) and approx(vllm["tpot"], 0.119 / 2) and approx(vllm["itl"], [0.099, 0.01, 0.01])
+    assert approx(vllm["ttft"], 0.001) and approx(vllm["tpot"], 0.119 / 2)
+    assert approx(vllm["itl"], [0.099, 0.01, 0.01])
     assert approx(aiperf["ttft"], 0.1) and approx(aiperf["itl"], [0.01, 0.01])
     # GuideLLM: TPOT includes TTFT; ITL is one mean per request
-    assert approx(guidellm["ttft"], 0.1) and approx(guidellm["tpot"], 0.12 / 3) and approx(guidellm["itl"], [0.01])
+    assert approx(guidellm["ttft"], 0.1) and approx(guidellm["tpot"], 0.12 / 3)
+    assert approx(guidellm["itl"], [0.01])
 
 
 def test_empty_text_and_multi_token_definitions():
@@ -43,7 +46,8 @@ def test_empty_text_and_multi_token_definitions():
     assert approx(true_metrics(truth, "vllm")["itl"], [0.01] * 3)
     aiperf = true_metrics(truth, "aiperf")
     assert approx(aiperf["itl"], [0.02]) and approx(aiperf["tpot"], 0.02 / 3)
-    multi = truth_from_log({"request_id": "m", "received_s": 0.9, "events": [[1.0, 2, "token"], [1.04, 2, "token"]]},
+    multi = truth_from_log({"request_id": "m", "received_s": 0.9,
+                            "events": [[1.0, 2, "token"], [1.04, 2, "token"]]},
                            ScriptedSchedule(tokens_per_event=2))
     assert approx(true_metrics(multi, "ours")["itl"], [0.02, 0.02])  # per token: k gaps of gap/k
     assert approx(true_metrics(multi, "vllm")["itl"], [0.04])  # per chunk
@@ -66,7 +70,8 @@ def test_importers_read_each_clients_output_and_pair_it(tmp_path):
 
     # AIPerf: X-Request-ID in each record's metadata, values in ms, warm-up records skipped
     record = {"metadata": {"x_request_id": "truth-0", "benchmark_phase": "profiling"}, "metrics": {
-        "time_to_first_token": {"value": 100.0, "unit": "ms"}, "inter_token_latency": {"value": 10.0, "unit": "ms"},
+        "time_to_first_token": {"value": 100.0, "unit": "ms"},
+        "inter_token_latency": {"value": 10.0, "unit": "ms"},
         "inter_chunk_latency": {"value": [10.0, 10.0], "unit": "ms"}}}
     warm = {**record, "metadata": {"x_request_id": "w", "benchmark_phase": "warmup"}}
     (tmp_path / "aiperf.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(warm) + "\n")
@@ -76,8 +81,10 @@ def test_importers_read_each_clients_output_and_pair_it(tmp_path):
 
     # GuideLLM: the server's chunk id as response_id; requests outside the measured window are skipped
     def req(rid: str, start: float) -> dict:
-        return {"response_id": f"chatcmpl-{rid}", "request_start_time": start, "request_end_time": start + 0.12,
-                "time_to_first_token_ms": 101.0, "time_per_output_token_ms": 40.0, "inter_token_latency_ms": 10.0}
+        return {"response_id": f"chatcmpl-{rid}", "request_start_time": start,
+                "request_end_time": start + 0.12,
+                "time_to_first_token_ms": 101.0, "time_per_output_token_ms": 40.0,
+                "inter_token_latency_ms": 10.0}
 
     (tmp_path / "guidellm.json").write_text(json.dumps({"benchmarks": [{
         "start_time": 10.0, "end_time": 20.0,
@@ -85,5 +92,6 @@ def test_importers_read_each_clients_output_and_pair_it(tmp_path):
     measured = list(importers.guidellm(tmp_path / "guidellm.json"))
     assert [m.request_id for m in measured] == ["scripted-7"]
     errors = compare(measured, truths, "guidellm").summary()
-    assert errors["ttft_max_ms"] == pytest.approx(1.0) and errors["tpot_max_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert errors["ttft_max_ms"] == pytest.approx(1.0)
+    assert errors["tpot_max_ms"] == pytest.approx(0.0, abs=1e-6)
     assert errors["itl_n"] == 1

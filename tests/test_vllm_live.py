@@ -72,7 +72,8 @@ def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     out = tmp_path / "run"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "compare.cli", "run", "--backends", "vllm", "--endpoint", f"vllm={vllm_tiny.url}",
+        [sys.executable, "-m", "compare.cli", "run", "--backends", "vllm", "--endpoint",
+         f"vllm={vllm_tiny.url}",
          "--model", str(llama_dir), "--dataset", "random", "--input-len", "32", "--output-len", "8",
          "--concurrency", "2", "--num-requests", "6", "--out", str(out)],
         env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300, cwd=root)
@@ -85,6 +86,7 @@ def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     assert row["requests_ok"] == 6 and row["requests_failed"] == 0
     # The tiny model decodes faster than vLLM's API process streams: its tokens often reach us in one socket
     # read, so TPOT by the declared definition can be 0 here; it is never negative or missing.
-    assert 0 < row["ttft_p50_ms"] < 30_000 and row["tpot_p50_ms"] >= 0 and row["e2e_p50_ms"] >= row["ttft_p50_ms"]
+    assert 0 < row["ttft_p50_ms"] < 30_000 and row["tpot_p50_ms"] >= 0
+    assert row["e2e_p50_ms"] >= row["ttft_p50_ms"]
     for name in ("manifest.json", "report.md", "report.html"):
         assert (out / name).is_file()

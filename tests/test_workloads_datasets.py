@@ -42,7 +42,8 @@ def words():
 
 def assert_token_exact(tokenizer, specs):
     for spec in specs:
-        assert tokenizer.encode(spec.prompt_text, add_special_tokens=False) == list(spec.prompt_token_ids), spec
+        encoded = tokenizer.encode(spec.prompt_text, add_special_tokens=False)
+        assert encoded == list(spec.prompt_token_ids), spec
         assert not set(spec.prompt_token_ids) & set(tokenizer.all_special_ids)
 
 
@@ -60,7 +61,8 @@ def test_random_prompts_are_token_exact(name, request):
 def test_same_seed_same_prompts_other_seed_other_prompts(bpe):
     a = random_dataset(bpe, 5, 64, 16, seed=3)
     assert a == random_dataset(bpe, 5, 64, 16, seed=3)
-    assert [s.prompt_token_ids for s in a] != [s.prompt_token_ids for s in random_dataset(bpe, 5, 64, 16, seed=4)]
+    other = random_dataset(bpe, 5, 64, 16, seed=4)
+    assert [s.prompt_token_ids for s in a] != [s.prompt_token_ids for s in other]
 
 
 def test_fixed_scenario(bpe):
@@ -98,7 +100,8 @@ def test_sharegpt_file(bpe, tmp_path):
     assert set(by_id) == {"sharegpt-conv-a", "sharegpt-conv-b", "sharegpt-conv-d"}
     b = by_id["sharegpt-conv-b"]
     assert b.prompt_text == "Name three sampling parameters."
-    assert b.wanted_output_tokens == len(bpe.encode("Temperature, top-p and top-k.", add_special_tokens=False))
+    assert b.wanted_output_tokens == len(bpe.encode("Temperature, top-p and top-k.",
+                                                    add_special_tokens=False))
     assert_token_exact(bpe, specs)
     assert len(sharegpt_dataset(DATA / "sharegpt_small.json", bpe, n=2, seed=1)) == 2
     drawn = sharegpt_dataset(DATA / "sharegpt_small.json", bpe, seed=1, output_len="fixed:33")

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from workloads.sse_decoder import SSEDecoder, SSEEvent
 
 # field values: no CR/LF (they end lines); may contain ':' and non-ASCII
-values = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30)
+values = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
+                 max_size=30)
 endings = st.sampled_from(["\n", "\r\n", "\r"])
 
 

@@ -84,32 +84,34 @@ class Started:
     wanted_output_tokens: int
 
 
+@dataclass(frozen=True)
+class RecordLabels:
+    """What every record of one load point is labelled with, and whether the backend was made to produce
+    exactly the wanted output length."""
+
+    run_id: str
+    backend: str
+    variant: str
+    load_point: str
+    output_length_forced: bool
+
+
 def lost_record(
-    started: Started,
-    *,
-    run_id: str,
-    backend: str,
-    variant: str,
-    load_point: str,
-    t0: float,
-    offset_s: float,
-    host: str,
-    forced: bool,
-    reason: str,
+    started: Started, labels: RecordLabels, *, t0: float, offset_s: float, host: str, reason: str
 ) -> RequestRecord:
     """The record of a request that was in flight on a load generator that died: what is known of it (when
     it was due and began, on the driver's clock) and why nothing more is."""
     return RequestRecord(
-        run_id=run_id,
+        run_id=labels.run_id,
         request_id=started.request_id,
-        backend=backend,
-        variant=variant,
-        load_point=load_point,
+        backend=labels.backend,
+        variant=labels.variant,
+        load_point=labels.load_point,
         warmup=started.warmup,
         t0_monotonic=t0,
         prompt_tokens=started.prompt_tokens,
         wanted_output_tokens=started.wanted_output_tokens,
-        output_length_forced=forced,
+        output_length_forced=labels.output_length_forced,
         scheduled_s=started.scheduled + offset_s - t0,
         start_s=started.start + offset_s - t0,
         error_kind=ErrorKind.CLIENT_LOST,

@@ -37,7 +37,15 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from adapters.request_spec import RequestSpec
-from workloads.clocks import ClockOffset, ClockSample, Started, estimate_offset, lost_record, to_driver_clock
+from workloads.clocks import (
+    ClockOffset,
+    ClockSample,
+    RecordLabels,
+    Started,
+    estimate_offset,
+    lost_record,
+    to_driver_clock,
+)
 from workloads.loadgen import PointJob, build_summary, new_runner, run_load
 from workloads.records import ErrorKind, RecordWriter, RequestRecord
 from workloads.schedule import ClosedLoop
@@ -498,17 +506,13 @@ class _Point:
             self.writer.append(record)
 
     def _lose(self, stream: _Stream, kind: ErrorKind, reason: str) -> None:
+        job = self.job
+        labels = RecordLabels(run_id=job.run_id, backend=job.backend, variant=job.variant,
+                              load_point=job.load_point,
+                              output_length_forced=job.adapter.forces_output_length)
         for started in list(stream.inflight.values()):
             record = lost_record(
-                started,
-                run_id=self.job.run_id,
-                backend=self.job.backend,
-                variant=self.job.variant,
-                load_point=self.job.load_point,
-                t0=self.t0,
-                offset_s=stream.offset.offset_s,
-                host=stream.slot.host,
-                forced=self.job.adapter.forces_output_length,
+                started, labels, t0=self.t0, offset_s=stream.offset.offset_s, host=stream.slot.host,
                 reason=reason,
             )
             if kind != ErrorKind.CLIENT_LOST:

@@ -1,11 +1,11 @@
-"""A real Hugging Face checkpoint of a named Llama shape: random bf16 weights, saved as safetensors beside a real
-tokenizer's files, so that vLLM and our engine load the very same files (as a user's checkpoint) and their
-responses re-tokenise to the token counts they report.
+"""A real Hugging Face checkpoint of a named Llama shape: random bf16 weights, saved as safetensors beside a
+real tokenizer's files, so that vLLM and our engine load the very same files (as a user's checkpoint) and
+their responses re-tokenise to the token counts they report.
 
     python benchmarks/h200_serving/random_checkpoint.py OUT_DIR llama-2-7b --tokenizer TOKENIZER_DIR
 
-The vocabulary is the tokenizer's; every other dimension is the shape's (reference_engine.model_config). Weights
-are drawn on the GPU when there is one (a 7B in seconds), seeded, then written with transformers.
+The vocabulary is the tokenizer's; every other dimension is the shape's (reference_engine.model_config).
+Weights are drawn on the GPU when there is one (a 7B in seconds), seeded, then written with transformers.
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from reference_engine.model_config import named_shape
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("shape", help="a named shape, e.g. llama-3.2-1b, llama-2-7b")
-    p.add_argument("--tokenizer", type=Path, required=True, help="a directory with tokenizer.json and its config")
+    p.add_argument("--tokenizer", type=Path, required=True,
+                   help="a directory with tokenizer.json and its config")
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

