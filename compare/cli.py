@@ -148,8 +148,9 @@ def run(**given: Any) -> None:
 def _parameter(option: RunOption) -> inspect.Parameter:
     """The typer parameter of a run option: not given (None) unless the command line alone has it; the help
     escaped, so that `[default: ...]` reads as written."""
+    # Names always given: typer 0.27 named an option after its metavar when none was (--MODEL, not --model).
     info = typer.Option(
-        *option.flags,
+        *(option.flags or (option.flag,)),
         help=escape(option.help),
         rich_help_panel=option.panel,
         metavar=option.metavar,

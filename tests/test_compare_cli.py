@@ -416,3 +416,17 @@ def test_a_run_file_takes_a_trace_and_a_prefix_workload(planned, tmp_path):
     assert isinstance(trace, TraceReplay) and list(trace.offsets(3)) == [0.0, 1.0, 3.0]
     (workload,) = plan.workloads
     assert (workload.prefix_len, workload.prefix_groups, workload.label) == (64, 2, "prefix-2x64+16x8")
+
+
+def test_every_run_option_answers_to_its_declared_flag():
+    """The command line takes each run option under the name the option table declares, whatever typer makes
+    of metavars (typer 0.27 named options without explicit names after their metavar: --MODEL)."""
+    import typer
+
+    from compare.cli import app
+    from compare.run_options import RUN_OPTIONS
+
+    run = typer.main.get_command(app).commands["run"]
+    opts = {opt for param in run.params for opt in param.opts}
+    assert {option.flag for option in RUN_OPTIONS} <= opts
+    assert not [opt for opt in opts if opt.startswith("--") and opt != opt.lower()]
