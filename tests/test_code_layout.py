@@ -8,7 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_engine_layout import _runtime_nodes, cycles
+from test_engine_layout import cycles
+from test_engine_layout import import_graph as package_import_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ("compare", "workloads", "adapters")  # the packages the size and cycle rules apply to
@@ -18,50 +19,9 @@ MAX_PARAMETERS = 8
 MAX_CLI_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            mods[".".join(parts)] = path
-    return mods
-
-
-def _absolute(mod: str, path: Path, node: ast.ImportFrom) -> str:
-    """The module an `from ... import` names, with relative imports resolved against `mod`."""
-    if not node.level:
-        return node.module or ""
-    base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def import_graph() -> dict[str, set[str]]:
     """module -> the four packages' modules it imports, at the top or inside functions."""
-    mods = _modules()
-
-    def owner(name: str) -> str | None:
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        for node in _runtime_nodes(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = _absolute(mod, path, node)
-                names = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
-            else:
-                continue
-            for name in names:
-                target = owner(name) if name.split(".")[0] in PACKAGES else None
-                if target and target != mod:
-                    graph[mod].add(target)
-    return graph
+    return package_import_graph(PACKAGES)
 
 
 def _package(module: str) -> str:

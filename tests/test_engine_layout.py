@@ -6,16 +6,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "reference_engine"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("reference_engine",)
 
 
-def _modules() -> dict[str, Path]:
+def _modules(packages: tuple[str, ...]) -> dict[str, Path]:
     mods = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = path
     return mods
 
 
@@ -32,9 +34,18 @@ def _runtime_nodes(tree: ast.AST):
                 stack.append(child)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package's modules it imports, at the top or inside functions."""
-    mods = _modules()
+def _absolute(mod: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` names, with relative imports resolved against `mod`."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """module -> the packages' modules it imports, at the top or inside functions."""
+    mods = _modules(packages)
 
     def owner(name: str) -> str | None:
         while name and name not in mods:
@@ -46,14 +57,13 @@ def import_graph() -> dict[str, set[str]]:
         for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                assert node.level == 0, f"{mod}: relative import"
-                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                         for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(mod, path, node)
+                names = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
             else:
                 continue
             for name in names:
-                target = owner(name) if name.split(".")[0] == PACKAGE.name else None
+                target = owner(name) if name.split(".")[0] in packages else None
                 if target and target != mod:
                     graph[mod].add(target)
     return graph
@@ -94,6 +104,13 @@ def layer(module: str) -> str:
         return "serving"
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or parts[-1] in ("kernels", "serving") else "core"
+
+
+def test_no_relative_imports():
+    relative = [f"{mod}: line {node.lineno}" for mod, path in _modules(PACKAGES).items()
+                for node in _runtime_nodes(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == []
 
 
 def test_no_import_cycle():
