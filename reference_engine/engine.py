@@ -10,10 +10,11 @@ post-processes N and prepares N+2. Step N+1's positions, slots and block tables 
 A sequence that stops at N by EOS, a stop token or an abort had one more row computed in N+1: that row is
 dropped, and it wrote only into the sequence's own blocks, which later steps can reuse only after N+1 (one
 stream runs the steps in order). Any step that is not a pure decode of every running sequence (a prefill, a
-waiting request, a preemption, too few free blocks, min_tokens in force) waits for the step in
-flight and runs synchronously. Each call still returns one model step's outputs; a request that arrives
-mid-run joins one step later than without overlap, and unseeded random sampling draws differ from the
-synchronous path's where a dropped row took draws; greedy and per-request-seeded tokens are the same.
+waiting request, a preemption, too few free blocks) waits for the step in flight and runs synchronously;
+min_tokens does not (the sampler bans stop tokens by the position being sampled, which the host knows, so a
+benchmark's forced output length overlaps too). Each call still returns one model step's outputs; a request
+that arrives mid-run joins one step later than without overlap, and unseeded random sampling draws differ
+from the synchronous path's where a dropped row took draws; greedy and per-request-seeded tokens are the same.
 """
 
 from __future__ import annotations
@@ -280,16 +281,9 @@ class Engine:
             seq.status, seq.finish_reason = Status.FINISHED, reason
         return RequestOutput.of(seq, [token])
 
-    @staticmethod
-    def _overlappable(seq: Sequence) -> bool:
-        """Whether the sampler needs nothing from the host for this sequence's next token: no stop tokens to
-        ban for min_tokens (which counts tokens the host has not read yet)."""
-        return seq.num_output_tokens >= seq.params.min_tokens
-
     def _launchable(self, batch: ScheduledBatch) -> bool:
         """A pure decode step (every row samples its next token) that can run without the host waiting."""
-        return bool(batch.items) and all(n == 1 and seq.num_uncomputed_tokens == 1 and self._overlappable(seq)
-                                         for seq, n in batch.items)
+        return bool(batch.items) and all(n == 1 and seq.num_uncomputed_tokens == 1 for seq, n in batch.items)
 
     def _ends_by_length(self, seq: Sequence) -> bool:
         """Whether the token now being sampled for `seq` is certainly its last, whatever its value."""
@@ -308,8 +302,6 @@ class Engine:
         rows = [(row, seq) for row, seq in live if not self._ends_by_length(seq)]
         if not rows or len(rows) > sched.max_num_batched_tokens:
             return []
-        if not all(self._overlappable(seq) for _, seq in rows):
-            return []
         need = sum(bm.blocks_for(seq.num_computed_tokens + 1) - len(seq.block_table) for _, seq in rows)
         return rows if need <= bm.num_free_blocks else []
 
@@ -323,10 +315,10 @@ class Engine:
         for seq in seqs:
             seq.num_computed_tokens += 1  # its blocks register once the token at that position is known
         self.num_overlapped_steps += 1
-        return self._sample_async(seqs, logits)
+        return self._sample_async(seqs, logits, pending=1)  # `flight`'s tokens are not appended yet
 
-    def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor) -> InFlightStep:
-        tokens = self.sampler.choose(logits, seqs)
+    def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor, pending: int = 0) -> InFlightStep:
+        tokens = self.sampler.choose(logits, seqs, pending)
         wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
         logprobs = self.sampler.logprobs(logits, tokens, wanted) if wanted else None
         if tokens.device.type != "cuda":

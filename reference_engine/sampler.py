@@ -40,16 +40,17 @@ class Sampler:
         picked = chosen.index_select(0, index)
         return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
 
-    def choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, seqs: list[Sequence], pending: int = 0) -> torch.Tensor:
         """The chosen tokens as a tensor on the logits' device, so that a caller can use them there
-        without waiting for the device (overlapped decode feeds them to the next step)."""
-        if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
+        without waiting for the device (overlapped decode feeds them to the next step). `pending`: tokens
+        already chosen for every row but not yet appended to its sequence (1 for a step queued behind the
+        one in flight), so that min_tokens bans stop tokens up to the right position."""
+        bans = [(row, banned) for row, seq in enumerate(seqs)
+                if seq.num_output_tokens + pending < seq.params.min_tokens and (banned := self.stop_ids(seq))]
+        if bans:
             logits = logits.clone()  # the caller's logits stay raw, for logprobs
-        for row, seq in enumerate(seqs):
-            if seq.num_output_tokens < seq.params.min_tokens:
-                banned = self.stop_ids(seq)
-                if banned:
-                    logits[row].index_fill_(0, to_device(banned, logits.device, torch.long), float("-inf"))
+            for row, banned in bans:
+                logits[row].index_fill_(0, to_device(banned, logits.device, torch.long), float("-inf"))
         greedy = [seq.params.greedy for seq in seqs]
         tokens = logits.argmax(dim=-1)
         if all(greedy):

@@ -150,6 +150,7 @@ def test_bad_input_fails_before_sending(server, tmp_path):
 def test_cancelling_the_run_records_in_flight_requests(server, tmp_path):
     out = tmp_path / "requests.jsonl"
     long = {"ttft_s": 0.01, "itl_s": 0.05}  # 200 tokens: 10 s a stream, far longer than the wait
+    server.wait_idle()  # no stream left over from an earlier test counts as one of ours
 
     async def scenario():
         task = asyncio.create_task(run_load(PointJob(server.url, get_adapter("vllm"),
@@ -183,12 +184,14 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
         print(json.dumps(sorted(str(r.error_kind) for r in records)), flush=True)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    server.wait_idle()  # streams the previous test cancelled must not count as these four
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
     assert proc.stdout.readline().strip() == "started"
     server.wait_streaming(4)  # the four streams are under way (10 s each), however slow the machine
     proc.send_signal(signal.SIGINT)
-    stdout, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
     kinds = json.loads(stdout.strip().splitlines()[-1])
     assert kinds == ["cancelled"] * 4
     assert len(read_records(out)) == 4

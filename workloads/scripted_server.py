@@ -616,6 +616,15 @@ class ServerHandle:
                 raise TimeoutError(f"{now} of {count} requests streaming after {timeout_s} s")
             time.sleep(0.01)
 
+    def wait_idle(self, timeout_s: float = 60.0) -> None:
+        """Block until no request is streaming: streams an earlier test dropped end only when the server next
+        writes to them, and until then they would count towards a later test's `wait_streaming`."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.streaming()) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{now} requests still streaming after {timeout_s} s")
+            time.sleep(0.01)
+
     def kill(self) -> None:
         """SIGKILL: the server dies mid-run, as a crashed backend would."""
         self.process.kill()
