@@ -13,7 +13,6 @@ end's (detokenising, JSON, socket writes) to release a GIL.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import signal
 import time
@@ -26,6 +25,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.config import cpu_threads as default_threads
 from reference_engine.engine import Engine, EngineStats
 from reference_engine.engine_info import EngineInfo
+from reference_engine.heap import freeze_startup_heap
 from reference_engine.sequence import RequestOutput
 
 log = logging.getLogger("reference_engine.core")
@@ -83,10 +83,7 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         except Exception:  # an exception that does not pickle: send its words
             results.send(("failed", RuntimeError(f"{type(exc).__name__}: {exc}")))
         return
-    # Everything built so far (modules, weights, graphs, kernels) lives as long as the process: frozen, the
-    # collector's sweeps while serving no longer walk it.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap("engine core")  # modules, weights, graphs, kernels: out of the collector's sweeps
     try:
         results.send(("ready", EngineInfo.of(engine)))
         EngineCore(engine, commands, results).serve()

@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from reference_engine.config import cpu_threads
 from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
+from reference_engine.heap import freeze_startup_heap
 from reference_engine.serving.async_engine import AsyncEngine
 from reference_engine.serving.core_process import LOG_FORMAT, StartedCore, start_engine_core
 from reference_engine.serving.engine_client import connect_engine_core
@@ -232,6 +233,7 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    freeze_startup_heap("front end")  # modules, tokenizer, app: out of the collector's sweeps while serving
     log.info("server ready at http://%s:%d in %.3f s", args.host, args.port, time.perf_counter() - started)
     await stop.wait()
     log.info("shutting down: draining %d requests for up to %.1f s", state.async_engine.num_active,
