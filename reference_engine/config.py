@@ -54,6 +54,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = None  # None: the default buckets up to max_num_seqs
+    # Context bounds to capture every decode graph for besides max_model_len (cuda_graphs.py says why)
+    cuda_graph_context_bounds: list[int] | None = None
     kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
     cpu_linear: str = "onednn"  # float32 linears on a CPU: oneDNN on packed weights, or "torch" (F.linear)
     seed: int = 0
@@ -78,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if any(bound < 1 for bound in self.cuda_graph_context_bounds or []):
+            raise ValueError(f"cuda_graph_context_bounds must be >= 1, got {self.cuda_graph_context_bounds}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_memory is not None:

@@ -3,9 +3,14 @@
 One graph per padded batch-size bucket, captured largest first into one shared memory pool (the smaller
 graphs reuse the largest one's activation memory). Inputs live in static buffers; a batch of n sequences
 replays the smallest bucket >= n, and the padded rows use slot -1 (their K/V are written nowhere) and a
-one-token context. Attention is launched for max_model_len so one capture serves every context length.
-The LM head runs inside the graph; sampling runs outside it. Capture time per bucket and the pool's memory
-are measured for the setup report.
+one-token context. A graph fixes its kernels' grids, so decode attention is launched for a bound on the
+context: max_model_len, so that one capture serves every length. Given shorter bounds (`context_bounds`,
+the server's --cudagraph-context-bounds), each batch size is captured again for each, and a step replays
+the smallest bound that holds its longest context: attention's programs grow with the bound, and at
+max_model_len 4096 and a 600-token context six in seven of them find no context. Every bound cuts a sequence
+into the same partitions (sized by max_model_len), so the bits do not depend on the bound. The LM head runs
+inside the graph; sampling runs outside it. Capture time per bucket and the pool's memory are measured for
+the setup report.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ log = logging.getLogger("reference_engine")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
+def graph_context_bounds(max_model_len: int, requested: list[int] | None) -> list[int]:
+    """The context bounds graphs are captured for, shortest first: those requested below max_model_len, and
+    max_model_len. Each costs one more capture of every batch size at start-up."""
+    return sorted({bound for bound in requested or [] if bound < max_model_len} | {max_model_len})
+
+
 def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> list[int]:
     """Buckets 1, 2, 4, 8, 16, 24, 32, 48, 64, then steps of 32 up to max_num_seqs, and max_num_seqs itself
     (or the sizes given)."""
@@ -38,20 +49,24 @@ def graph_batch_sizes(max_num_seqs: int, explicit: list[int] | None = None) -> l
 class CaptureReport:
     warmup_seconds: float = 0.0  # eager steps at the largest and smallest size first: kernel compiles, cuBLAS
     # each bucket's own warm-up step + capture
-    seconds_per_bucket: dict[int, float] = field(default_factory=dict)
+    seconds_per_bucket: dict[int, float] = field(default_factory=dict)  # a batch size, all its bounds
     pool_bytes_per_bucket: dict[int, int] = field(default_factory=dict)  # pool growth when capturing each
+    context_bounds: list[int] = field(default_factory=list)
     total_seconds: float = 0.0
     pool_bytes: int = 0
 
 
 class CUDAGraphRunner:
-    def __init__(self, model: LlamaModel, max_model_len: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: LlamaModel, max_model_len: int, block_size: int, device: torch.device,
+                 context_bounds: list[int] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.device = device
         self.max_blocks = -(-max_model_len // block_size)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.context_bounds = graph_context_bounds(max_model_len, context_bounds)
+        # keyed by (batch size, context bound)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self.report = CaptureReport()
         self.max_batch = 0
 
@@ -74,14 +89,14 @@ class CUDAGraphRunner:
                             for _ in range(2)]
         self.num_runs = 0
 
-    def _batch(self, size: int) -> AttentionBatch:
+    def _batch(self, size: int, bound: int) -> AttentionBatch:
         return AttentionBatch(slot_mapping=self.slot_mapping[:size], num_decode=size,
                               decode_block_tables=self.block_tables[:size],
                               decode_context_lens=self.context_lens[:size],
-                              decode_max_context=self.max_model_len)
+                              decode_max_context=bound, decode_split_context=self.max_model_len)
 
-    def _forward(self, size: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:size], self.positions[:size], self._batch(size))
+    def _forward(self, size: int, bound: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self._batch(size, bound))
         return self.model.logits(hidden)
 
     @torch.inference_mode()
@@ -95,32 +110,41 @@ class CUDAGraphRunner:
         # own, measured apart so that a bucket's time is what that bucket costs. The smallest size too: one
         # row runs kernels of its own (the single-row GEMV).
         for size in sorted({max(sizes), min(sizes)}, reverse=True):
-            self._forward(size)
+            self._forward(size, self.max_model_len)
         torch.cuda.synchronize(self.device)
         self.report.warmup_seconds = time.perf_counter() - start
-        for size in sorted(sizes, reverse=True):
-            t0 = time.perf_counter()
-            torch.cuda.empty_cache()  # what stays reserved after this is the graphs' pool (and their outputs)
-            reserved = torch.cuda.memory_reserved(self.device)
-            self._forward(size)  # warm-up: compiles kernels and sizes workspaces outside the capture
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            self.graphs[size] = graph
-            self.report.seconds_per_bucket[size] = time.perf_counter() - t0
-            self.report.pool_bytes_per_bucket[size] = torch.cuda.memory_reserved(self.device) - reserved
+        for bound in reversed(self.context_bounds):
+            for size in sorted(sizes, reverse=True):
+                self._capture(size, bound, pool)
+        self.report.context_bounds = list(self.context_bounds)
         self.report.total_seconds = time.perf_counter() - start
         self.report.pool_bytes = sum(self.report.pool_bytes_per_bucket.values())
         return self.report
 
+    def _capture(self, size: int, bound: int, pool: tuple) -> None:
+        t0 = time.perf_counter()
+        torch.cuda.empty_cache()  # what stays reserved after this is the graphs' pool (and their outputs)
+        reserved = torch.cuda.memory_reserved(self.device)
+        self._forward(size, bound)  # warm-up: compiles kernels and sizes workspaces outside the capture
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.logits[size, bound] = self._forward(size, bound)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.graphs[size, bound] = graph
+        report = self.report
+        report.seconds_per_bucket[size] = report.seconds_per_bucket.get(size, 0.0) + time.perf_counter() - t0
+        report.pool_bytes_per_bucket[size] = (report.pool_bytes_per_bucket.get(size, 0)
+                                              + torch.cuda.memory_reserved(self.device) - reserved)
+
     def bucket_for(self, n: int) -> int | None:
-        for size in sorted(self.graphs):
-            if size >= n:
-                return size
-        return None
+        """The smallest captured batch size that holds n rows (None: run eager)."""
+        return min((size for size, _ in self.graphs if size >= n), default=None)
+
+    def bound_for(self, longest_context: int) -> int:
+        """The smallest captured context bound that holds the batch's longest context."""
+        return next(bound for bound in self.context_bounds if bound >= longest_context)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
             context_lens: list[int], gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
@@ -132,6 +156,7 @@ class CUDAGraphRunner:
         must have waited for a run's outputs before the run after next."""
         n = len(input_ids)
         size = self.bucket_for(n)
+        key = size, self.bound_for(max(context_lens))
         rows = self.host_rows[self.num_runs % 2]
         host_tables = self.host_tables[self.num_runs % 2]
         self.num_runs += 1
@@ -150,5 +175,5 @@ class CUDAGraphRunner:
         self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
         if gather is not None:
             torch.index_select(gather[0], 0, self.gather_rows[:n], out=self.input_ids[:n])
-        self.graphs[size].replay()
-        return self.logits[size][:n]
+        self.graphs[key].replay()
+        return self.logits[key][:n]

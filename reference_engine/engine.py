@@ -126,7 +126,8 @@ class Engine:
                     f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens, "
                     f"{self.setup.kv_cache_bytes / 2**30:.3f} GiB")
         if self.device.type == "cuda" and not config.enforce_eager:
-            report = self.runner.capture_cuda_graphs(config.max_num_seqs, config.cuda_graph_batch_sizes)
+            report = self.runner.capture_cuda_graphs(config.max_num_seqs, config.cuda_graph_batch_sizes,
+                                                     config.cuda_graph_context_bounds)
             self.setup.cuda_graph_buckets = sorted(report.seconds_per_bucket)
             self.setup.cuda_graph_warmup_seconds = report.warmup_seconds
             self.setup.cuda_graph_capture_seconds = dict(report.seconds_per_bucket)
@@ -134,8 +135,10 @@ class Engine:
             self._phase("capture_cuda_graphs", report.total_seconds,
                         f"CUDA graphs captured: {len(report.seconds_per_bucket)} buckets "
                         f"{self.setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB")
-            log.info("CUDA graphs: first-use warm-up %.3f s, then per bucket %s", report.warmup_seconds,
-                     ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()))
+            log.info("CUDA graphs: first-use warm-up %.3f s, then per bucket %s; context bounds %s",
+                     report.warmup_seconds,
+                     ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()),
+                     report.context_bounds)
         if config.warm_up if config.warm_up is not None else self.device.type == "cuda":
             t4 = time.perf_counter()
             steps = self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)

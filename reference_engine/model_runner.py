@@ -213,8 +213,10 @@ class ModelRunner:
                                              bs))
         return step
 
-    def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None) -> CaptureReport:
-        self.graphs = CUDAGraphRunner(self.model, self.max_model_len, self.block_size, self.device)
+    def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None,
+                            context_bounds: list[int] | None = None) -> CaptureReport:
+        self.graphs = CUDAGraphRunner(self.model, self.max_model_len, self.block_size, self.device,
+                                      context_bounds)
         return self.graphs.capture(graph_batch_sizes(max_num_seqs, sizes))
 
     def execute(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:

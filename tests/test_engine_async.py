@@ -248,35 +248,47 @@ class ReplayOnCPU:
     """Stands in for a captured decode graph: reads the runner's static input buffers, as a replay does, and
     runs the model on the rows that are not padding into the graph's static logits."""
 
-    def __init__(self, runner: CUDAGraphRunner, size: int, block_size: int) -> None:
-        self.runner, self.size, self.block_size = runner, size, block_size
+    def __init__(self, runner: CUDAGraphRunner, size: int, bound: int, block_size: int,
+                 replayed: list[tuple[int, int]]) -> None:
+        self.runner, self.size, self.bound, self.block_size = runner, size, bound, block_size
+        self.replayed = replayed
 
     def replay(self) -> None:
         r = self.runner
         n = int((r.slot_mapping[:self.size] >= 0).sum())
+        longest, shorter = int(r.context_lens[:n].max()), [b for b in r.context_bounds if b < self.bound]
+        assert longest <= self.bound, "a graph replayed for a context beyond its bound"
+        assert not shorter or longest > shorter[-1], "a shorter bound would have held this step"
+        self.replayed.append((self.size, self.bound))
         assert bool((r.slot_mapping[n:self.size] == -1).all()), "padded rows must write no cache slot"
         batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n,
                                decode_block_tables=r.block_tables[:n],
                                decode_context_lens=r.context_lens[:n], decode_max_context=r.max_model_len)
         batch.decode_mask = decode_mask(batch.decode_context_lens, r.max_blocks * self.block_size)
-        r.logits[self.size][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
+        r.logits[self.size, self.bound][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
 
 
-def with_stand_in_graphs(engine: Engine, sizes: list[int]) -> Engine:
+def with_stand_in_graphs(engine: Engine, sizes: list[int], bounds: list[int] | None = None
+                         ) -> list[tuple[int, int]]:
+    """Stand-in graphs for every batch size and context bound; returns the list their replays append to."""
     bs = engine.block_manager.block_size
-    runner = CUDAGraphRunner(engine.runner.model, engine.max_model_len, bs, engine.device)
+    runner = CUDAGraphRunner(engine.runner.model, engine.max_model_len, bs, engine.device, bounds)
     runner._alloc(max(sizes))
+    replayed: list[tuple[int, int]] = []
     for size in sizes:
-        runner.graphs[size] = ReplayOnCPU(runner, size, bs)
-        runner.logits[size] = torch.zeros(size, engine.spec.vocab_size)
+        for bound in runner.context_bounds:
+            runner.graphs[size, bound] = ReplayOnCPU(runner, size, bound, bs, replayed)
+            runner.logits[size, bound] = torch.zeros(size, engine.spec.vocab_size)
     engine.runner.graphs = runner
-    return engine
+    return replayed
 
 
-def test_graph_runner_staging_and_device_gather(llama_dir):
+@pytest.mark.parametrize("context_bounds", [None, [8, 32]])
+def test_graph_runner_staging_and_device_gather(llama_dir, context_bounds):
     """The graph path's input staging (alternating host buffers, padded rows, token ids gathered from the last
     step's samples) on the CPU, with stand-in graphs; batches of 1-7 rows fill buckets 1, 2, 4 and 8 or
-    pad."""
+    pad. With context bounds 8 and 32 (and max_model_len, 128) each step replays the smallest bound that holds
+    its longest context."""
     prompts = random_prompts(7, VOCAB, 2, 40, seed=8)
     eos = common_token(llama_dir, prompts)
     rng = random.Random(8)
@@ -287,7 +299,7 @@ def test_graph_runner_staging_and_device_gather(llama_dir):
         engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
                                      max_model_len=128, async_scheduling=overlap))
         engine.eos_token_ids, engine.sampler.eos_token_ids = {eos}, [eos]
-        with_stand_in_graphs(engine, [1, 2, 4, 8])
+        replayed = with_stand_in_graphs(engine, [1, 2, 4, 8], context_bounds)
         ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         outs = {}
         while engine.has_unfinished_requests():
@@ -297,5 +309,22 @@ def test_graph_runner_staging_and_device_gather(llama_dir):
         assert engine.runner.graphs.num_runs > 10
         assert_nothing_held(engine)
         assert engine.num_overlapped_steps > 0 if overlap else engine.num_overlapped_steps == 0
+        bounds = {bound for _, bound in replayed}
+        assert bounds == {32, 128} if context_bounds else bounds == {128}
     assert runs[True] == runs[False]
     assert sum(t[-1] == eos for t in runs[False]) >= 2
+
+
+def test_graph_context_bounds():
+    from reference_engine.cuda_graphs import graph_context_bounds
+
+    assert graph_context_bounds(4096, None) == [4096]
+    assert graph_context_bounds(4096, [4096, 1024, 1024]) == [1024, 4096]
+    assert graph_context_bounds(1024, [2048, 512]) == [512, 1024]  # none at or past max_model_len
+    with pytest.raises(ValueError, match="cuda_graph_context_bounds"):
+        EngineConfig(model="random:tiny", cuda_graph_context_bounds=[0])
+    from reference_engine.serving.options import engine_config, parse_args
+
+    args = parse_args(["--model", "random:tiny", "--cudagraph-context-bounds", "1024", "2048"])
+    config = engine_config(args)
+    assert config.cuda_graph_context_bounds == [1024, 2048]

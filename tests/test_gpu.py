@@ -106,6 +106,43 @@ def test_launch_choices_change_no_bit(monkeypatch, knob, on, off):
         assert torch.equal(with_it, without)
 
 
+def recording(pick, picked: list):
+    """`pick`, appending what it returns to `picked`."""
+    def call(*args):
+        picked.append(pick(*args))
+        return picked[-1]
+    return call
+
+
+def test_graphs_for_shorter_context_bounds_change_no_bit(monkeypatch):
+    """Decode graphs captured per context bound (--cudagraph-context-bounds) launch fewer attention programs
+    for short contexts but cut every sequence as the max_model_len graph does: the same logits to the bit,
+    for a batch whose longest context crosses from the 1024 bound to the 4096 one while it decodes."""
+    rng = random.Random()
+    prompts = [[rng.randrange(3, 30000) for _ in range(rng.randint(20, 300))] for _ in range(4)]
+    prompts.append([rng.randrange(3, 30000) for _ in range(1010)])
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    logits, bounds_used = {}, {}
+    for buckets in (True, False):
+        engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16",
+                                     max_num_seqs=8, max_model_len=4096, num_kv_blocks=1024,
+                                     cuda_graph_context_bounds=[1024] if buckets else None,
+                                     async_scheduling=False, seed=1234))
+        graphs = engine.runner.graphs
+        assert graphs.context_bounds == ([1024, 4096] if buckets else [4096])
+        used: list[int] = []
+        monkeypatch.setattr(graphs, "bound_for", recording(graphs.bound_for, used))
+        engine.sampler = LogitRecorder(engine.sampler)
+        outs = [engine.generate(prompts[:4], params), engine.generate(prompts, params)]
+        logits[buckets] = [torch.stack(engine.sampler.rows[o.request_id]) for batch in outs for o in batch]
+        bounds_used[buckets] = set(used)
+        del engine, graphs
+        torch.cuda.empty_cache()
+    assert bounds_used == {True: {1024, 4096}, False: {4096}}
+    for with_it, without in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(with_it, without)
+
+
 def test_capture_is_measured_and_large_batches_run_eager(llama_dir):
     engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype="bfloat16", max_num_seqs=8,
                                  max_model_len=512, num_kv_blocks=1024, cuda_graph_batch_sizes=[1, 2, 4]))

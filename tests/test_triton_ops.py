@@ -249,3 +249,32 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
             assert rel_err(a, b) < TOL[dtype]
         # the same slot written
         assert torch.equal(caches["fused"][1] != k_before, caches["ref"][1] != k_before)
+
+
+def test_decode_attention_launched_for_a_shorter_context_bound_changes_no_bit(monkeypatch):
+    """What a CUDA graph captured for a shorter context bound launches (fewer partitions, sized as for
+    max_model_len) gives the bits of the launch for max_model_len, for contexts within the bound."""
+    from reference_engine.kernels import triton_ops
+    from reference_engine.kernels.attention import AttentionBatch
+
+    monkeypatch.setattr(triton_ops, "DECODE_PARTITION", 16)
+    seqs, heads, kv_heads, head_dim, block_size, max_model_len, bound = 3, 4, 2, 32, 16, 2048, 256
+    lens = [random.randint(1, bound) for _ in range(seqs - 1)] + [bound]
+    num_blocks = max_model_len // block_size
+    tables = torch.stack([torch.randperm(num_blocks)[:bound // block_size] for _ in range(seqs)]).to(
+        torch.int32).to(DEVICE)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(seqs, heads, head_dim, device=DEVICE)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+    def attend(max_context: int, split_context: int = 0) -> torch.Tensor:
+        batch = AttentionBatch(slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE), num_decode=seqs,
+                               decode_block_tables=tables, decode_context_lens=ctx,
+                               decode_max_context=max_context, decode_split_context=split_context)
+        return TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5)
+
+    assert triton_ops.decode_partition(max_model_len) != triton_ops.decode_partition(bound)
+    full = attend(max_model_len)
+    assert torch.equal(attend(bound, split_context=max_model_len), full)
+    assert rel_err(attend(bound), full) < 1e-5  # cut differently: close, not necessarily the same bits

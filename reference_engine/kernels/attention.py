@@ -67,6 +67,9 @@ class AttentionBatch:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] int32
     decode_context_lens: torch.Tensor | None = None  # [num_decode] int32 or long (includes the new token)
     decode_max_context: int = 0  # longest decode context (host int): bounds the GPU kernel's partitions
+    # the context that sets the partition size (0: decode_max_context); CUDA graphs pass max_model_len, so
+    # that graphs launched for different context bounds cut a sequence the same way
+    decode_split_context: int = 0
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool (torch path)
     prefills: list[PrefillChunk] = field(default_factory=list)
     prefill_batch: PrefillBatch | None = None  # the same chunks, for ops with a one-launch kernel

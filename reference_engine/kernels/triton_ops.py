@@ -131,7 +131,8 @@ class TritonOps(TorchOps):
         nd = batch.num_decode
         if nd:
             self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
-                                  batch.decode_context_lens, batch.decode_max_context, scale, out[:nd])
+                                  batch.decode_context_lens, batch.decode_max_context, scale, out[:nd],
+                                  split_context=batch.decode_split_context)
         if batch.prefill_batch is not None:
             self.prefill_attention(q, k_cache, v_cache, batch.prefill_batch, scale, out)
         else:
@@ -163,14 +164,15 @@ class TritonOps(TorchOps):
     @staticmethod
     def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int,
-                         scale: float, out: torch.Tensor) -> None:
+                         scale: float, out: torch.Tensor, split_context: int = 0) -> None:
         """One query token per sequence over its paged context; `max_context` bounds the partitions launched
-        (a CUDA graph passes max_model_len, so one capture serves every length)."""
+        (a CUDA graph passes the bound it was captured for); `split_context`, if given, sets the partition
+        size in its place (graphs pass max_model_len, so that every capture cuts a sequence alike)."""
         seqs, heads, head_dim = q.shape
         kv_heads = k_cache.shape[2]
         group = heads // kv_heads
         block_n = DECODE_BLOCK_N
-        partition = decode_partition(max_context)
+        partition = decode_partition(split_context or max_context)
         parts = triton.cdiv(max_context, partition)
         single = parts == 1
         part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32,

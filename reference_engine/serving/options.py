@@ -36,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
                    help="decode batch sizes to capture CUDA graphs for "
                         "(default: buckets up to --max-num-seqs)")
+    p.add_argument("--cudagraph-context-bounds", type=int, nargs="+", default=None, metavar="TOKENS",
+                   help="also capture every decode graph for these context bounds below --max-model-len: a "
+                        "step replays the smallest that holds its longest context, launching attention for "
+                        "fewer partitions (default: max-model-len only)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
@@ -74,5 +78,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-        cuda_graph_batch_sizes=args.cudagraph_capture_sizes, kernels=args.kernels, cpu_linear=args.cpu_linear,
+        cuda_graph_batch_sizes=args.cudagraph_capture_sizes,
+        cuda_graph_context_bounds=args.cudagraph_context_bounds, kernels=args.kernels,
+        cpu_linear=args.cpu_linear,
         seed=args.seed, async_scheduling=args.async_scheduling)
