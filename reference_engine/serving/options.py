@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run the engine core in a child process of its own, so its host work and the "
                         "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
                         "thread of the server's process")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="the front end's event loop: uvloop where installed (auto), or asyncio's own")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 

@@ -1,9 +1,11 @@
-"""The serving processes' garbage-collector set-up: start-up objects frozen, long full collections logged."""
+"""The serving processes' set-up: start-up objects frozen, long full collections logged; the event loop."""
 
 from __future__ import annotations
 
 import gc
 import logging
+
+import pytest
 
 from reference_engine import heap
 
@@ -21,3 +23,17 @@ def test_startup_objects_are_frozen_and_slow_full_collections_logged(monkeypatch
     finally:
         gc.callbacks.remove(watch)
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("kind", ["auto", "asyncio"])
+def test_front_end_event_loop(kind):
+    """The server runs on uvloop where installed (a project dependency), or on asyncio's loop if asked."""
+    import asyncio
+
+    from reference_engine.serving.server import run_on_loop
+
+    async def loop_module() -> int:
+        await asyncio.sleep(0)
+        return 1 if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else 0
+
+    assert run_on_loop(loop_module(), kind) == (1 if kind == "auto" else 0)
