@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 GIB = 2**30
+ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 
 
 def key_of(backend: str, variant: str) -> str:
@@ -87,6 +88,12 @@ class PointInfo:
     interrupted: bool = False
     source: str = "llm-compare"
     repeat: int = 0  # which launch of the backend (--repeats)
+
+    @property
+    def intended_sends(self) -> bool:
+        """Whether each request had a send time of its own that the schedule intended (open loop, trace):
+        a closed loop sends when a previous request ends, and imported results may have no schedule."""
+        return self.mode in ARRIVAL_DRIVEN and self.lag_measured
 
 
 def point_info_from_label(label: str) -> PointInfo:
