@@ -59,6 +59,11 @@ class SetupReport:
     labels: dict[str, str] = field(default_factory=dict)
     repeat: int = 0  # which launch of this backend (--repeats)
     ready_runs: list[float] = field(default_factory=list)  # every launch's ready_s, when combined
+    # what the backend declares of itself, for the parity audit (compare/declared.py): its start-up log's
+    # configuration line as written, its `GET /v1/models` answer, and the identity of its tokenizer
+    log_settings: dict[str, str] = field(default_factory=dict)
+    models_route: dict[str, Any] | None = None
+    tokenizer_id: str | None = None
 
     @property
     def key(self) -> str:

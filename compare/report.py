@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
-from compare.caveats import duration_cut_warnings, point_caveats
+from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
+from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
+from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, selection
 from compare.store import RunDir
 from workloads import timing
@@ -44,6 +46,8 @@ class Results:
     warnings: list[str] = field(default_factory=list)
     cold_first_token: dict[str, float] = field(default_factory=dict)
     seed: int = 0
+    declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
+    parity: list[Finding] = field(default_factory=list)
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -63,10 +67,14 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    forced = forced_lengths(requests)
+    results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
+    results.parity = findings(results.declared)
     results.warnings = (
         list(run.manifest.get("notes") or [])
         + (point_caveats(summary, setups) if not summary.empty else [])
         + duration_cut_warnings(run)
+        + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
     )
     first: dict[str, RequestRecord] = {}
     for r in records:
@@ -183,7 +191,11 @@ def _decision(res: Results) -> list[Block]:
         blocks.append(("p", config["candidates_reason"]))
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
-    blocks += [("p", " ".join(pick.sentences)) for pick in res.picks if pick.sentences]
+    blocks += [
+        ("p", " ".join(filter(None, [*pick.sentences, unequal_settings(pick, res.declared)])))
+        for pick in res.picks
+        if pick.sentences
+    ]
     blocks += [("p", note) for note in res.memory_notes]
     cpu_note = _cpu_note(res)
     if cpu_note:
@@ -194,6 +206,26 @@ def _decision(res: Results) -> list[Block]:
 def _warnings(res: Results) -> list[Block]:
     none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
     return [("h2", "Warnings"), ("ul", res.warnings) if res.warnings else ("p", none)]
+
+
+def _parity(res: Results) -> list[Block]:
+    """What each backend declares of itself, side by side, with the settings they differ on flagged."""
+    if not res.declared:
+        return []
+    header, rows = parity_table(res.declared)
+    explained = (
+        "What each backend declares of itself, and where it said so (models route: its `GET /v1/models` "
+        "answer; log: its start-up log; command: the flags it was launched with; default: its documented "
+        "default; launch: its tokenizer files' hash, or its name where the files are not on this machine; "
+        "records: whether every forced output came back at the length asked for). Unknown is never "
+        "counted as a difference; ⚠ marks a setting two backends declare differently."
+    )
+    verdict: Block = (
+        ("ul", [f.sentence() for f in res.parity])
+        if res.parity
+        else ("p", "No difference among the settings the backends declare.")
+    )
+    return [("h2", "Parity of the backends"), ("p", explained), ("table", (header, rows)), verdict]
 
 
 def _plots(res: Results) -> list[Block]:
@@ -453,6 +485,7 @@ SECTIONS: list[Callable[[Results], list[Block]]] = [
     _header,
     _decision,
     _warnings,
+    _parity,
     _plots,
     _setup_cost,
     _break_even,
