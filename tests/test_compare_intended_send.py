@@ -9,6 +9,7 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from compare.diff import diff_runs
 from compare.report import analyze, write_reports
 from compare.store import RunDir
 from workloads import timing
@@ -67,3 +68,10 @@ def test_open_loop_run_reports_latency_from_the_intended_send(tmp_path):
     definitions = report.split("## Definitions", 1)[1]
     assert "TTFT from intended send: " in definitions and "time the schedule meant" in definitions
     assert "TTFT: first event carrying a generated token minus the time the client sent" in definitions
+
+    # `compare diff` compares them where they exist: at the open-loop point, not at the closed-loop one
+    table = diff_runs(run, run)
+    intended = table[table["metric"].str.contains("intended")]
+    assert set(intended["metric"]) == {"ttft_intended p50 (ms)", "e2e_intended p50 (ms)"}
+    assert all("r=200" in point for point in intended["point"])
+    assert (intended["n_a"] == 24).all()
