@@ -89,7 +89,7 @@ def point_caveats(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list
                 out.append(
                     f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
                     f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
-                    "load was not the load applied."
+                    "load was not the load applied; the latencies from the intended send count the wait."
                 )
     for s in setups.values():
         out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)

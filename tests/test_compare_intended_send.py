@@ -65,6 +65,7 @@ def test_open_loop_run_reports_latency_from_the_intended_send(tmp_path):
     report = (run.path / "report.md").read_text()
     section = report.split("## Latency from the intended send", 1)[1].split("\n## ", 1)[0]
     assert "r=200" in section and "c=2" not in section
+    assert "the latencies from the intended send count the wait" in report.split("## Warnings", 1)[1]
     definitions = report.split("## Definitions", 1)[1]
     assert "TTFT from intended send: " in definitions and "time the schedule meant" in definitions
     assert "TTFT: first event carrying a generated token minus the time the client sent" in definitions
