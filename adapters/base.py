@@ -93,6 +93,7 @@ class Adapter:
     - `is_complete(events)`: whether the stream reached the protocol's final event
     - `health_path`, `info_path`, `metrics_path`, `metric_names` (backend metric -> common name)
     - `startup_patterns`, `log_clock`: its server's start-up log lines; `launch_spec(...)`: how to start it
+    - `config_lines`, `declared_defaults`: where its log prints its settings, and its documented defaults
     """
 
     name: ClassVar[str] = "base"
@@ -103,6 +104,9 @@ class Adapter:
     startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: its start-up lines' facts
     log_clock: ClassVar[Any] = None  # adapters.startup_log.LogClock: how those lines carry the time
     server_family: ClassVar[str | None] = None  # which server `launch_spec` starts (vllm, tgi, trtllm, ...)
+    config_lines: ClassVar[list] = []  # adapters.startup_log.ConfigLine: where its log prints its settings
+    #: settings its server has unless told otherwise (the parity audit's last resort: documented defaults)
+    declared_defaults: ClassVar[Mapping[str, Any]] = {}
     final_event: ClassVar[FinalEvent] = "done"
 
     #: the request asks the server to produce exactly `wanted_output_tokens` (ignore_eos / min_tokens)

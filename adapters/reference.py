@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant
 from adapters.startup_log import clock, pattern
@@ -65,8 +66,15 @@ def reference_flags(model: ModelSource, variant: Variant) -> list[str]:
     return flags
 
 
+#: our engine's defaults where its log does not print them (reference_engine/config.py: EngineConfig; it
+#: has no quantised kernels, and its loader drops a checkpoint's quantization_config)
+REFERENCE_DEFAULTS = {"prefix_caching": True, "quantization": "none"}
+
+
 class _ReferenceLaunch:
     server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
+    declared_defaults = REFERENCE_DEFAULTS
+    config_lines: ClassVar[list] = []  # our log prints no configuration line (see REFERENCE_DEFAULTS)
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

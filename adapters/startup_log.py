@@ -13,6 +13,10 @@ time). A pattern says what its line yields:
 - `device` / `dtype`: from groups of those names;
 - `ready`: the line says the server is listening (its `seconds`, if any, is the server's own spawn-to-ready).
 
+A server that prints its configuration as `key=value` pairs on one line (vLLM's engine config) declares a
+`ConfigLine`: which line, and a regex for each setting's value in it; `read_config` returns those values as
+the log wrote them, for the comparator's parity audit of the backends.
+
 Repeated lines of one phase (one per worker or shard, or one per capture round) are combined by `repeat`:
 `max` (parallel workers) or `sum` (rounds one after another). Progress bars' carriage returns and colour codes
 are stripped first, so a line is matched as the terminal would finally show it.
@@ -148,3 +152,31 @@ def pattern(name: str, regex: str, **yields: object) -> StartupPattern:
 def patterns(*pairs: tuple[str, str]) -> list[StartupPattern]:
     """Patterns that only name their lines (no yields)."""
     return [pattern(name, regex) for name, regex in pairs]
+
+
+@dataclass(frozen=True)
+class ConfigLine:
+    """A start-up line where the server prints its configuration: `line` finds it, and each of `settings`
+    (a common setting name -> regex whose group 1 is the value) reads one value from it."""
+
+    line: re.Pattern[str]
+    settings: dict[str, re.Pattern[str]]
+
+
+def config_line(line: str, **settings: str) -> ConfigLine:
+    return ConfigLine(re.compile(line), {k: re.compile(v) for k, v in settings.items()})
+
+
+def read_config(text: str, lines: list[ConfigLine]) -> dict[str, str]:
+    """Each setting's value as the log's last matching config line wrote it (a server restarted by its own
+    supervisor prints the line again: the last one is the configuration it serves with)."""
+    found: dict[str, str] = {}
+    for line in log_lines(text):
+        for config in lines:
+            if not config.line.search(line):
+                continue
+            for name, regex in config.settings.items():
+                match = regex.search(line)
+                if match:
+                    found[name] = match.group(1)
+    return found

@@ -18,7 +18,7 @@ from typing import Any
 
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
-from adapters.startup_log import clock, pattern
+from adapters.startup_log import clock, config_line, pattern
 
 #: vLLM's Prometheus metric names (older and newer spellings) -> common names
 VLLM_METRICS = {
@@ -65,6 +65,19 @@ VLLM_STARTUP = [
             r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
             phase="init_engine", detail="profile, KV cache, warm-up"),
     pattern("server_ready", r"Starting vLLM (?:API )?server on|Application startup complete", ready=True),
+]
+#: the engine's configuration line: `... with config: model='...', tokenizer='...', dtype=torch.float32,
+#: max_seq_len=1024, ..., quantization=None, enforce_eager=True, ..., enable_prefix_caching=True, ...`
+VLLM_CONFIG = [
+    config_line(
+        r"Initializing a V1 LLM engine .*with config:",
+        tokenizer=r"\btokenizer='([^']*)'",
+        dtype=r"\bdtype=(?:torch\.)?(\w+)",
+        max_model_len=r"\bmax_seq_len=(\d+)",
+        quantization=r"\bquantization=(\w+)",
+        enforce_eager=r"\benforce_eager=(True|False)",
+        prefix_caching=r"\benable_prefix_caching=(True|False)",
+    )
 ]
 #: `(APIServer pid=1) INFO 05-12 10:00:01 [file.py:12] ...`: no year, local time
 VLLM_CLOCK = clock(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d-\d\d \d\d:\d\d:\d\d)",
@@ -155,6 +168,7 @@ class _VLLMMixin:
     info_path = "/v1/models"
     metric_names = VLLM_METRICS
     startup_patterns = VLLM_STARTUP
+    config_lines = VLLM_CONFIG
     log_clock = VLLM_CLOCK
 
     def estimate_tokens(self, text: str | None, role_only: bool, finish: str | None) -> int:

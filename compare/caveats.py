@@ -1,7 +1,8 @@
 """What a reader must know before trusting the numbers, listed ahead of the decision: failed, cancelled and
 interrupted requests, token-count mismatches, outputs shorter than forced, open-loop client lag, launch
-notes, and load points that `--duration` ended before they reached `--num-requests` (their statistics rest
-on fewer requests than asked for, and the selection's confidence with them).
+notes, load points that `--duration` ended before they reached `--num-requests` (their statistics rest
+on fewer requests than asked for, and the selection's confidence with them), and picks whose winner and
+runner-up declare unequal settings (`compare.parity`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from compare.datatypes import SetupReport, key_of
+from compare.datatypes import Pick, SetupReport, key_of
+from compare.parity import Declared, differences
 from compare.text import plural
 
 
@@ -87,8 +89,26 @@ def point_caveats(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list
                 out.append(
                     f"{key}: the client sent late (lag p99 {r['lag_p99_ms']:.1f} ms, achieved "
                     f"{r['achieved_rps']:.2f} of {r['offered_rps']:.2f} requests/s offered): the offered "
-                    "load was not the load applied."
+                    "load was not the load applied; the latencies from the intended send count the wait."
                 )
     for s in setups.values():
         out.extend(f"{s.key}: {note}" for note in s.notes if "endpoint" not in note)
     return out
+
+
+def unequal_settings(pick: Pick, declared: dict[str, Declared]) -> str:
+    """A sentence for a pick whose winner and runner-up differ in a setting both declare (empty if none):
+    part of the difference it reports may be that setting's, not the backend's."""
+    if not pick.winner or not pick.runner_up:
+        return ""
+    a, b = declared.get(pick.winner), declared.get(pick.runner_up)
+    if a is None or b is None:
+        return ""
+    found = differences(a, b)
+    if not found:
+        return ""
+    return (
+        f"This result rests on unequal settings: {pick.winner} and {pick.runner_up} differ in "
+        f"{'; '.join(found)} (see Parity of the backends), so part of the difference may be the setting's, "
+        "not the backend's."
+    )

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 GIB = 2**30
+ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 
 
 def key_of(backend: str, variant: str) -> str:
@@ -58,6 +59,11 @@ class SetupReport:
     labels: dict[str, str] = field(default_factory=dict)
     repeat: int = 0  # which launch of this backend (--repeats)
     ready_runs: list[float] = field(default_factory=list)  # every launch's ready_s, when combined
+    # what the backend declares of itself, for the parity audit (compare/declared.py): its start-up log's
+    # configuration line as written, its `GET /v1/models` answer, and the identity of its tokenizer
+    log_settings: dict[str, str] = field(default_factory=dict)
+    models_route: dict[str, Any] | None = None
+    tokenizer_id: str | None = None
 
     @property
     def key(self) -> str:
@@ -87,6 +93,12 @@ class PointInfo:
     interrupted: bool = False
     source: str = "llm-compare"
     repeat: int = 0  # which launch of the backend (--repeats)
+
+    @property
+    def intended_sends(self) -> bool:
+        """Whether each request had a send time of its own that the schedule intended (open loop, trace):
+        a closed loop sends when a previous request ends, and imported results may have no schedule."""
+        return self.mode in ARRIVAL_DRIVEN and self.lag_measured
 
 
 def point_info_from_label(label: str) -> PointInfo:

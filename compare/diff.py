@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from compare.datatypes import ARRIVAL_DRIVEN
 from compare.metrics import LATENCY, busy_seconds, request_table, summarize
-from compare.selection import ARRIVAL_DRIVEN
 from compare.statistics import holm, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.store import RunDir
 
 METRICS = tuple(m.name for m in LATENCY if m.diff)
+INTENDED = frozenset(m.name for m in LATENCY if m.intended_of)  # empty at closed-loop points: not compared
 
 
 def _tables(run: RunDir) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -65,6 +66,8 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
         for metric in METRICS:
             x = sel_a[f"{metric}_s"].dropna().to_numpy(dtype=float)
             y = sel_b[f"{metric}_s"].dropna().to_numpy(dtype=float)
+            if metric in INTENDED and not (x.size or y.size):
+                continue
             ratio, lo, hi = ratio_ci(y, x, "p50", seed=seed)
             rows.append(
                 {

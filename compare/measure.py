@@ -157,6 +157,9 @@ class _Launch:
 
                 setup = endpoint_report(backend.name, backend.variant, backend.endpoint, adapter.health_path)
                 setup.repeat = self.repeat
+            from compare.declared import collect
+
+            collect(setup, model_path if backend.launched else None)  # for the parity audit
             self.run_dir.set_setup(setup)
             for w, per_point in prompts.workloads:
                 for k, schedule in enumerate(plan.load_points):

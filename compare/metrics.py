@@ -38,14 +38,24 @@ class LatencyMetric:
     cdf: bool = False  # the per-request distribution plotted
     bars: bool = False  # p50 per load point plotted with its interval
     diff: bool = False  # compared run against run by `compare diff` (per-request metrics only)
+    # the from-send metric this one measures again from the intended (scheduled) send instead; such a
+    # metric is kept only at points with intended send times (`PointInfo.intended_sends`), empty elsewhere
+    intended_of: str = ""
 
+
+_INTENDED = (
+    "so a late send (client lag) counts as time waited, as it would for a user arriving on schedule "
+    "(coordinated omission): the from-send value plus the lag. Open-loop and trace points only (`--rate`, "
+    "`--trace`): a closed loop sends each request when a previous one ends, so it has no intended time; "
+    "left empty there."
+)
 
 LATENCY: tuple[LatencyMetric, ...] = (
     LatencyMetric(
         "ttft",
         "TTFT",
-        "first event carrying a generated token minus the send time (role-only and empty events do not "
-        "count).",
+        "first event carrying a generated token minus the time the client sent the request (role-only "
+        "and empty events do not count).",
         timing.ttft,
         against_throughput=True,
         cdf=True,
@@ -68,7 +78,32 @@ LATENCY: tuple[LatencyMetric, ...] = (
         "gaps between token events; an event with k tokens counts as k gaps of gap/k (per-event view in "
         "summary.csv: itl_event_*). Its interval resamples whole requests.",
     ),
-    LatencyMetric("e2e", "E2E", "last token event minus the send time.", timing.e2e, bars=True, diff=True),
+    LatencyMetric(
+        "e2e",
+        "E2E",
+        "last token event minus the time the client sent the request.",
+        timing.e2e,
+        bars=True,
+        diff=True,
+    ),
+    LatencyMetric(
+        "ttft_intended",
+        "TTFT from intended send",
+        f"the TTFT's first token event minus the time the schedule meant the request to be sent, {_INTENDED}",
+        timing.ttft_intended,
+        results=False,
+        diff=True,
+        intended_of="ttft",
+    ),
+    LatencyMetric(
+        "e2e_intended",
+        "E2E from intended send",
+        f"the E2E's last token event minus the time the schedule meant the request to be sent, {_INTENDED}",
+        timing.e2e_intended,
+        results=False,
+        diff=True,
+        intended_of="e2e",
+    ),
 )
 PER_REQUEST = tuple(m for m in LATENCY if m.per_request is not None)
 
@@ -91,6 +126,7 @@ def request_table(
     for r in records:
         info = points.get(r.run_id) or point_info_from_label(r.load_point)
         lag = timing.client_lag(r) if info.lag_measured else None
+        intended = info.intended_sends
         rows.append(
             {
                 "run_id": r.run_id,
@@ -118,7 +154,10 @@ def request_table(
                 "scheduled_s": r.scheduled_s,
                 "send_s": _nan(r.send_s),
                 "end_s": _nan(r.end_s),
-                **{f"{m.name}_s": _nan(m.per_request(r)) for m in PER_REQUEST},
+                **{
+                    f"{m.name}_s": _nan(m.per_request(r) if intended or not m.intended_of else None)
+                    for m in PER_REQUEST
+                },
                 "lag_s": _nan(lag),
                 "n_token_events": sum(1 for _, n, _ in r.events if n > 0),
             }

@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 
 from compare import plots
-from compare.caveats import duration_cut_warnings, point_caveats
+from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
 from compare.costs import add_normalized
-from compare.datatypes import Pick, SetupReport, key_of
+from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
+from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
+from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, selection
 from compare.store import RunDir
 from workloads import timing
@@ -44,6 +46,8 @@ class Results:
     warnings: list[str] = field(default_factory=list)
     cold_first_token: dict[str, float] = field(default_factory=dict)
     seed: int = 0
+    declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
+    parity: list[Finding] = field(default_factory=list)
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -63,10 +67,14 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    forced = forced_lengths(requests)
+    results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
+    results.parity = findings(results.declared)
     results.warnings = (
         list(run.manifest.get("notes") or [])
         + (point_caveats(summary, setups) if not summary.empty else [])
         + duration_cut_warnings(run)
+        + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
     )
     first: dict[str, RequestRecord] = {}
     for r in records:
@@ -183,7 +191,11 @@ def _decision(res: Results) -> list[Block]:
         blocks.append(("p", config["candidates_reason"]))
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
-    blocks += [("p", " ".join(pick.sentences)) for pick in res.picks if pick.sentences]
+    blocks += [
+        ("p", " ".join(filter(None, [*pick.sentences, unequal_settings(pick, res.declared)])))
+        for pick in res.picks
+        if pick.sentences
+    ]
     blocks += [("p", note) for note in res.memory_notes]
     cpu_note = _cpu_note(res)
     if cpu_note:
@@ -194,6 +206,26 @@ def _decision(res: Results) -> list[Block]:
 def _warnings(res: Results) -> list[Block]:
     none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
     return [("h2", "Warnings"), ("ul", res.warnings) if res.warnings else ("p", none)]
+
+
+def _parity(res: Results) -> list[Block]:
+    """What each backend declares of itself, side by side, with the settings they differ on flagged."""
+    if not res.declared:
+        return []
+    header, rows = parity_table(res.declared)
+    explained = (
+        "What each backend declares of itself, and where it said so (models route: its `GET /v1/models` "
+        "answer; log: its start-up log; command: the flags it was launched with; default: its documented "
+        "default; launch: its tokenizer files' hash, or its name where the files are not on this machine; "
+        "records: whether every forced output came back at the length asked for). Unknown is never "
+        "counted as a difference; ⚠ marks a setting two backends declare differently."
+    )
+    verdict: Block = (
+        ("ul", [f.sentence() for f in res.parity])
+        if res.parity
+        else ("p", "No difference among the settings the backends declare.")
+    )
+    return [("h2", "Parity of the backends"), ("p", explained), ("table", (header, rows)), verdict]
 
 
 def _plots(res: Results) -> list[Block]:
@@ -329,6 +361,47 @@ def _results(res: Results) -> list[Block]:
     ]
 
 
+def _intended_latency(res: Results) -> list[Block]:
+    """At open-loop and trace points: each from-send latency beside the same one from the intended send,
+    so a client that sent late cannot hide the queueing its lateness stood for."""
+    s = res.summary
+    rows_in = s[s["mode"].isin(ARRIVAL_DRIVEN)] if not s.empty else s
+    if rows_in.empty:
+        return []
+    by_name = {m.name: m for m in LATENCY}
+    pairs = [(by_name[m.intended_of], m) for m in LATENCY if m.intended_of]
+    header = [
+        "backend",
+        "workload",
+        "load",
+        "lag p99 ms",
+        *(f"{one.label} p{q}" for pair in pairs for one in pair for q in (50, 99)),
+    ]
+    rows = [
+        [
+            key_of(r["backend"], r["variant"]),
+            r["workload"],
+            r["load_point"],
+            _f(r["lag_p99_ms"], 2),
+            *(
+                cell
+                for pair in pairs
+                for one in pair
+                for cell in (_ci(r, f"{one.name}_p50_ms"), _f(r[f"{one.name}_p99_ms"]))
+            ),
+        ]
+        for _, r in rows_in.iterrows()
+    ]
+    explained = (
+        "Open-loop and trace points: latency from the time the client sent each request, and from the time "
+        "the schedule meant it to be sent (ms, value [95% interval]). The two differ by the client lag; "
+        "where they differ much, the client fell behind the offered load and the from-send numbers leave "
+        "out waiting a user arriving on schedule would have had. Closed-loop points have no intended send "
+        "time and are not listed."
+    )
+    return [("h2", "Latency from the intended send"), ("p", explained), ("table", (header, rows))]
+
+
 NORMALISED_COLUMNS = [
     "backend",
     "workload",
@@ -393,7 +466,8 @@ def _definitions(res: Results) -> list[Block]:
                 "Output tokens: the server's usage when given, else the stream's per-event counts; "
                 "re-tokenisation is a cross-check only.",
                 "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
-                "minus scheduled time.",
+                "minus scheduled time (open-loop and trace points; a closed loop schedules each request as "
+                "it sends it).",
                 "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
                 "(1000 resamples).",
                 "Output tokens/s: output tokens of the ok requests over the measured window (first send to "
@@ -411,10 +485,12 @@ SECTIONS: list[Callable[[Results], list[Block]]] = [
     _header,
     _decision,
     _warnings,
+    _parity,
     _plots,
     _setup_cost,
     _break_even,
     _results,
+    _intended_latency,
     _normalised,
     _definitions,
 ]

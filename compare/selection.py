@@ -25,13 +25,12 @@ import numpy as np
 import pandas as pd
 
 from compare.costs import break_even, graph_pool_trade
-from compare.datatypes import Pick, SetupReport, key_of
+from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
 from compare.metrics import busy_seconds
 from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
-ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adapters.startup_log import StartupPattern, log_lines, parse_startup_log
+from adapters.startup_log import StartupPattern, log_lines, parse_startup_log, read_config
 from compare.datatypes import GIB, Phase, SetupReport
 
 
@@ -23,6 +23,7 @@ class ParsedLog:
     first_line_epoch: float | None = (
         None  # when the process logged its first stamped line (after its imports)
     )
+    settings: dict[str, str] = field(default_factory=dict)  # its configuration line's values, as written
 
 
 def parse_log(backend: str, text: str, near: float | None = None) -> ParsedLog:
@@ -34,7 +35,7 @@ def parse_log(backend: str, text: str, near: float | None = None) -> ParsedLog:
     if cls is None or not cls.startup_patterns:
         return ParsedLog()
     log_clock = getattr(cls, "log_clock", None)
-    out = ParsedLog()
+    out = ParsedLog(settings=read_config(text, cls.config_lines))
     if log_clock is not None:
         for line in log_lines(text):
             out.first_line_epoch = log_clock.epoch(line, near)
@@ -127,3 +128,4 @@ def apply_log(report: SetupReport, parsed: ParsedLog) -> None:
     report.memory.update(parsed.memory)
     report.device, report.dtype = parsed.device or report.device, parsed.dtype or report.dtype
     report.server_ready_s = parsed.server_ready_s
+    report.log_settings = dict(parsed.settings)

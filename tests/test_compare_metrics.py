@@ -196,3 +196,43 @@ def test_vectorised_itl_equals_timing_itl_on_random_records():
         assert events.loc[events["row"] == i, "gap_s"].tolist() == pytest.approx(timing.itl_per_event(r)), (
             seed
         )
+
+
+def test_latency_from_the_intended_send_on_random_records():
+    """Scheduled, send and token times drawn at random (a fresh seed each run, none of them zero): TTFT and
+    E2E from the intended send are the from-send ones plus the lag, kept at open-loop points only."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    records, expected = [], []
+    for i in range(40):
+        scheduled = float(rng.uniform(0.5, 5.0))
+        lag = float(rng.uniform(1e-4, 0.08))
+        send = scheduled + lag
+        first = float(rng.uniform(0.005, 0.3))  # from the send
+        gaps = rng.uniform(0.001, 0.02, int(rng.integers(0, 6)))
+        token_times = send + first + np.concatenate([[0.0], np.cumsum(gaps)])
+        events = [(send + first / 2, 0, 0)]  # a role-only event does not count
+        events += [(float(t), int(rng.integers(1, 4)), 3) for t in token_times]
+        events.append((float(token_times[-1]) + 0.001, 0, 0))  # usage-only
+        last = float(token_times[-1]) - send
+        records.append(rec(f"r{i}", send, events, scheduled_s=scheduled, load_point="r=7", run_id="open"))
+        expected.append((first, last, lag + first, lag + last))
+    for r, (ttft, e2e, ttft_intended, e2e_intended) in zip(records, expected, strict=True):
+        assert timing.ttft(r) == pytest.approx(ttft, abs=1e-12), f"seed {seed}"
+        assert timing.e2e(r) == pytest.approx(e2e, abs=1e-12), f"seed {seed}"
+        assert timing.ttft_intended(r) == pytest.approx(ttft_intended, abs=1e-12), f"seed {seed}"
+        assert timing.e2e_intended(r) == pytest.approx(e2e_intended, abs=1e-12), f"seed {seed}"
+    closed = [r.model_copy(update={"run_id": "closed", "load_point": "c=3"}) for r in records]
+    points = {"open": PointInfo("wl", "open", rate=7.0), "closed": PointInfo("wl", "closed", concurrency=3)}
+    table = request_table(records + closed, points).set_index(["run_id", "request_id"])
+    assert table.loc[("open", "r3"), "ttft_intended_s"] == pytest.approx(expected[3][2]), f"seed {seed}"
+    assert table.loc["closed", "ttft_intended_s"].isna().all()
+    assert table.loc["closed", "e2e_intended_s"].isna().all()
+    summary = summarize(records + closed, points, n_boot=0).set_index("load_point")
+    for q in (50, 90, 99):
+        for col, k in (("ttft_intended", 2), ("e2e_intended", 3), ("ttft", 0)):
+            want = np.percentile([e[k] for e in expected], q) * 1e3
+            assert summary.loc["r=7", f"{col}_p{q}_ms"] == pytest.approx(want), f"seed {seed}"
+    assert summary.loc["r=7", "ttft_intended_n"] == 40 and summary.loc["c=3", "ttft_intended_n"] == 0
+    assert math.isnan(summary.loc["c=3", "e2e_intended_p50_ms"])
+    assert summary.loc["c=3", "ttft_p50_ms"] == pytest.approx(summary.loc["r=7", "ttft_p50_ms"])

@@ -144,10 +144,11 @@ class _Request:
 
 class ScriptedServer:
     def __init__(self, default: ScriptedSchedule, flavor: Flavor = "vllm", model: str = "scripted-model",
-                 event_log: Path | None = None) -> None:
+                 event_log: Path | None = None, max_model_len: int = 4096) -> None:
         self.default = default
         self.flavor = flavor
         self.model = model
+        self.max_model_len = max_model_len  # what /v1/models declares (the parity audit reads it)
         self._log: IO[str] | None = event_log.open("a", encoding="utf-8") if event_log else None
         self._ids = itertools.count()
         self.running = 0
@@ -196,7 +197,7 @@ class ScriptedServer:
 
     async def models(self, _request: web.Request) -> web.Response:
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted",
-                 "max_model_len": 4096}
+                 "max_model_len": self.max_model_len}
         return web.json_response({"object": "list", "data": [model]})
 
     async def triton_model(self, request: web.Request) -> web.Response:
@@ -569,12 +570,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="scripted-model")
     parser.add_argument("--default-schedule", help="ScriptedSchedule as JSON, or @path to a JSON file")
     parser.add_argument("--event-log", type=Path, help="append one JSON line per request here")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="declared by /v1/models")
     args = parser.parse_args(argv)
     try:
         default = _load_schedule(args.default_schedule)
     except (OSError, ValueError) as exc:
         parser.error(f"--default-schedule: {exc}")
-    server = ScriptedServer(default, args.flavor, args.model, args.event_log)
+    server = ScriptedServer(default, args.flavor, args.model, args.event_log, args.max_model_len)
     # no automatic garbage collection: a pause between an event's timestamp and its write would be logged as
     # client error; the server collects between requests instead
     gc.collect()
@@ -634,10 +636,11 @@ class ServerHandle:
 @contextlib.contextmanager
 def scripted_server(*, flavor: Flavor = "vllm", model: str = "scripted-model",
                     default_schedule: ScriptedSchedule | None = None, event_log: Path | None = None,
-                    port: int = 0, startup_timeout_s: float = 30.0) -> Iterator[ServerHandle]:
+                    port: int = 0, startup_timeout_s: float = 30.0,
+                    max_model_len: int = 4096) -> Iterator[ServerHandle]:
     """Start the scripted server as a separate process on 127.0.0.1 and stop it afterwards."""
     cmd = [sys.executable, "-m", "workloads.scripted_server", "--port", str(port), "--flavor", flavor,
-           "--model", model]
+           "--model", model, "--max-model-len", str(max_model_len)]
     if default_schedule is not None:
         cmd += ["--default-schedule", default_schedule.model_dump_json(exclude_unset=True)]
     if event_log is not None:

@@ -8,6 +8,12 @@ Metric definitions).
 - ITL: the gaps between consecutive token events; an event carrying k tokens contributes k gaps of gap/k
   (`itl`), and the per-event view keeps one gap per event (`itl_per_event`).
 - client lag: send time minus scheduled time.
+- TTFT and E2E from the intended send (`ttft_intended`, `e2e_intended`): the same first and last token
+  events minus the *scheduled* time, when the schedule meant the request to be sent, rather than when the
+  client sent it. They equal TTFT and E2E plus the client lag, so a client that sends late (it could not
+  keep up, or `max_concurrency` held the request back) cannot hide the wait it imposed (coordinated
+  omission). Only an open-loop or trace schedule has intended times of its own; the comparator leaves
+  these empty for closed-loop points, where a request is sent when a previous one ends.
 
 All return seconds, or None (empty list for ITL) when the record has no such time (failed before the
 first token, single-token output, never sent). They do not look at `error_kind`: whether failed requests
@@ -26,22 +32,40 @@ def token_events(record: RequestRecord) -> list[tuple[float, int]]:
     return [(t, n) for t, n, _ in record.events if n > 0]
 
 
-def ttft(record: RequestRecord) -> float | None:
+def first_token_s(record: RequestRecord) -> float | None:
+    """Arrival of the first event carrying >= 1 generated token (None: no such event, or never sent)."""
     if record.send_s is None:
         return None
-    for t, n, _ in record.events:
-        if n > 0:
-            return t - record.send_s
-    return None
+    return next((t for t, n, _ in record.events if n > 0), None)
+
+
+def last_token_s(record: RequestRecord) -> float | None:
+    """Arrival of the last event carrying >= 1 generated token (None: no such event, or never sent)."""
+    if record.send_s is None:
+        return None
+    return next((t for t, n, _ in reversed(record.events) if n > 0), None)
+
+
+def ttft(record: RequestRecord) -> float | None:
+    first = first_token_s(record)
+    return None if first is None or record.send_s is None else first - record.send_s
 
 
 def e2e(record: RequestRecord) -> float | None:
-    if record.send_s is None:
-        return None
-    for t, n, _ in reversed(record.events):
-        if n > 0:
-            return t - record.send_s
-    return None
+    last = last_token_s(record)
+    return None if last is None or record.send_s is None else last - record.send_s
+
+
+def ttft_intended(record: RequestRecord) -> float | None:
+    """TTFT as a user arriving at the scheduled time waits it: first token minus the scheduled send."""
+    first = first_token_s(record)
+    return None if first is None else first - record.scheduled_s
+
+
+def e2e_intended(record: RequestRecord) -> float | None:
+    """E2E from the scheduled send: last token minus the time the schedule meant the request to go."""
+    last = last_token_s(record)
+    return None if last is None else last - record.scheduled_s
 
 
 def tpot(record: RequestRecord) -> float | None:
