@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant
-from adapters.startup_log import clock, pattern
+from adapters.startup_log import clock, config_line, pattern
 from adapters.tgi import TGIAdapter
 from adapters.vllm import VLLM_METRICS, VLLMChatAdapter, VLLMCompletionsAdapter
 
@@ -66,15 +66,27 @@ def reference_flags(model: ModelSource, variant: Variant) -> list[str]:
     return flags
 
 
-#: our engine's defaults where its log does not print them (reference_engine/config.py: EngineConfig; it
-#: has no quantised kernels, and its loader drops a checkpoint's quantization_config)
+#: our engine's defaults, for a log from before it printed its configuration (reference_engine/config.py:
+#: EngineConfig; it has no quantised kernels, and its loader drops a checkpoint's quantization_config)
 REFERENCE_DEFAULTS = {"prefix_caching": True, "quantization": "none"}
+#: `... INFO reference_engine: engine config: model=..., dtype=bfloat16, max_model_len=4096, ...,
+#: enable_prefix_caching=True, enforce_eager=False, quantization=none, device=cuda`
+REFERENCE_CONFIG = [
+    config_line(
+        r"reference_engine: engine config:",
+        dtype=r"\bdtype=(\w+)",
+        max_model_len=r"\bmax_model_len=(\d+)",
+        quantization=r"\bquantization=(\w+)",
+        enforce_eager=r"\benforce_eager=(True|False)",
+        prefix_caching=r"\benable_prefix_caching=(True|False)",
+    )
+]
 
 
 class _ReferenceLaunch:
     server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
     declared_defaults = REFERENCE_DEFAULTS
-    config_lines: ClassVar[list] = []  # our log prints no configuration line (see REFERENCE_DEFAULTS)
+    config_lines: ClassVar[list] = REFERENCE_CONFIG
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

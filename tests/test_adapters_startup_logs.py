@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adapters import ADAPTERS, get_adapter
-from adapters.startup_log import log_lines, parse_duration, parse_startup_log
+from adapters.startup_log import log_lines, parse_duration, parse_startup_log, read_config
 
 DATA = Path(__file__).parent / "data"
 
@@ -41,6 +41,10 @@ def test_reference_server_log(tiny_server):
     assert int(phases["kv_cache_allocated"].fields["blocks"]) > 0
     assert phases["server_ready"].fields["url"] == tiny_server.url
     assert "graphs_captured" not in phases
+    # its configuration line, read for the parity audit: what the server was started with
+    settings = read_config(tiny_server.log(), get_adapter("reference").config_lines)
+    assert settings == {"dtype": "float32", "max_model_len": "256", "quantization": "none",
+                        "enforce_eager": "True", "prefix_caching": "True"}
 
 
 def test_reference_graph_line_and_durations():
