@@ -28,8 +28,8 @@ REFERENCE_METRICS.update({
 #: the server's start-up lines (reference_engine/engine.py and serving/server.py write them), Python logging's
 #: clock
 REFERENCE_STARTUP = [
-    pattern("tokenizer_loaded", r"resolved, tokenizer loaded in (?P<seconds>[\d.]+) s", phase="tokenizer",
-            detail="model resolved, tokenizer loaded"),
+    pattern("tokenizer_loaded", r"(?:resolved, )?tokenizer loaded in (?P<seconds>[\d.]+) s",
+            phase="tokenizer", detail="tokenizer loaded"),
     pattern("weights_loaded", r"weights loaded: (?P<gib>[\d.]+) GiB, (?:torch\.)?(?P<dtype>\w+) on "
             r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s", phase="weights", memory="weights"),
     pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) "

@@ -19,10 +19,12 @@ from the synchronous path's where a dropped row took draws; greedy and per-reque
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +37,9 @@ from reference_engine.sampler import Sampler
 from reference_engine.scheduler import ScheduledBatch, Scheduler
 from reference_engine.sequence import RequestOutput, Sequence, Status
 from reference_engine.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("reference_engine")
 
@@ -106,9 +111,12 @@ class Engine:
         resolved = resolve_model(config.model)
         self.spec = resolved.spec
         self.max_model_len = self._max_model_len(config)
-        self.tokenizer = load_tokenizer(resolved.checkpoint, self.spec, config.tokenizer)
+        # the tokenizer is loaded on first use (`tokenizer`): an engine core serves token ids, and its front
+        # end loads the tokenizer itself, so the core imports no transformers
+        checkpoint = str(resolved.checkpoint) if resolved.checkpoint is not None else None
+        self.tokenizer_source = config.tokenizer or checkpoint
         t1 = time.perf_counter()
-        self._phase("resolve_model", t1 - t0, f"model {config.model} resolved, tokenizer loaded")
+        self._phase("resolve_model", t1 - t0, f"model {config.model} resolved")
         # what a comparison needs to check that backends were set up alike (adapters/reference.py reads it)
         eager = config.enforce_eager or self.device.type != "cuda"
         log.info("engine config: model=%s, dtype=%s, max_model_len=%d, max_num_seqs=%d, "
@@ -236,6 +244,11 @@ class Engine:
         self.scheduler.remove(seq)
         seq.status, seq.finish_reason = Status.FINISHED, "abort"
         return RequestOutput.of(seq, [])
+
+    @functools.cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (or the synthetic one of random weights), loaded on first use."""
+        return load_tokenizer(None, self.spec, self.tokenizer_source)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
-
 from reference_engine.config import SamplingParams
 from reference_engine.model_config import ModelSpec
 from reference_engine.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from reference_engine.engine import Engine, EngineStartup
 
 
@@ -67,8 +67,8 @@ class EngineInfo:
     def of(cls, engine: Engine) -> EngineInfo:
         limits = RequestLimits(engine.spec.vocab_size, engine.max_model_len, engine.block_size,
                                engine.block_manager.num_blocks)
-        source = engine.config.tokenizer or getattr(engine.tokenizer, "name_or_path", "") or None
-        return cls(limits, engine.spec, source, engine.device.type, engine.config.max_num_seqs, engine.setup)
+        return cls(limits, engine.spec, engine.tokenizer_source, engine.device.type,
+                   engine.config.max_num_seqs, engine.setup)
 
     @property
     def max_model_len(self) -> int:

@@ -8,10 +8,12 @@ token-exact prompts).
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from reference_engine.model_config import ModelSpec
+
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded: an engine core never needs it
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 
 def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | None = None
@@ -19,6 +21,8 @@ def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | Non
     source = override or (str(checkpoint) if checkpoint is not None else None)
     if source is None:
         return synthetic_tokenizer(spec)
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
@@ -27,6 +31,7 @@ def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | Non
 
 def synthetic_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {_word(i): i for i in range(spec.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=_word(0)))

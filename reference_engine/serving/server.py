@@ -26,7 +26,7 @@ import hmac
 import logging
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -215,7 +215,11 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
         if core is None:
             core = start_engine_core(config, args.cpu_threads, args.log_level.upper(), LOG_FORMAT)
         client = await connect_engine_core(core, args.max_waiting)
-        tokenizer = await asyncio.to_thread(client.info.load_tokenizer)
+        try:
+            tokenizer = await asyncio.to_thread(timed_tokenizer_load, client.info.load_tokenizer)
+        except Exception:
+            await client.close()  # the core is up: stop it before the error ends this process
+            raise
         state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
     else:
         if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
@@ -223,7 +227,8 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
             log.info("CPU serving with %d torch threads", threads)
             torch.set_num_threads(threads)
         engine = await asyncio.to_thread(Engine, config)
-        state = ServerState(EngineInfo.of(engine), engine.tokenizer, AsyncEngine(engine, args.max_waiting),
+        tokenizer = timed_tokenizer_load(lambda: engine.tokenizer)
+        state = ServerState(EngineInfo.of(engine), tokenizer, AsyncEngine(engine, args.max_waiting),
                             served, args.model, args.api_key)
     runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
                            handler_cancellation=True, access_log=None)
@@ -262,6 +267,14 @@ def run(args: argparse.Namespace, started: float, core: StartedCore | None = Non
     except (ValueError, FileNotFoundError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+
+
+def timed_tokenizer_load(load: Callable[[], PreTrainedTokenizerBase]) -> PreTrainedTokenizerBase:
+    """Load the tokenizer and log how long it took (a start-up phase that compare reads from the log)."""
+    start = time.perf_counter()
+    tokenizer = load()
+    log.info("tokenizer loaded in %.3f s", time.perf_counter() - start)
+    return tokenizer
 
 
 def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
