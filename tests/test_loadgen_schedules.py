@@ -171,7 +171,10 @@ def test_cancelling_the_run_records_in_flight_requests(server, tmp_path):
 def test_ctrl_c_stops_cleanly(server, tmp_path):
     out = tmp_path / "requests.jsonl"
     script = textwrap.dedent(f"""
-        import json, sys
+        import json, signal, sys
+        # Ctrl-C as a terminal delivers it, also when this test runs as a background job (which starts with
+        # SIGINT ignored, and asyncio then leaves it so)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from adapters import get_adapter
         from workloads.loadgen import PointJob, run_load_sync
         from workloads.schedule import ClosedLoop
