@@ -1,6 +1,6 @@
-"""Multi-turn sessions: the datasets (turn lengths, each prompt carrying the conversation so far), the records'
-session fields through requests.jsonl, and live against our engine, that later turns are served from its
-prefix cache and the report shows TTFT by turn."""
+"""Multi-turn sessions: the datasets (turn lengths, each prompt carrying the conversation so far), the
+records' session fields through requests.jsonl, and live against our engine, that later turns are served
+from its prefix cache and the report shows TTFT by turn."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def test_turn_carries_previous_prompt_and_answer(bpe):
 def test_think_time_forms():
     assert ThinkTime.parse("2.5") == ThinkTime("fixed", 2.5)
     assert ThinkTime.parse(0) == ThinkTime("fixed", 0.0)
-    assert ThinkTime.parse("exponential:2").sample(np.random.default_rng(0), 1000).mean() == pytest.approx(2, 0.1)
+    drawn = ThinkTime.parse("exponential:2").sample(np.random.default_rng(0), 1000)
+    assert drawn.mean() == pytest.approx(2, 0.1)
     for bad in ("-1", "uniform:3:1", "gamma:1", "soon", "uniform:1"):
         with pytest.raises(ValueError, match="think time"):
             ThinkTime.parse(bad)
@@ -85,7 +86,8 @@ def test_sharegpt_sessions(bpe, tmp_path):
         {"id": "long", "conversations": [
             {"from": "human", "value": "First question?"}, {"from": "gpt", "value": "First answer here."},
             {"from": "human", "value": "Second question?"}, {"from": "gpt", "value": "Two."},
-            {"from": "human", "value": "Third?"}, {"from": "gpt", "value": "The third answer, longer still."}]},
+            {"from": "human", "value": "Third?"},
+            {"from": "gpt", "value": "The third answer, longer still."}]},
         {"id": "single", "conversations": [
             {"from": "human", "value": "Only one?"}, {"from": "gpt", "value": "Yes."}]},
         "not a conversation",
@@ -100,7 +102,8 @@ def test_sharegpt_sessions(bpe, tmp_path):
         len(encode(bpe, a)) for a in ("First answer here.", "Two.", "The third answer, longer still.")]
     assert sessions[0].think_s == (0.0, 1.0, 1.0)
     assert len(sharegpt_sessions(path, bpe, turns=2)[0].turns) == 2
-    assert {s.session_id for s in sharegpt_sessions(path, bpe, min_turns=1)} == {"sharegpt-long", "sharegpt-single"}
+    every = sharegpt_sessions(path, bpe, min_turns=1)
+    assert {s.session_id for s in every} == {"sharegpt-long", "sharegpt-single"}
     with pytest.raises(ValueError, match="no conversation"):
         sharegpt_sessions(path, bpe, min_turns=4)
 
@@ -155,6 +158,6 @@ def test_live_later_turns_hit_the_prefix_cache(tiny_server, llama_dir, tmp_path)
             turn, previous = by_id[(s.session_id, k)], by_id[(s.session_id, k - 1)]
             assert turn.prompt_tokens >= previous.prompt_tokens + 24 - 1  # the answer's tokens come on top
             assert turn.send_s >= previous.end_s + 0.05  # sent after the answer and the think time
-            earlier += previous.prompt_tokens // 16 * 16
+            earlier += (previous.prompt_tokens - 1) // 16 * 16  # whole blocks; a join may merge its end
     print("prefix hits", gained, "earlier prompts", earlier)
     assert earlier > 0 and gained >= earlier, (gained, earlier)
