@@ -161,3 +161,35 @@ def test_live_later_turns_hit_the_prefix_cache(tiny_server, llama_dir, tmp_path)
             earlier += (previous.prompt_tokens - 1) // 16 * 16  # whole blocks; a join may merge its end
     print("prefix hits", gained, "earlier prompts", earlier)
     assert earlier > 0 and gained >= earlier, (gained, earlier)
+
+
+def test_live_compare_run_multi_turn_report(tiny_server, llama_dir, tmp_path):
+    """The acceptance run: `compare run --dataset multi-turn` against our engine (3 sessions x 3 turns):
+    its prefix-cache hit counter rises by at least the earlier turns' prompts, and the report and turns.csv
+    show TTFT by turn."""
+    import pandas as pd
+    from compare_cli import run_compare
+
+    before = _prefix_hits(tiny_server.url)
+    out = tmp_path / "run"
+    run_compare("run", "--backends", "reference", "--endpoint", f"reference={tiny_server.url}",
+                "--model", str(llama_dir), "--dataset", "multi-turn", "--turns", "3", "--input-len", "24",
+                "--output-len", "16", "--think-time", "0.02", "--concurrency", "3", "--num-requests", "3",
+                "--warmup", "0", "--n-boot", "100", "--out", str(out))
+    gained = _prefix_hits(tiny_server.url) - before
+    records = read_records(out / "requests.jsonl")
+    assert len(records) == 9 and all(r.ok for r in records)
+    assert sorted(r.turn for r in records) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    prompts = {(r.session_id, r.turn): r.prompt_tokens for r in records}
+    earlier = sum((prompts[(s, k - 1)] - 1) // 16 * 16 for s, k in prompts if k > 0)
+    assert earlier > 0 and gained >= earlier, (gained, earlier)
+    turns = pd.read_csv(out / "turns.csv")
+    assert turns["turn"].tolist() == [0, 1, 2] and turns["n"].tolist() == [3, 3, 3]
+    assert turns["prompt_tokens_mean"].is_monotonic_increasing and turns["ttft_p50_ms"].gt(0).all()
+    report = (out / "report.md").read_text()
+    section = report.split("## TTFT by turn", 1)[1].split("\n## ", 1)[0]
+    assert section.count("| reference |") == 3, section
+    # `compare report` rebuilds turns.csv from the records
+    (out / "turns.csv").unlink()
+    run_compare("report", str(out), "--n-boot", "100")
+    pd.testing.assert_frame_equal(pd.read_csv(out / "turns.csv"), turns)
