@@ -237,7 +237,14 @@ class _Point:
         title = f"{backend.key} {self.workload.label} {schedule.label}" + (
             f" (launch {self.repeat + 1})" if plan.repeats > 1 else ""
         )
-        with watcher.point(title, plan.num_requests) as show:
+        sessions = specs if self.workload.sessions else []  # multi-turn: Sessions, one request per turn
+        if sessions:
+            from workloads.sessions import session_requests
+
+            sessions = sessions[: plan.num_requests] if plan.num_requests else sessions
+            specs = []
+        total = session_requests(sessions) if sessions and plan.num_requests else plan.num_requests
+        with watcher.point(title, total) as show:
 
             def update(records: list) -> None:
                 measured = [r for r in records if not r.warmup]
@@ -264,6 +271,7 @@ class _Point:
                     busy_poll=plan.busy_poll,
                     progress=update,
                     progress_interval_s=0.5,
+                    sessions=sessions,
                 )
             )
         summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
@@ -300,6 +308,15 @@ def _prefix_dataset(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, 
 
 
 def _dataset(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, seed: int) -> list:
+    """`n` requests of the workload (multi-turn workloads: `n` sessions)."""
+    if w.sessions:
+        from workloads.sessions import sharegpt_sessions, synthetic_sessions
+
+        think = w.think_time or 0.0
+        if w.dataset == "multi-turn":
+            assert w.turns is not None
+            return synthetic_sessions(tokenizer, n, w.turns, w.input_len, w.output_len, think, seed=seed)
+        return sharegpt_sessions(w.path, tokenizer, n=n, turns=w.turns, think_time=think, seed=seed)
     if w.dataset == "random":
         return make_dataset("random", tokenizer, n, input_len=w.input_len, output_len=w.output_len, seed=seed)
     if w.dataset == "fixed":

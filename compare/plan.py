@@ -4,7 +4,8 @@
     endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
     launch:    process | docker                (how backends without an endpoint are started)
     load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson and/or --trace FILE
-    workload:  --dataset random|fixed|sharegpt|jsonl|prefix, lengths, --dataset-path, --prefix-len/-groups
+    workload:  --dataset random|fixed|sharegpt|jsonl|prefix|multi-turn|sharegpt-turns, lengths,
+               --dataset-path, --prefix-len/-groups, --turns, --think-time
     slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
 
 A YAML run file (`-c run.yaml`) holds the same keys as the options, plus lists where a matrix needs them:
@@ -33,6 +34,7 @@ from compare import default_candidates
 from compare.run_options import (
     DEFAULTS,
     PLANNED,
+    SESSION_DATASETS,
     BackendSpec,
     PlanError,
     RunPlan,
@@ -46,6 +48,7 @@ from compare.run_options import (
 )
 from workloads.datasets import LengthDist
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
+from workloads.sessions import ThinkTime
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
 LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
@@ -144,6 +147,7 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     workloads = _workloads(merged, file_data, options)
     values = {o.name: o.read(merged[o.name], o) for o in PLANNED}
     schedules = _load_points(merged, options, file_data, values["seed"])
+    _check_sessions(workloads, schedules, values["ray"] is not None)
     backends, reason = _backends(merged, file_data, options)
     if values["num_requests"] is None and values["duration"] is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
@@ -156,6 +160,21 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
         _check_local_path(values["model"], "model")
     _check_local_path(values["tokenizer"], "tokenizer")
     return RunPlan(backends, workloads, schedules, **values, candidates_reason=reason)
+
+
+def _check_sessions(workloads: list[WorkloadSpec], schedules: list[Schedule], ray: bool) -> None:
+    """Sessions are sent in a closed loop only: the concurrency counts sessions, each turn waits for the
+    previous answer, so a rate or a trace has nothing to say when a turn goes out. The Ray load splits
+    single requests over its actors, not sessions."""
+    sessions = [w.label for w in workloads if w.sessions]
+    if sessions and ray:
+        raise PlanError(f"the multi-turn workloads ({', '.join(sessions)}) run without --ray")
+    timed = [s.label for s in schedules if not isinstance(s, ClosedLoop)]
+    if sessions and timed:
+        raise PlanError(
+            f"the multi-turn workloads ({', '.join(sessions)}) run in a closed loop (--concurrency counts "
+            f"sessions); drop the open-loop or trace points ({', '.join(timed)}) or run them apart"
+        )
 
 
 def _backends(
@@ -265,17 +284,21 @@ def _workloads(
     return out
 
 
-WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups")
+WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups",
+                    "turns", "think_time")
 WORKLOAD_KEYS = {"path", "name", *WORKLOAD_OPTIONS}
-DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl", "prefix")
-FILE_DATASETS = ("sharegpt", "jsonl")
+DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl", "prefix", *SESSION_DATASETS)
+FILE_DATASETS = ("sharegpt", "jsonl", "sharegpt-turns")
 #: the shape options each dataset reads (any other would be silently ignored)
-SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups")
+SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups", "turns", "think_time")
 OPTIONS_USED = {
     "random": {"input_len", "output_len"},
     "jsonl": {"output_len"},
-    "prefix": set(SHAPE_OPTIONS),
+    "prefix": {"input_len", "output_len", "prefix_len", "prefix_groups"},
+    "multi-turn": {"input_len", "output_len", "turns", "think_time"},
+    "sharegpt-turns": {"turns", "think_time"},
 }
+MULTI_TURN_TURNS = 3  # multi-turn's user turns per session when --turns is not given
 
 
 def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
@@ -297,7 +320,25 @@ def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
         )
         if prefix
         else None,
+        *_session_shape(dataset, values),
     )
+
+
+def _session_shape(dataset: str, values: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(turns, think time) of a session dataset, checked; (None, None) for the others."""
+    if dataset not in SESSION_DATASETS:
+        return None, None
+    turns = values.get("turns")
+    if turns is None and dataset == "multi-turn":
+        turns = MULTI_TURN_TURNS
+    if turns is not None:
+        turns = checked_number(turns, "turns", int, minimum=1)
+    think = str(values.get("think_time", DEFAULTS["think_time"]))
+    try:
+        ThinkTime.parse(think)
+    except ValueError as exc:
+        raise PlanError(f"{flag('think_time')}: {exc}") from None
+    return turns, think
 
 
 def _listed_workload(item: Any) -> WorkloadSpec:

@@ -28,6 +28,7 @@ from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, selection
 from compare.store import RunDir
+from compare.turns import turn_table, write_turns
 from workloads import timing
 from workloads.records import RequestRecord
 
@@ -48,6 +49,7 @@ class Results:
     seed: int = 0
     declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
     parity: list[Finding] = field(default_factory=list)
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # multi-turn sessions: compare/turns.py
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -66,6 +68,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     )
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed)
+    results.turns = turn_table(requests)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
@@ -117,6 +120,7 @@ def combine_setups(reports: list[SetupReport]) -> dict[str, SetupReport]:
 
 def write_reports(results: Results) -> None:
     results.run.write_summary(results.summary)
+    write_turns(results.run.path, results.turns)
     blocks = build_blocks(results)
     (results.run.path / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
     (results.run.path / "report.html").write_text(
@@ -414,6 +418,35 @@ NORMALISED_COLUMNS = [
 ]
 
 
+def _turns(res: Results) -> list[Block]:
+    """Multi-turn sessions: TTFT by turn index at each load point (compare/turns.py), none without them."""
+    t = res.turns
+    if t.empty:
+        return []
+    header = ["backend", "workload", "load", "turn", "n", "prompt tokens", "TTFT p50", "TTFT p90", "E2E p50"]
+    rows = [
+        [
+            key_of(r["backend"], r["variant"]),
+            r["workload"],
+            r["load_point"],
+            str(int(r["turn"]) + 1),
+            str(int(r["n"])),
+            _f(r["prompt_tokens_mean"], 0),
+            _f(r["ttft_p50_ms"]),
+            _f(r["ttft_p90_ms"]),
+            _f(r["e2e_p50_ms"]),
+        ]
+        for _, r in t.iterrows()
+    ]
+    explained = (
+        "Each turn of a session carries the whole conversation so far (earlier user turns and the model's "
+        "answers), so its prompt grows turn by turn. A backend that serves the earlier turns from its prefix "
+        "cache keeps the later turns' TTFT near the first turn's; without one it grows with the prompt. "
+        "Latencies in ms over the ok requests of each turn (turns.csv has them)."
+    )
+    return [("h2", "TTFT by turn"), ("p", explained), ("table", (header, rows))]
+
+
 def _normalised(res: Results) -> list[Block]:
     """Prefill per 1k input tokens, TPOT against the roofline, cost per million output tokens."""
     config = res.run.manifest.get("config") or {}
@@ -491,6 +524,7 @@ SECTIONS: list[Callable[[Results], list[Block]]] = [
     _break_even,
     _results,
     _intended_latency,
+    _turns,
     _normalised,
     _definitions,
 ]

@@ -278,8 +278,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         str,
         "random",
         help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
-        "--dataset-path) or prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups) "
-        "[default: random]",
+        "--dataset-path), prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups), "
+        "multi-turn (sessions of --turns random user turns of --input-len, answers of --output-len) or "
+        "sharegpt-turns (a ShareGPT file's conversations, turn by turn) [default: random]",
         panel=WORKLOAD,
         metavar="NAME",
     ),
@@ -323,6 +324,25 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         help="prefix: groups, each with a prefix of its own [default: 4]",
         panel=WORKLOAD,
         metavar="N",
+    ),
+    RunOption(
+        "turns",
+        int,
+        None,
+        help="multi-turn: user turns per session [default: 3]; sharegpt-turns: at most this many turns of "
+        "each conversation [default: all]. Each turn carries the conversation so far; --concurrency counts "
+        "sessions",
+        panel=WORKLOAD,
+        metavar="N",
+    ),
+    RunOption(
+        "think_time",
+        str,
+        "0",
+        help="multi-turn, sharegpt-turns: seconds from an answer to the next turn: S, uniform:LOW:HIGH or "
+        "exponential:MEAN [default: 0]",
+        panel=WORKLOAD,
+        metavar="S",
     ),
     RunOption(
         "seed",
@@ -624,6 +644,13 @@ class WorkloadSpec:
     name: str = ""
     prefix_len: int | None = None  # dataset prefix only
     prefix_groups: int | None = None
+    turns: int | None = None  # session datasets only (multi-turn, sharegpt-turns; None: every turn)
+    think_time: str | None = None  # session datasets only
+
+    @property
+    def sessions(self) -> bool:
+        """Whether the workload is multi-turn sessions (workloads/sessions.py) rather than single requests."""
+        return self.dataset in SESSION_DATASETS
 
     @property
     def label(self) -> str:
@@ -633,9 +660,15 @@ class WorkloadSpec:
             return f"random-{self.input_len}x{self.output_len}"
         if self.dataset == "prefix":
             return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
-        if self.dataset in ("sharegpt", "jsonl") and self.path:
+        if self.dataset == "multi-turn":
+            return f"multi-turn-{self.turns}x{self.input_len}x{self.output_len}"
+        if self.dataset in ("sharegpt", "jsonl", "sharegpt-turns") and self.path:
             return f"{self.dataset}-{Path(self.path).stem}"
         return self.dataset
+
+
+#: the datasets of multi-turn sessions
+SESSION_DATASETS = ("multi-turn", "sharegpt-turns")
 
 
 @dataclass

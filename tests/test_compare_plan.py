@@ -69,11 +69,24 @@ def test_backends_variants_and_endpoints():
         ({"dataset": "sharegpt"}, "--dataset-path"),
         ({"repeats": 0}, "repeats"),
         ({"busy_poll": True, "ray": "local"}, "busy_poll"),
+        ({"dataset": "multi-turn", "turns": 0}, "--turns must be >= 1"),
+        ({"dataset": "multi-turn", "think_time": "uniform:3:1"}, "LOW <= HIGH"),
+        ({"dataset": "multi-turn", "rate": "2"}, "closed loop"),
+        ({"dataset": "multi-turn", "ray": "local"}, "without --ray"),
+        ({"turns": 3}, "does not apply"),
     ],
 )
 def test_plan_errors_are_clear(options, message):
     with pytest.raises(PlanError, match=message):
         build_plan(options)
+
+
+def test_multi_turn_workloads():
+    plan = build_plan({"dataset": "multi-turn", "input_len": "32", "output_len": "8", "think_time": "0.5"})
+    w = plan.workloads[0]
+    assert (w.sessions, w.turns, w.think_time, w.label) == (True, 3, "0.5", "multi-turn-3x32x8")
+    assert build_plan({"dataset": "multi-turn", "turns": 5}).workloads[0].turns == 5
+    assert not build_plan({}).workloads[0].sessions and build_plan({}).workloads[0].turns is None
 
 
 def test_rate_alone_is_open_loop_only():

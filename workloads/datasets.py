@@ -91,6 +91,10 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(getattr(ids, "ids", ids))
 
 
+encode_text = _encode  # public names for the other dataset modules (workloads/sessions.py)
+decode_ids = _decode
+
+
 def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
     """Token ids to draw random prompts from: not special (BOS, EOS, pad, ...), and decoding on their own to
     whole characters (byte-level vocabularies also hold lone UTF-8 bytes, whose random sequences are not
@@ -179,14 +183,7 @@ def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, see
     left out, the rest shuffled with `seed` and the first `n` kept."""
     limits = limits or PairLimits()
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"ShareGPT file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from exc
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    data = read_sharegpt(path)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(data))
     drawn = LengthDist.parse(output_len) if output_len is not None else None
@@ -215,18 +212,36 @@ def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, see
     return specs
 
 
-def _first_exchange(entry: Any) -> tuple[str, str] | None:
+def read_sharegpt(path: Path) -> list:
+    """The conversations of a ShareGPT JSON file (a list), with clear errors for a missing or wrong file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ShareGPT file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    return data
+
+
+def sharegpt_exchanges(entry: Any) -> list[tuple[str, str]]:
+    """A ShareGPT conversation's (human turn, answer) pairs in order: each human turn directly followed by an
+    answer (a human turn without one, or a malformed entry, is skipped)."""
     if not isinstance(entry, dict):
-        return None
+        return []
     turns = entry.get("conversations") or entry.get("conversation")
     if not isinstance(turns, list):
-        return None
-    for first, second in pairwise(turns):
-        if (isinstance(first, dict) and isinstance(second, dict) and first.get("from") in ("human", "user")
-                and second.get("from") in ("gpt", "assistant", "chatgpt")
-                and isinstance(first.get("value"), str) and isinstance(second.get("value"), str)):
-            return first["value"], second["value"]
-    return None
+        return []
+    return [(first["value"], second["value"]) for first, second in pairwise(turns)
+            if isinstance(first, dict) and isinstance(second, dict) and first.get("from") in ("human", "user")
+            and second.get("from") in ("gpt", "assistant", "chatgpt")
+            and isinstance(first.get("value"), str) and isinstance(second.get("value"), str)]
+
+
+def _first_exchange(entry: Any) -> tuple[str, str] | None:
+    pairs = sharegpt_exchanges(entry)
+    return pairs[0] if pairs else None
 
 
 def read_json_lines(path: Path, error: type[ValueError] = ValueError) -> Iterator[tuple[int, Any]]:

@@ -47,6 +47,7 @@ from workloads.kernel_stamps import stamped_loop_factory
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
 from workloads.response_parsing import SLICE_S, StreamReading, reading_steps, run_to_end
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
+from workloads.sessions import Session, conversation_turn
 from workloads.timing import client_lag
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class _Prepared:
     url: URL
     body: bytes
     headers: dict[str, str]
+    session_id: str | None = None  # multi-turn sessions: the conversation and its turn
+    turn: int | None = None
 
 
 #: called as each request begins: (request id, scheduled time, start time, warm-up), perf_counter seconds
@@ -139,6 +142,13 @@ class PointJob:
     - `on_record(record)` is called with each record as it is stored, and `on_start(request_id, scheduled,
       start, warmup)` as each request begins (perf_counter seconds): what a caller streaming records
       elsewhere needs to know which requests are in flight.
+    - `sessions` (closed loop only; `specs` may then be empty): multi-turn conversations
+      (`workloads.sessions`) sent instead of `specs`. The concurrency counts sessions: each worker takes the
+      next session and sends its turns in order, turn k when turn k-1's answer has ended and its think time
+      passed (that time is the record's scheduled time), carrying the conversation so far (`tokenizer`
+      needed). A failed turn ends its session. `max_requests` bounds the number of sessions (never
+      cycled: a replayed conversation would hit the prefix cache); `max_duration_s` starts no new session
+      after it, while sessions under way finish.
     """
 
     url: str
@@ -164,6 +174,7 @@ class PointJob:
     progress_interval_s: float = 1.0
     on_record: Callable[[RequestRecord], None] | None = None
     on_start: StartHook | None = None
+    sessions: Sequence[Session] = ()
 
     def resolved(self) -> PointJob:
         """The job with its defaults filled in: labels, run id and summary path."""
@@ -198,6 +209,8 @@ class _Run:
         self.measured_start: float | None = None
         self.finished: collections.deque[tuple[_Prepared, float, bool, _RawResponse]] = collections.deque()
         self._work = asyncio.Event()
+        self.tokenizer = job.tokenizer
+        self._answers: dict[str, asyncio.Future[tuple[RequestRecord, str]]] = {}  # session turns awaited
 
     # -- preparing -----------------------------------------------------------------------------------
 
@@ -271,7 +284,7 @@ class _Run:
                 if raw.status == 200:
                     reading = await _drive(reading_steps(self.adapter, raw.chunks, raw.streaming, SLICE_S))
                 self.finished.popleft()
-                self._store(self._record(item, scheduled, warmup, raw, reading))
+                self._store(self._record(item, scheduled, warmup, raw, reading), reading.text)
             self._work.clear()
             await self._work.wait()
 
@@ -282,14 +295,17 @@ class _Run:
             reading = StreamReading()
             if raw.status == 200:
                 reading = run_to_end(reading_steps(self.adapter, raw.chunks, raw.streaming, None))
-            self._store(self._record(item, scheduled, warmup, raw, reading))
+            self._store(self._record(item, scheduled, warmup, raw, reading), reading.text)
 
-    def _store(self, record: RequestRecord) -> None:
+    def _store(self, record: RequestRecord, text: str) -> None:
         self.records.append(record)
         if self.writer is not None:
             self.writer.append(record)
         if self.on_record is not None:
             self.on_record(record)
+        answer = self._answers.pop(record.request_id, None)
+        if answer is not None and not answer.done():  # a session's turn: its next turn needs the text
+            answer.set_result((record, text))
 
     def _record(self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse,
                 reading: StreamReading) -> RequestRecord:
@@ -318,6 +334,7 @@ class _Run:
             output_tokens_source="usage" if usage_completion is not None else "events",
             retokenized_tokens=retokenized, token_count_mismatch=len(known) > 1,
             error_kind=None if error is None else error[0], error_message=None if error is None else error[1],
+            session_id=item.session_id, turn=item.turn,
         )
 
     # -- schedules -----------------------------------------------------------------------------------
@@ -345,6 +362,48 @@ class _Run:
                 await self.execute(item, now, False)
 
         await _gather_all([worker(k) for k in range(concurrency)])
+
+    async def session_loop(self, warm: Iterator[_Prepared], sessions: Iterator[Session], concurrency: int,
+                           ramp_up_s: float, max_duration_s: float | None) -> None:
+        """`closed_loop` with sessions for requests: each worker runs one whole session at a time."""
+        deadline: list[float] = []
+
+        async def worker(k: int) -> None:
+            if ramp_up_s and k:
+                await asyncio.sleep(k * ramp_up_s / concurrency)
+            for item in warm:
+                await self.execute(item, perf_counter(), True)
+            for session in sessions:
+                now = perf_counter()
+                if self.measured_start is None:
+                    self.measured_start = now
+                    if max_duration_s is not None:
+                        deadline.append(now + max_duration_s)
+                if deadline and now >= deadline[0]:
+                    return
+                await self.run_session(session, now)
+
+        await _gather_all([worker(k) for k in range(concurrency)])
+
+    async def run_session(self, session: Session, start: float) -> None:
+        """The turns of one session in order, each sent its think time after the previous answer ended and
+        carrying the conversation so far; the session ends at its first failed turn. The conversation is
+        built here, between requests, so the sending and its timestamps stay as for any request."""
+        previous: RequestSpec | None = None
+        answer, when = "", start
+        for k in range(len(session.turns)):
+            while (delay := when - perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            spec = conversation_turn(session, k, previous, answer, self.tokenizer)
+            item = replace(self.prepare(spec, spec.request_id), session_id=session.session_id, turn=k)
+            done = asyncio.get_running_loop().create_future()
+            self._answers[item.request_id] = done
+            await self.execute(item, when, False)
+            record, answer = await done
+            if not record.ok or k + 1 == len(session.turns):
+                return
+            previous = spec
+            when = self.t0 + (record.end_s or 0.0) + session.think_s[k + 1]
 
     async def open_loop(self, items: Iterator[_Prepared], offsets: Iterator[float], start: float,
                         deadline: float | None, max_concurrency: int | None) -> None:
@@ -503,9 +562,11 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
     run = _Run(job, writer, token_counter(job.tokenizer) if job.tokenizer is not None else None)
     count = job.max_requests if job.max_requests is not None else (
         None if job.max_duration_s is not None else len(job.specs))
-    items = _items(run, job.specs, count)  # builds and checks every request before anything is sent
-    first = next(items)
-    items = itertools.chain([first], items)
+    items: Iterator[_Prepared] = iter(())
+    if not job.sessions:
+        items = _items(run, job.specs, count)  # builds and checks every request before anything is sent
+        first = next(items)
+        items = itertools.chain([first], items)
     warm_items = list(_items(run, job.warmup_specs, len(job.warmup_specs))) if job.warmup_specs else []
 
     # the pool holds as many connections as requests can be in flight (0: no limit, for an uncapped open loop)
@@ -553,8 +614,16 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
 
 
 def _check(job: PointJob) -> None:
-    if not job.specs:
+    if not job.specs and not job.sessions:
         raise ValueError("no request specs to send")
+    if job.sessions:
+        if not isinstance(job.schedule, ClosedLoop):
+            raise ValueError("sessions are sent in a closed loop (the concurrency counts sessions)")
+        if job.tokenizer is None and any(len(s.turns) > 1 for s in job.sessions):
+            raise ValueError("sessions of several turns need the tokenizer (to carry the answers)")
+        ids = [s.session_id for s in job.sessions]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two sessions share an id")
     if job.max_requests is not None and job.max_requests < 1:
         raise ValueError(f"max_requests must be >= 1, got {job.max_requests}")
     if job.max_duration_s is not None and not job.max_duration_s > 0:
@@ -587,7 +656,11 @@ async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
         if job.start_at is not None and (delay := job.start_at - perf_counter()) > 0:
             await asyncio.sleep(delay)
         ramp = min(schedule.concurrency * 1e-3, 5.0) if job.ramp_up_s is None else job.ramp_up_s
-        await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, job.max_duration_s)
+        if job.sessions:
+            sessions = iter(job.sessions[:job.max_requests] if job.max_requests else job.sessions)
+            await run.session_loop(iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s)
+        else:
+            await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, job.max_duration_s)
         return
     if warm_items:
         concurrency = job.warmup_concurrency or min(len(warm_items), 8)

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+#: 2: `session_id` and `turn` (multi-turn sessions); version 1 files read as records without sessions
+SCHEMA_VERSION = 2
 
 
 class ErrorKind(StrEnum):
@@ -100,6 +101,9 @@ class RequestRecord(BaseModel):
     # where it was measured, when not by the process that wrote the file (see the module docstring)
     host: str | None = None
     clock_offset_s: float | None = None
+    # the conversation it belongs to (multi-turn sessions, workloads/sessions.py) and its turn, from 0
+    session_id: str | None = None
+    turn: int | None = None
 
     @property
     def ok(self) -> bool:
