@@ -161,7 +161,10 @@ class Sweep:
     def run(self, measure: Callable[[Schedule], PointFacts]) -> list[PointFacts]:
         sync = self._do(measure, ClosedLoop(1))
         top = self._do(measure, ClosedLoop(self.concurrency))
-        rates = sweep_rates(sync.throughput_rps, top.throughput_rps, self.points, self.spacing)
+        if not sync.throughput_rps > 0:  # nothing served one at a time (every request failed): no rates
+            return self.measured
+        most = top.throughput_rps if top.throughput_rps > 0 else sync.throughput_rps
+        rates = sweep_rates(sync.throughput_rps, most, self.points, self.spacing)
         extra = 0
         while rates:
             point = self._do(measure, self.open_loop(rates.pop(0)))

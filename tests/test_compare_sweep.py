@@ -74,6 +74,33 @@ def test_sweep_rates_span_synchronous_to_beyond_saturating():
     assert flat == pytest.approx([9.375, 12.5])
 
 
+def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
+    """A backend serving 30 requests/s at most, 10 one at a time: the driver must go up from the
+    synchronous throughput, stop at the first saturated rate and measure nothing after it."""
+    from workloads.schedule import ClosedLoop, OpenLoop
+
+    asked = []
+
+    def measure(schedule):
+        asked.append(schedule)
+        if isinstance(schedule, ClosedLoop):
+            return point(None, 20.0, 10.0 if schedule.concurrency == 1 else 30.0,
+                         concurrency=schedule.concurrency)
+        over = schedule.rate > 30
+        return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
+
+    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant"))
+    points = driver.run(measure)
+    rates = [p.offered_rps for p in points[2:]]
+    assert asked[:2] == [ClosedLoop(1), ClosedLoop(16)]
+    assert rates == pytest.approx([16.88, 23.75, 30.62], abs=0.01)  # 10 .. 37.5 in 4 steps; 30.62 saturates
+    assert all(s.arrival == "constant" for s in asked[2:])
+    failed = sweep.Sweep(4, "linear", 16, OpenLoop(1.0)).run(
+        lambda s: point(None, math.nan, math.nan, concurrency=getattr(s, "concurrency", 0), failed=1.0)
+    )
+    assert len(failed) == 2  # nothing was served: no rate to sweep
+
+
 def test_capacity_bracket_and_bisection():
     verdicts = [(10.0, True), (20.0, True), (30.0, False), (25.0, True), (40.0, False)]
     assert capacity.bracket(verdicts) == (25.0, 30.0)
