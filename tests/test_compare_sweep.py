@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 from checkpoints import make_tokenizer
 
@@ -173,5 +172,9 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     report = (outcome.run_dir.path / "report.md").read_text()
     section = report.split("## Sweep and capacity", 1)[1].split("\n## ", 1)[0]
     assert "knee" in section and "saturat" in section and f"{result.lo:.4g}" in section
+    assert f"capacity under the SLO {result.lo:.4g} requests/s" in section
+    decision = report.split("## Decision", 1)[1].split("\n## ", 1)[0]
+    assert decision.index("Capacity under the SLO") < decision.index("Interactive")  # it leads the decision
+    html = (outcome.run_dir.path / "report.html").read_text()
+    assert ">knee</text>" in html and ">saturated</text>" in html  # ringed on the latency-throughput plots
     assert not math.isnan(rows.loc["c=1", "ttft_p50_ms"])
-    assert isinstance(summary, pd.DataFrame)
