@@ -178,3 +178,28 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     html = (outcome.run_dir.path / "report.html").read_text()
     assert ">knee</text>" in html and ">saturated</text>" in html  # ringed on the latency-throughput plots
     assert not math.isnan(rows.loc["c=1", "ttft_p50_ms"])
+
+
+@pytest.mark.live
+@pytest.mark.timing
+def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
+    """Four at a time against two slots: half the requests wait a whole service time for a slot, so their
+    TTFT is at least that plus the scripted TTFT, and the server never completes more than 2 / 50 ms."""
+    from adapters import get_adapter
+    from adapters.request_spec import RequestSpec
+    from workloads import timing
+    from workloads.loadgen import PointJob, run_load_sync
+    from workloads.records import read_records
+    from workloads.schedule import ClosedLoop
+
+    schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
+    specs = [RequestSpec(f"q-{i}", (5, 6, 7), "a b c", OUTPUT) for i in range(12)]
+    with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
+        run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(4),
+                               output_path=tmp_path / "r.jsonl", run_id="q"))
+    records = [r for r in read_records(tmp_path / "r.jsonl") if not r.warmup]
+    assert len(records) == 12 and all(r.ok for r in records)
+    ttfts = sorted(timing.ttft(r) for r in records)
+    assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= SERVICE_S + TTFT_S  # half waited for a slot
+    span = max(r.t0_monotonic + r.end_s for r in records) - min(r.t0_monotonic + r.send_s for r in records)
+    assert len(records) / span <= TRUE_CAPACITY * 1.05
