@@ -74,6 +74,7 @@ class Capacity:
     hi: float | None  # the lowest that missed it (None: every rate measured met it)
     percentile: int
     sync_meets: bool = True  # the synchronous point met it (if not, no rate can)
+    met_above: list[float] = field(default_factory=list)  # rates above hi that met it: noise, not monotone
     intervals: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
     # "lo"/"hi" -> metric -> (percentile, interval low, interval high) in ms
 
@@ -88,6 +89,13 @@ class Capacity:
             return None
         return all(math.isfinite(v[2]) and v[2] <= slo[k] * 1e3 for k, v in at_lo.items())
 
+    def missed_confidently(self, slo: Mapping[str, float]) -> bool | None:
+        """Whether the SLO is missed with confidence at hi (some interval's lower end beyond its limit)."""
+        at_hi = self.intervals.get("hi")
+        if not at_hi:
+            return None
+        return any(math.isfinite(v[1]) and v[1] > slo[k] * 1e3 for k, v in at_hi.items())
+
 
 def capacity_of(points: list[PointFacts], slo: Mapping[str, float], q: int) -> Capacity | None:
     """The bracket and its intervals from a sweep's measured points (first: the synchronous one); None
@@ -98,6 +106,7 @@ def capacity_of(points: list[PointFacts], slo: Mapping[str, float], q: int) -> C
     verdicts = [(p.offered_rps, meets(p, sync, slo, q)) for p in points if p.offered_rps is not None]
     lo, hi = bracket(verdicts)  # type: ignore[arg-type]
     out = Capacity(lo, hi, q, sync_meets=meets(sync, sync, slo, q))
+    out.met_above = sorted(r for r, ok in verdicts if ok and hi is not None and r > hi)  # type: ignore[misc]
     for end, rate in (("lo", lo), ("hi", hi)):
         point = next((p for p in points if rate and p.offered_rps == rate), None)
         if point is not None:

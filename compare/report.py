@@ -485,13 +485,19 @@ def _capacity_sentence(cap: capacity.Capacity, slo: dict[str, float]) -> str:
         return "the SLO is missed even at one request at a time: no capacity"
     if cap.hi is None:
         return f"the SLO held at every rate measured, up to {cap.lo:.4g} requests/s (capacity at least that)"
-    confident = cap.confident(slo)
-    return (
+    confident, missed = cap.confident(slo), cap.missed_confidently(slo)
+    text = (
         f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} "
-        f"(it missed at {cap.hi:.4g}); "
+        f"(it missed at {cap.hi:.4g}{'' if missed else ', not with 95 % confidence'}); "
         + ("the SLO holds with 95 % confidence there" if confident else
            "the SLO holds there, but not with 95 % confidence")
     )
+    if cap.met_above:
+        text += (
+            f"; {', '.join(f'{r:.4g}' for r in cap.met_above)} requests/s, above the bracket, met it: the "
+            f"p{cap.percentile} of so few requests is noisy, so the bracket may be low (more --num-requests)"
+        )
+    return text
 
 
 NORMALISED_COLUMNS = [

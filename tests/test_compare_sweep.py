@@ -120,6 +120,11 @@ def test_capacity_confidence_reads_the_percentile_intervals():
     result = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=miss)], slo, 99)
     assert (result.lo, result.hi, result.width) == (10, 20, 10)
     assert result.confident(slo) is True and result.intervals["hi"]["ttft"] == (80.0, 70.0, 90.0)
+    assert result.missed_confidently(slo) is True and result.met_above == []
+    unsure = {"ttft_intended_p99_ms": 60.0, "ttft_intended_p99_ms_lo": 45.0, "ttft_intended_p99_ms_hi": 70.0}
+    noisy = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=unsure),
+                                  point(30, 30, row=ok_row)], slo, 99)
+    assert noisy.hi == 20 and noisy.missed_confidently(slo) is False and noisy.met_above == [30]
     result = capacity.capacity_of([sync, point(10, 21, row=loose), point(20, 30, row=miss)], slo, 99)
     assert result.confident(slo) is False  # p99 within, its interval not
     # a saturated point misses the SLO whatever its percentiles say
