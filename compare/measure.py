@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compare.exit_codes import EXIT_FAILED, EXIT_OK
@@ -89,7 +89,7 @@ class _Prompts:
         from workloads.datasets import make_dataset
 
         n = plan.num_requests or DURATION_BOUND_PROMPTS
-        self.points = len(plan.load_points)
+        self.points = points_per_launch(plan)
         slices = self.points * plan.repeats  # a running endpoint keeps its prefix cache between repeats
         self.workloads = [
             (w, _slices(make_dataset, w, tokenizer, n, slices, plan.seed + i))
@@ -120,6 +120,16 @@ class _Prompts:
             seed=plan.seed + 555,
             id_prefix="cold",
         )
+
+
+def points_per_launch(plan: RunPlan) -> int:
+    """The most load points one launch measures in one workload: the plan's, or what a sweep may add."""
+    if not plan.sweep:
+        return len(plan.load_points)
+    from compare.capacity import MAX_BISECTIONS
+    from compare.sweep import MAX_EXTRA
+
+    return 2 + plan.sweep_points + MAX_EXTRA + (MAX_BISECTIONS if plan.capacity else 0)
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,9 @@ class _Launch:
             collect(setup, model_path if backend.launched else None)  # for the parity audit
             self.run_dir.set_setup(setup)
             for w, per_point in prompts.workloads:
+                if plan.sweep:
+                    _SweepRun(self, adapter, setup.url, w, tokenizer).run(per_point, prompts.warm, load)
+                    continue
                 for k, schedule in enumerate(plan.load_points):
                     index = self.repeat * prompts.points + k
                     point = _Point(plan, backend, adapter, setup.url, w, schedule, self.repeat)
@@ -204,6 +217,59 @@ class _Launch:
 
 
 @dataclass(frozen=True)
+class _SweepRun:
+    """A sweep (and with --capacity, the search after it) of one launched backend in one workload: each
+    point chosen from those measured before it (`compare.sweep`, `compare.capacity`)."""
+
+    launch: _Launch
+    adapter: Any
+    url: str
+    workload: WorkloadSpec
+    tokenizer: Any
+
+    def run(self, specs: list[list], warm: list[list], load: Callable) -> None:
+        """Raises KeyboardInterrupt when a point was interrupted."""
+        from compare import capacity
+        from compare.sweep import Sweep, first_saturated, knee
+
+        plan, launch = self.launch.plan, self.launch
+        per_launch = len(specs) // plan.repeats  # the slices of this launch (a sweep has one)
+        slices = iter(range(launch.repeat * per_launch, (launch.repeat + 1) * per_launch))
+
+        def measure_one(schedule: Schedule) -> Any:
+            k = next(slices)
+            backend, workload = launch.backend, self.workload
+            point = _Point(plan, backend, self.adapter, self.url, workload, schedule, launch.repeat)
+            if point.run(launch.run_dir, specs[k], warm[k], load, self.tokenizer, launch.watcher):
+                raise KeyboardInterrupt
+            return self._facts(point.run_id)
+
+        assert plan.sweep_open is not None
+        sweep = Sweep(plan.sweep_points, plan.sweep_spacing, plan.sweep_concurrency, plan.sweep_open)
+        points = sweep.run(measure_one)
+        if plan.capacity:
+            points = capacity.search(sweep, measure_one, plan.slo, plan.capacity_percentile,
+                                     plan.capacity_precision)
+        sync, where = points[0], f"{launch.backend.key} {self.workload.label}"
+        bend, saturated = knee(points, sync), first_saturated(points, sync)
+        launch.watcher.say(
+            f"{where}: knee {'none' if bend is None else bend.label}, saturated "
+            + ("not reached" if saturated is None else f"at {saturated[0].label} ({saturated[1]})")
+        )
+
+    def _facts(self, run_id: str) -> Any:
+        from compare.metrics import request_table, summarize
+        from compare.sweep import point_facts
+
+        run_dir = self.launch.run_dir
+        records = [r for r in run_dir.records() if r.run_id == run_id and not r.warmup]
+        points = run_dir.points()
+        summary = summarize(records, points, self.launch.plan.slo, n_boot=0)
+        row = summary.iloc[0].to_dict() if not summary.empty else {}
+        return point_facts(row, request_table(records, points))
+
+
+@dataclass(frozen=True)
 class _Point:
     """One load point of one backend in one workload."""
 
@@ -214,6 +280,7 @@ class _Point:
     workload: WorkloadSpec
     schedule: Schedule
     repeat: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def run(
         self, run_dir: Any, specs: list, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
@@ -224,7 +291,7 @@ class _Point:
         from workloads.records import read_run_summaries
 
         plan, backend, schedule = self.plan, self.backend, self.schedule
-        run_id = uuid.uuid4().hex[:12]
+        run_id = self.run_id
         run_dir.add_point(
             run_id,
             backend.name,

@@ -146,8 +146,12 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     # the checks that need no heavy import first: a wrong option fails at once
     workloads = _workloads(merged, file_data, options)
     values = {o.name: o.read(merged[o.name], o) for o in PLANNED}
-    schedules = _load_points(merged, options, file_data, values["seed"])
+    sweep = _sweep(merged, options, file_data, values)
+    schedules = sweep[0] if sweep else _load_points(merged, options, file_data, values["seed"])
     _check_sessions(workloads, schedules, values["ray"] is not None)
+    if sweep and any(w.sessions for w in workloads):
+        raise PlanError("--sweep and --capacity send open-loop points; the multi-turn workloads run in a "
+                        "closed loop (--concurrency counts sessions): run them apart")
     backends, reason = _backends(merged, file_data, options)
     if values["num_requests"] is None and values["duration"] is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
@@ -159,7 +163,8 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     if any(b.launched for b in backends) or values["tokenizer"] is None:  # the model is read here
         _check_local_path(values["model"], "model")
     _check_local_path(values["tokenizer"], "tokenizer")
-    return RunPlan(backends, workloads, schedules, **values, candidates_reason=reason)
+    sweep_open = sweep[1] if sweep else None
+    return RunPlan(backends, workloads, schedules, **values, sweep_open=sweep_open, candidates_reason=reason)
 
 
 def _check_sessions(workloads: list[WorkloadSpec], schedules: list[Schedule], ray: bool) -> None:
@@ -232,6 +237,45 @@ def _load_points(
     if not schedules:
         raise PlanError("no load points: give --concurrency, --rate and/or --trace")
     return schedules
+
+
+SWEEP_ONLY = ("sweep_points", "sweep_spacing", "sweep_concurrency")
+CAPACITY_ONLY = ("capacity_percentile", "capacity_precision")
+
+
+def _sweep(
+    merged: dict[str, Any], options: dict[str, Any], file_data: dict[str, Any], values: dict[str, Any]
+) -> tuple[list[Schedule], OpenLoop] | None:
+    """With --sweep (or --capacity, which searches from the sweep's points): the two points every sweep
+    starts with, concurrency 1 and the saturating closed loop, and the open loop whose rate it will set.
+    None without a sweep, after checking that no sweep or capacity option is given alone."""
+    given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
+    if values["capacity"] and not values["slo"]:
+        raise PlanError("--capacity searches the highest rate meeting the SLO: give --slo too")
+    for key in CAPACITY_ONLY:
+        if key in given and not values["capacity"]:
+            raise PlanError(f"{flag(key)} needs --capacity")
+    values["sweep"] = values["sweep"] or values["capacity"]
+    if not values["sweep"]:
+        for key in SWEEP_ONLY:
+            if key in given:
+                raise PlanError(f"{flag(key)} needs --sweep")
+        return None
+    fixed = [key for key in ("concurrency", "rate", "trace") if key in given]
+    if fixed:
+        raise PlanError(f"--sweep chooses the load points itself; drop {', '.join(flag(k) for k in fixed)}")
+    if values["ray"] is not None:
+        raise PlanError("--sweep decides each point from those before it, here; it does not apply with ray")
+    if values["repeats"] != 1:
+        raise PlanError("--sweep chooses each launch's points from its own measurements; give --repeats 1")
+    arrival = str(merged["arrival"])
+    if arrival not in ARRIVALS:
+        raise PlanError(f"unknown --arrival {arrival!r}; known: {', '.join(ARRIVALS)}")
+    burstiness = checked_number(merged["burstiness"], "burstiness", above=0)
+    max_conc = merged.get("max_concurrency")
+    max_conc = None if max_conc is None else checked_number(max_conc, "max_concurrency", int, minimum=1)
+    anchors: list[Schedule] = [ClosedLoop(1), ClosedLoop(values["sweep_concurrency"])]
+    return anchors, OpenLoop(1.0, arrival, burstiness, values["seed"], max_conc)  # type: ignore[arg-type]
 
 
 def _trace(merged: dict[str, Any], max_concurrency: int | None) -> TraceReplay | None:

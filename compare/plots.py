@@ -5,8 +5,8 @@ bars with interval whiskers, and a horizontal timeline of set-up phases."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from html import escape
 
 PALETTE = [
@@ -46,6 +46,7 @@ class Series:
     dash: str = ""
     markers: bool = True
     point_labels: Sequence[str] = ()
+    marks: Mapping[str, str] = field(default_factory=dict)  # point label -> a ringed note (knee, saturated)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -190,6 +191,13 @@ def line_chart(
                 if lab:
                     out.append(
                         f'<text x="{sx(x) + 5:.1f}" y="{sy(y) - 5:.1f}" fill="{s.color}">{escape(lab)}</text>'
+                    )
+                if lab in s.marks:
+                    out.append(
+                        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="8" fill="none" stroke="{s.color}">'
+                        f"<title>{escape(s.marks[lab])}</title></circle>"
+                        f'<text x="{sx(x) + 5:.1f}" y="{sy(y) + 16:.1f}" fill="{s.color}" font-weight="bold">'
+                        f"{escape(s.marks[lab])}</text>"
                     )
     out += _legend([(s.label, s.color, s.dash) for s in series][:12], x0 + 10, y1 + 8)
     out.append("</svg>")

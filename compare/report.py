@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from compare import plots
+from compare import capacity, plots, sweep
 from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
 from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
-from compare.selection import break_even_rows, selection
+from compare.selection import break_even_rows, capacity_picks, selection
 from compare.store import RunDir
 from compare.turns import turn_table, write_turns
 from workloads import timing
@@ -70,6 +70,9 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results = Results(run, records, requests, summary, setups, seed=seed)
     results.turns = turn_table(requests)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
+        percentile = int(config.get("capacity_percentile") or 99)
+        results.picks = capacity_picks(summary, requests, slo, percentile) + results.picks
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
     results.parity = findings(results.declared)
@@ -406,6 +409,101 @@ def _intended_latency(res: Results) -> list[Block]:
     return [("h2", "Latency from the intended send"), ("p", explained), ("table", (header, rows))]
 
 
+SWEEP_COLUMNS = [
+    "backend",
+    "workload",
+    "sync TTFT p50 ms",
+    "most served (req/s)",
+    "knee (req/s)",
+    "saturated at (req/s)",
+    "why saturated",
+]
+
+
+def _sweep_capacity(res: Results) -> list[Block]:
+    """With --sweep: per backend and workload, its knee and saturation point; with --capacity, the highest
+    rate meeting the SLO with its bracket and the percentile's intervals at both ends."""
+    config = res.run.manifest.get("config") or {}
+    if not config.get("sweep") or res.summary.empty:
+        return []
+    slo, q = res.run.slo(), int(config.get("capacity_percentile") or 99)
+    searched = bool(config.get("capacity") and slo)
+    rows, cap_rows, sentences = [], [], []
+    for (backend, variant, workload), points in sweep.sweep_of(res.summary, res.requests).items():
+        sync = points[0]
+        if sync.concurrency != 1 or sync.offered_rps is not None:
+            continue
+        key, bend, saturated = key_of(backend, variant), sweep.knee(points, sync), None
+        found = sweep.first_saturated(points, sync)
+        most = max((p.throughput_rps for p in points if p.offered_rps is None), default=math.nan)
+        rows.append([key, workload, _f(sync.ttft_p50_s * 1e3), _f(most, 2),
+                     "none" if bend is None else f"{bend.offered_rps:.4g}",
+                     "not reached" if found is None else f"{found[0].offered_rps:.4g}",
+                     "" if found is None else found[1]])
+        saturated = "not reached" if found is None else f"saturated at {found[0].offered_rps:.4g} requests/s"
+        sentence = (f"{key} ({workload}): knee at "
+                    f"{'no rate' if bend is None else f'{bend.offered_rps:.4g} requests/s'}, {saturated}")
+        cap = capacity.capacity_of(points, slo, q) if searched else None
+        if cap is not None:
+            cap_rows.append(_capacity_row(key, workload, cap, slo))
+            sentence += "; " + _capacity_sentence(cap, slo)
+        sentences.append(sentence + ".")
+    explained = (
+        "A sweep runs concurrency 1 and a saturating closed loop, then open-loop rates from the first's "
+        "throughput up, until the backend saturates: it completes under 90 % of the offered rate, the "
+        "client cannot send at it, a tenth of the requests fail, or the TTFT p50 exceeds 4 x the "
+        "synchronous one and rises within the point. The knee is the highest rate before that whose TTFT "
+        "p50 stays within 2 x the synchronous one. Most served: the closed loops' requests/s. Plots mark "
+        "the knee and the saturated point."
+    )
+    blocks: list[Block] = [("h2", "Sweep and capacity"), ("p", explained), ("table", (SWEEP_COLUMNS, rows))]
+    if searched:
+        limits = ", ".join(f"{k} p{q} <= {v * 1e3:g} ms" for k, v in slo.items())
+        blocks += [
+            ("p", f"Capacity: the highest open-loop rate meeting the SLO ({limits}; TTFT and E2E from the "
+                  "intended send; an unsaturated point with few enough failures), bracketed by the lowest "
+                  "rate that missed it, found by bisection. The intervals are 95 % bootstrap intervals of "
+                  "each percentile; the SLO holds with confidence where every upper end is within it."),
+            ("table", (CAPACITY_COLUMNS, cap_rows)),
+        ]
+    return [*blocks, ("ul", sentences)]
+
+
+CAPACITY_COLUMNS = ["backend", "workload", "capacity (req/s)", "bracket (req/s)", "width", "at lower end",
+                    "at upper end", "holds with confidence"]
+
+
+def _capacity_row(key: str, workload: str, cap: capacity.Capacity, slo: dict[str, float]) -> list[str]:
+    def ends(end: str) -> str:
+        values = cap.intervals.get(end) or {}
+        return "; ".join(f"{k} {v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]" for k, v in values.items()) or "-"
+
+    confident = cap.confident(slo)
+    hi = "open" if cap.hi is None else f"{cap.hi:.4g}"
+    return [key, workload, f"{cap.lo:.4g}", f"[{cap.lo:.4g}, {hi})", _f(cap.width, 2), ends("lo"), ends("hi"),
+            "-" if confident is None else ("yes" if confident else "no")]
+
+
+def _capacity_sentence(cap: capacity.Capacity, slo: dict[str, float]) -> str:
+    if not cap.sync_meets:
+        return "the SLO is missed even at one request at a time: no capacity"
+    if cap.hi is None:
+        return f"the SLO held at every rate measured, up to {cap.lo:.4g} requests/s (capacity at least that)"
+    confident, missed = cap.confident(slo), cap.missed_confidently(slo)
+    text = (
+        f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} "
+        f"(it missed at {cap.hi:.4g}{'' if missed else ', not with 95 % confidence'}); "
+        + ("the SLO holds with 95 % confidence there" if confident else
+           "the SLO holds there, but not with 95 % confidence")
+    )
+    if cap.met_above:
+        text += (
+            f"; {', '.join(f'{r:.4g}' for r in cap.met_above)} requests/s, above the bracket, met it: the "
+            f"p{cap.percentile} of so few requests is noisy, so the bracket may be low (more --num-requests)"
+        )
+    return text
+
+
 NORMALISED_COLUMNS = [
     "backend",
     "workload",
@@ -524,6 +622,7 @@ SECTIONS: list[Callable[[Results], list[Block]]] = [
     _break_even,
     _results,
     _intended_latency,
+    _sweep_capacity,
     _turns,
     _normalised,
     _definitions,
@@ -555,6 +654,22 @@ def _cpu_note(res: Results) -> str:
 # -- plots --------------------------------------------------------------------------------------------
 
 
+def sweep_marks(res: Results) -> dict[tuple[str, str], dict[str, str]]:
+    """(backend key, workload) -> {load point: "knee" | "saturated"} of a swept run, for the plots."""
+    config = res.run.manifest.get("config") or {}
+    if not config.get("sweep") or res.summary.empty:
+        return {}
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for (backend, variant, workload), points in sweep.sweep_of(res.summary, res.requests).items():
+        sync, mine = points[0], out.setdefault((key_of(backend, variant), workload), {})
+        bend, found = sweep.knee(points, sync), sweep.first_saturated(points, sync)
+        if bend is not None:
+            mine[bend.label] = "knee"
+        if found is not None:
+            mine[found[0].label] = "saturated"
+    return out
+
+
 def make_plots(res: Results) -> list[str]:
     s = res.summary.assign(
         key=[key_of(b, v) for b, v in zip(res.summary["backend"], res.summary["variant"], strict=True)]
@@ -563,6 +678,7 @@ def make_plots(res: Results) -> list[str]:
         key=[key_of(b, v) for b, v in zip(res.requests["backend"], res.requests["variant"], strict=True)]
     )
     out = []
+    marks = sweep_marks(res)
     keys = list(dict.fromkeys(s["key"]))
     color = {k: plots.PALETTE[i % len(plots.PALETTE)] for i, k in enumerate(keys)}
     for workload in dict.fromkeys(s["workload"]):
@@ -582,6 +698,7 @@ def make_plots(res: Results) -> list[str]:
                             rows[metric].tolist(),
                             color[k],
                             point_labels=rows["load_point"].tolist(),
+                            marks=marks.get((k, workload), {}),
                         )
                     )
             out.append(

@@ -16,13 +16,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workloads.schedule import ClosedLoop, Schedule
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule
 
 WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
 SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-out (Ray)"
 LAUNCHERS = ("process", "docker")
 SLO_KEYS = ("ttft", "tpot", "e2e")
 PIN_MODES = ("auto", "off")
+SPACINGS = ("geometric", "linear")  # --sweep-spacing
+CAPACITY_PERCENTILES = (50, 90, 95, 99)  # the percentiles summary.csv has, with intervals
 LOCAL_RAY = "local"  # `--ray` alone: start a Ray instance on this host
 
 
@@ -144,6 +146,20 @@ def _ray_actors(value: Any, option: RunOption) -> int | None:
 
 def _resources(value: Any, _option: RunOption) -> dict[str, float]:
     return parse_resources(value)
+
+
+def _percentile(value: Any, option: RunOption) -> int:
+    q = checked_number(value, option.name, int)
+    if q not in CAPACITY_PERCENTILES:
+        raise PlanError(f"{option.flag} must be one of {', '.join(map(str, CAPACITY_PERCENTILES))}, got {q}")
+    return q
+
+
+def _fraction(value: Any, option: RunOption) -> float:
+    x = checked_number(value, option.name, float, above=0)
+    if not x < 1:
+        raise PlanError(f"{option.flag} must be < 1 (a fraction of the bracket's upper end), got {value!r}")
+    return x
 
 
 # -- the options, in the order of `compare run --help` -------------------------------------------------------
@@ -414,6 +430,50 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         metavar="X",
     ),
     RunOption(
+        "sweep",
+        bool,
+        False,
+        help="per backend, choose the load points: concurrency 1 and a saturating closed loop "
+        "(--sweep-concurrency), then open-loop rates between their throughputs, stopping once the backend "
+        "saturates; replaces --concurrency/--rate/--trace",
+        panel=LOAD,
+        metavar="",
+        flags=("--sweep",),
+        read=_flag_value,
+        manifest="sweep",
+    ),
+    RunOption(
+        "sweep_points",
+        int,
+        5,
+        help="--sweep: open-loop rates between the synchronous and the saturating throughput [default: 5]",
+        panel=LOAD,
+        metavar="N",
+        read=whole(minimum=1),
+        manifest="sweep_points",
+    ),
+    RunOption(
+        "sweep_spacing",
+        str,
+        "geometric",
+        help="--sweep: spacing of those rates [default: geometric]",
+        panel=LOAD,
+        metavar="geometric|linear",
+        read=choice(SPACINGS),
+        manifest="sweep_spacing",
+    ),
+    RunOption(
+        "sweep_concurrency",
+        int,
+        64,
+        help="--sweep: concurrency of the saturating closed loop; give more than the backend can batch "
+        "[default: 64]",
+        panel=LOAD,
+        metavar="N",
+        read=whole(minimum=2),
+        manifest="sweep_concurrency",
+    ),
+    RunOption(
         "num_requests",
         int,
         16,
@@ -484,6 +544,39 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         metavar="METRIC=TIME[,...]",
         read=_slo,
         manifest="slo_s",
+    ),
+    RunOption(
+        "capacity",
+        bool,
+        False,
+        help="per backend, search the highest request rate at which --slo holds (bisection over open-loop "
+        "rates, after the --sweep it implies); selection then ranks by it",
+        panel=SLO_COST,
+        metavar="",
+        flags=("--capacity",),
+        read=_flag_value,
+        manifest="capacity",
+    ),
+    RunOption(
+        "capacity_percentile",
+        int,
+        99,
+        help="--capacity: the percentile of each SLO metric that must be within it [default: 99]",
+        panel=SLO_COST,
+        metavar="50|90|95|99",
+        read=_percentile,
+        manifest="capacity_percentile",
+    ),
+    RunOption(
+        "capacity_precision",
+        float,
+        0.1,
+        help="--capacity: bisect until the bracket's width is at most this fraction of its upper end "
+        "[default: 0.1]",
+        panel=SLO_COST,
+        metavar="X",
+        read=_fraction,
+        manifest="capacity_precision",
     ),
     RunOption(
         "gpu_price",
@@ -705,6 +798,14 @@ class RunPlan:
     ray_actor_cpus: float
     ray_cells: bool  # backend x variant x load point as Ray tasks
     ray_cell_resources: dict[str, float]  # per cell; {} = the default
+    sweep: bool = False  # choose the load points per backend (compare.sweep)
+    sweep_points: int = 5
+    sweep_spacing: str = "geometric"
+    sweep_concurrency: int = 64
+    capacity: bool = False  # search the highest rate meeting the SLO (compare.capacity)
+    capacity_percentile: int = 99
+    capacity_precision: float = 0.1
+    sweep_open: OpenLoop | None = None  # the sweep's open-loop points: arrival and seed (rate replaced)
     candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
 
     def warmup_count(self, schedule: Schedule) -> int:

@@ -579,6 +579,8 @@ def break_even_rows(
     nothing back."""
     rows = []
     for pick in picks:
+        if pick.slo_class == "capacity":  # ranks rates served, not time per request: nothing to pay back
+            continue
         keys = [
             r["key"] for r in pick.ranking if setups.get(r["key"]) and setups[r["key"]].ready_s is not None
         ]
@@ -606,3 +608,48 @@ def break_even_rows(
                     ]
                 )
     return rows
+
+
+def capacity_picks(
+    summary: pd.DataFrame, requests: pd.DataFrame, slo: dict[str, float], percentile: int
+) -> list[Pick]:
+    """With --capacity: per workload, the backends ranked by their capacity under the SLO (the lower end of
+    each bracket, `compare.capacity`). A winner whose lower end is at or above the runner-up's upper end is
+    ahead beyond the search's precision; otherwise the brackets overlap and the order is not established."""
+    from compare.capacity import capacity_of
+    from compare.sweep import sweep_of
+
+    found = {key: capacity_of(points, slo, percentile) for key, points in sweep_of(summary, requests).items()}
+    picks = []
+    for workload in dict.fromkeys(summary["workload"]):
+        ranked = sorted(
+            ((key_of(b, v), c) for (b, v, w), c in found.items() if w == workload and c is not None),
+            key=lambda kc: -kc[1].lo,
+        )
+        if not ranked:
+            continue
+        pick = Pick("capacity", workload, winner=ranked[0][0], value=ranked[0][1].lo, metric="capacity_rps")
+        pick.ranking = [{"key": k, "capacity_rps": c.lo, "bracket_hi_rps": c.hi} for k, c in ranked]
+        names = ", ".join(f"{k} {_fmt_bracket(c.lo, c.hi)} requests/s" for k, c in ranked)
+        pick.sentences.append(
+            f"**Capacity under the SLO** (p{percentile}; {workload}): {names}."
+        )
+        if len(ranked) > 1:
+            (first, a), (second, b) = ranked[0], ranked[1]
+            pick.runner_up, pick.runner_value = second, b.lo
+            pick.decisive = b.hi is not None and a.lo >= b.hi
+            pick.sentences.append(
+                f"{first} serves the most within the SLO"
+                + (
+                    f", beyond the search's precision: its lower end {a.lo:.4g} is at or above {second}'s "
+                    f"upper end {b.hi:.4g}."
+                    if pick.decisive
+                    else f"; its bracket overlaps {second}'s, so the order between them is not established."
+                )
+            )
+        picks.append(pick)
+    return picks
+
+
+def _fmt_bracket(lo: float, hi: float | None) -> str:
+    return f">= {lo:.4g} (every rate measured met it)" if hi is None else f"[{lo:.4g}, {hi:.4g})"

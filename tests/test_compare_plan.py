@@ -142,5 +142,29 @@ def test_every_planned_option_is_a_plan_field():
 
     from compare.run_options import PLANNED, RunPlan
 
-    made = {"backends", "workloads", "load_points", "candidates_reason"}
+    made = {"backends", "workloads", "load_points", "candidates_reason", "sweep_open"}
     assert {f.name for f in fields(RunPlan)} - made == {o.name for o in PLANNED}
+
+
+def test_sweep_and_capacity_plan():
+    """--sweep plans its two first points (the rest are chosen while it runs) and the open loop of the others;
+    --capacity implies the sweep; both are in the manifest's config."""
+    endpoint = {"backends": "vllm", "endpoints": ["vllm=http://h:1"], "tokenizer": "gpt2"}
+    plan = build_plan({**endpoint, "sweep": True, "arrival": "constant", "sweep_concurrency": 16})
+    assert plan.load_points == [ClosedLoop(1), ClosedLoop(16)]
+    assert plan.sweep_open == OpenLoop(1.0, "constant", 1.0, 0, None)
+    assert plan.sweep and not plan.capacity and plan.sweep_points == 5 and plan.sweep_spacing == "geometric"
+    plan = build_plan({**endpoint, "capacity": True, "slo": "ttft=100ms", "capacity_percentile": 95})
+    config = plan.describe()
+    assert config["sweep"] and config["capacity"] and config["capacity_percentile"] == 95
+    assert config["capacity_precision"] == 0.1 and config["slo_s"] == pytest.approx({"ttft": 0.1})
+    assert build_plan(endpoint).sweep_open is None and not build_plan(endpoint).sweep
+    for bad, message in (
+        ({"sweep": True, "rate": "2"}, "drop --rate"),
+        ({"sweep": True, "ray": True}, "does not apply with ray"),
+        ({"sweep_spacing": "linear"}, "needs --sweep"),
+        ({"capacity": True}, "give --slo"),
+        ({"capacity_percentile": 90, "slo": "ttft=1s"}, "needs --capacity"),
+    ):
+        with pytest.raises(PlanError, match=message):
+            build_plan({**endpoint, **bad})

@@ -2,7 +2,7 @@
 every event, so measured TTFT, ITL and TPOT can be checked against what really happened.
 
     python -m workloads.scripted_server --port 8123 [--host 127.0.0.1] [--flavor vllm|trtllm|tgi]
-        [--model NAME] [--default-schedule JSON|@file.json] [--event-log events.jsonl]
+        [--model NAME] [--default-schedule JSON|@file.json] [--event-log events.jsonl] [--max-streams N]
 
 It serves the OpenAI routes (`/v1/completions`, `/v1/chat/completions`) in vLLM's, TensorRT-LLM's or
 TGI's shapes (`--flavor`), TGI's `/generate_stream`, `/generate`, `/info`, Triton's
@@ -10,7 +10,10 @@ TGI's shapes (`--flavor`), TGI's `/generate_stream`, `/generate`, `/info`, Trito
 and prints `listening on http://HOST:PORT` once ready (use `--port 0` for a free port).
 
 The schedule (`ScriptedSchedule`) comes from `--default-schedule` and, per request, from the JSON header
-`X-Scripted-Schedule`, whose fields override the default. Times in the event log are absolute
+`X-Scripted-Schedule`, whose fields override the default. With `--max-streams N` the server has a known
+capacity: at most N requests are served at once, later ones wait in arrival order and their schedule starts
+when a slot frees (the log's `slot_s`), so a request of service time S caps throughput at N/S requests/s and,
+beyond it, TTFT grows with the queue. Times in the event log are absolute
 `time.perf_counter()` seconds (CLOCK_MONOTONIC, shared by every process on the machine), taken just before
 the write of the bytes that complete each event, or, where the transport sent them at once, the kernel's
 stamp of that send (SO_TIMESTAMPING; the time of the `send` call where there is none): the Python before the
@@ -144,8 +147,12 @@ class _Request:
 
 class ScriptedServer:
     def __init__(self, default: ScriptedSchedule, flavor: Flavor = "vllm", model: str = "scripted-model",
-                 event_log: Path | None = None, max_model_len: int = 4096) -> None:
+                 event_log: Path | None = None, max_model_len: int = 4096, max_streams: int | None = None
+                 ) -> None:
         self.default = default
+        # a capacity limit: at most `max_streams` requests are served at once, the others wait in arrival
+        # order and their schedule starts when a slot frees, so queueing shows in TTFT as on a full server
+        self._slots = asyncio.Semaphore(max_streams) if max_streams else None
         self.flavor = flavor
         self.model = model
         self.max_model_len = max_model_len  # what /v1/models declares (the parity audit reads it)
@@ -316,7 +323,14 @@ class ScriptedServer:
                                "headers_s": None, "status": schedule.status, "fault": schedule.fault,
                                "events": []}
         self.running += 1
+        slot = False
         try:
+            if self._slots is not None:
+                waits = self._slots.locked()
+                await self._slots.acquire()
+                slot = True
+                if waits:  # its schedule starts when it gets a slot; the log keeps when it arrived
+                    received = log["slot_s"] = perf_counter()
             if schedule.headers_delay_s:
                 await asyncio.sleep(schedule.headers_delay_s)
             if schedule.status != 200:
@@ -334,6 +348,8 @@ class ScriptedServer:
             log["client_gone"] = str(exc)
             raise asyncio.CancelledError from None  # ends the handler without aiohttp logging an error
         finally:
+            if slot and self._slots is not None:
+                self._slots.release()
             self.running -= 1
             self._streaming.discard(id(log))
             self.requests_total += 1
@@ -571,12 +587,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--default-schedule", help="ScriptedSchedule as JSON, or @path to a JSON file")
     parser.add_argument("--event-log", type=Path, help="append one JSON line per request here")
     parser.add_argument("--max-model-len", type=int, default=4096, help="declared by /v1/models")
+    parser.add_argument("--max-streams", type=int, default=None,
+                        help="serve at most N requests at once; the others queue (a known capacity)")
     args = parser.parse_args(argv)
     try:
         default = _load_schedule(args.default_schedule)
     except (OSError, ValueError) as exc:
         parser.error(f"--default-schedule: {exc}")
-    server = ScriptedServer(default, args.flavor, args.model, args.event_log, args.max_model_len)
+    server = ScriptedServer(default, args.flavor, args.model, args.event_log, args.max_model_len,
+                            args.max_streams)
     # no automatic garbage collection: a pause between an event's timestamp and its write would be logged as
     # client error; the server collects between requests instead
     gc.collect()
@@ -637,10 +656,12 @@ class ServerHandle:
 def scripted_server(*, flavor: Flavor = "vllm", model: str = "scripted-model",
                     default_schedule: ScriptedSchedule | None = None, event_log: Path | None = None,
                     port: int = 0, startup_timeout_s: float = 30.0,
-                    max_model_len: int = 4096) -> Iterator[ServerHandle]:
+                    max_model_len: int = 4096, max_streams: int | None = None) -> Iterator[ServerHandle]:
     """Start the scripted server as a separate process on 127.0.0.1 and stop it afterwards."""
     cmd = [sys.executable, "-m", "workloads.scripted_server", "--port", str(port), "--flavor", flavor,
            "--model", model, "--max-model-len", str(max_model_len)]
+    if max_streams is not None:
+        cmd += ["--max-streams", str(max_streams)]
     if default_schedule is not None:
         cmd += ["--default-schedule", default_schedule.model_dump_json(exclude_unset=True)]
     if event_log is not None:

@@ -1,0 +1,210 @@
+"""`compare run --sweep --capacity`: the rules on synthetic points, and a real sweep against the scripted
+server with a known capacity (`--max-streams`): the sweep must not stop before it, and the capacity found
+under the SLO must lie within the stated precision of the one computed from the scripted timings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from checkpoints import make_tokenizer
+
+from compare import capacity, sweep
+from compare.measure import Watcher
+from compare.plan import build_plan
+from compare.runner import run_plan
+from compare.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
+from workloads.scripted_server import ScriptedSchedule, scripted_server
+
+
+def point(rate: float | None, ttft_ms: float, completed: float | None = None, *,
+          concurrency: int | None = None, rising: bool = False, failed: float = 0.0,
+          row: dict | None = None) -> PointFacts:
+    completed = rate if completed is None else completed
+    ttft = ttft_ms / 1e3
+    return PointFacts(
+        label=f"r={rate:g}" if rate else f"c={concurrency}",
+        concurrency=concurrency,
+        offered_rps=rate,
+        throughput_rps=completed or 10.0,
+        completed_rps=completed or 10.0,
+        sent_rps=rate or 10.0,
+        ttft_p50_s=ttft,
+        ttft_early_s=ttft * (0.5 if rising else 1.0),
+        ttft_late_s=ttft * (1.5 if rising else 1.0),
+        failed_share=failed,
+        row=row or {},
+    )
+
+
+SYNC = point(None, 20.0, concurrency=1)
+
+
+def test_saturation_rules_on_synthetic_points():
+    assert saturation(point(10, 22), SYNC) == ""
+    assert "completed 8.5" in saturation(point(10, 22, completed=8.5), SYNC)  # 85 % < 90 % of offered
+    assert saturation(point(10, 22, completed=9.5), SYNC) == ""  # 95 %: within the tolerance
+    # latency: 5 x the synchronous TTFT, rising within the point; high but flat is not unbounded growth
+    assert "rising" in saturation(point(10, 100, rising=True), SYNC)
+    assert saturation(point(10, 100), SYNC) == ""
+    assert saturation(point(10, 70, rising=True), SYNC) == ""  # 3.5 x: below TTFT_GROWTH
+    assert "failed" in saturation(point(10, 20, failed=0.2), SYNC)
+    slow_client = PointFacts(**{**point(10, 20).__dict__, "sent_rps": 7.0})
+    assert "client sent" in saturation(slow_client, SYNC)
+
+
+def test_knee_and_saturation_point_on_synthetic_sweep():
+    points = [SYNC, point(5, 21), point(8, 35), point(11, 45), point(14, 200, completed=11, rising=True),
+              point(20, 300, completed=11, rising=True)]
+    assert knee(points, SYNC).offered_rps == 8  # 35 ms <= 2 x 20; 45 ms is past it
+    found = first_saturated(points, SYNC)
+    assert found is not None and found[0].offered_rps == 14
+    # nothing past the first saturated point is a knee, even where its TTFT looks fine again
+    assert knee([SYNC, point(5, 60), point(9, 30, completed=5), point(12, 21)], SYNC) is None
+
+
+def test_sweep_rates_span_synchronous_to_beyond_saturating():
+    geo = sweep_rates(10.0, 40.0, 4, "geometric")
+    assert geo[-1] == pytest.approx(50.0) and geo[0] > 10.0
+    assert geo[1] / geo[0] == pytest.approx(geo[2] / geo[1])
+    lin = sweep_rates(10.0, 40.0, 4, "linear")
+    assert lin == pytest.approx([20.0, 30.0, 40.0, 50.0])
+    flat = sweep_rates(10.0, 10.0, 2, "linear")  # no batching: from half the throughput up
+    assert flat == pytest.approx([9.375, 12.5])
+
+
+def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
+    """A backend serving 30 requests/s at most, 10 one at a time: the driver must go up from the
+    synchronous throughput, stop at the first saturated rate and measure nothing after it."""
+    from workloads.schedule import ClosedLoop, OpenLoop
+
+    asked = []
+
+    def measure(schedule):
+        asked.append(schedule)
+        if isinstance(schedule, ClosedLoop):
+            return point(None, 20.0, 10.0 if schedule.concurrency == 1 else 30.0,
+                         concurrency=schedule.concurrency)
+        over = schedule.rate > 30
+        return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
+
+    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant"))
+    points = driver.run(measure)
+    rates = [p.offered_rps for p in points[2:]]
+    assert asked[:2] == [ClosedLoop(1), ClosedLoop(16)]
+    assert rates == pytest.approx([16.88, 23.75, 30.62], abs=0.01)  # 10 .. 37.5 in 4 steps; 30.62 saturates
+    assert all(s.arrival == "constant" for s in asked[2:])
+    failed = sweep.Sweep(4, "linear", 16, OpenLoop(1.0)).run(
+        lambda s: point(None, math.nan, math.nan, concurrency=getattr(s, "concurrency", 0), failed=1.0)
+    )
+    assert len(failed) == 2  # nothing was served: no rate to sweep
+
+
+def test_capacity_bracket_and_bisection():
+    verdicts = [(10.0, True), (20.0, True), (30.0, False), (25.0, True), (40.0, False)]
+    assert capacity.bracket(verdicts) == (25.0, 30.0)
+    assert capacity.next_rate(verdicts, 0.1) == pytest.approx(27.5)
+    assert capacity.next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
+    assert capacity.bracket([(10.0, True), (20.0, True)]) == (20.0, None)
+    assert capacity.next_rate([(10.0, False)], 0.1) == 5.0  # nothing met it yet: towards 0
+    # a rate that met the SLO above the lowest miss (noise) does not widen the bracket upwards
+    assert capacity.bracket([(10.0, True), (20.0, False), (30.0, True)]) == (10.0, 20.0)
+
+
+def test_capacity_confidence_reads_the_percentile_intervals():
+    slo = {"ttft": 0.05}
+    ok_row = {"ttft_intended_p99_ms": 40.0, "ttft_intended_p99_ms_lo": 35.0, "ttft_intended_p99_ms_hi": 48.0}
+    loose = {**ok_row, "ttft_intended_p99_ms_hi": 60.0}
+    miss = {"ttft_intended_p99_ms": 80.0, "ttft_intended_p99_ms_lo": 70.0, "ttft_intended_p99_ms_hi": 90.0}
+    sync = point(None, 20.0, concurrency=1, row={"ttft_p99_ms": 25.0})
+    result = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=miss)], slo, 99)
+    assert (result.lo, result.hi, result.width) == (10, 20, 10)
+    assert result.confident(slo) is True and result.intervals["hi"]["ttft"] == (80.0, 70.0, 90.0)
+    assert result.missed_confidently(slo) is True and result.met_above == []
+    unsure = {"ttft_intended_p99_ms": 60.0, "ttft_intended_p99_ms_lo": 45.0, "ttft_intended_p99_ms_hi": 70.0}
+    noisy = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=unsure),
+                                  point(30, 30, row=ok_row)], slo, 99)
+    assert noisy.hi == 20 and noisy.missed_confidently(slo) is False and noisy.met_above == [30]
+    result = capacity.capacity_of([sync, point(10, 21, row=loose), point(20, 30, row=miss)], slo, 99)
+    assert result.confident(slo) is False  # p99 within, its interval not
+    # a saturated point misses the SLO whatever its percentiles say
+    assert not capacity.meets(point(10, 21, completed=5, row=ok_row), sync, slo, 99)
+
+
+MAX_STREAMS, TTFT_S, ITL_S, OUTPUT = 2, 0.02, 0.01, 4
+SERVICE_S = TTFT_S + (OUTPUT - 1) * ITL_S  # one request holds its slot this long
+TRUE_CAPACITY = MAX_STREAMS / SERVICE_S  # 40 requests/s: beyond it the queue, and TTFT, grow
+
+
+@pytest.mark.live
+@pytest.mark.timing
+def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
+    """Two streams at a time, 50 ms each: 40 requests/s at most. Constant arrivals below that never queue
+    (TTFT 20 ms); above it the queue grows through the point, so a 40 ms TTFT SLO at p99 holds up to 40/s."""
+    make_tokenizer(tmp_path / "tok")
+    schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
+    with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
+        plan = build_plan({
+            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "scripted-model",
+            "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": str(OUTPUT),
+            "num_requests": 40, "arrival": "constant", "capacity": True, "slo": "ttft=40ms",
+            "sweep_points": 3, "sweep_concurrency": 8, "capacity_precision": 0.1,
+        })
+        outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=200, watcher=Watcher())
+    assert outcome.code == 0
+    summary = outcome.results.summary
+    order = [p["load_point"] for p in outcome.run_dir.manifest["points"]]
+    assert order[:2] == ["c=1", "c=8"]
+    rows = summary.set_index("load_point")
+    assert rows.loc["c=8", "request_rps"] == pytest.approx(TRUE_CAPACITY, rel=0.25)
+    rates = [float(label[2:]) for label in order[2:]]
+    found = sweep.sweep_of(summary, outcome.results.requests)[("vllm", "", summary["workload"].iloc[0])]
+    sync = found[0]
+    saturated = first_saturated(found, sync)
+    assert saturated is not None
+    sat_rate = saturated[0].offered_rps
+    assert sat_rate >= 0.9 * TRUE_CAPACITY  # it did not stop before the true saturation ...
+    stop = rates.index(sat_rate)
+    assert rates[:stop + 1] == sorted(rates[:stop + 1])  # ... swept upwards to it, then only bisected below
+    assert all(r < sat_rate for r in rates[stop + 1:])
+
+    result = capacity.capacity_of(found, {"ttft": 0.04}, 99)
+    assert result.hi is not None and result.width <= 0.1 * result.hi  # the stated precision
+    # the truth lies in the bracket, widened by the precision (and the machine's own overhead per request,
+    # which only lowers the capacity)
+    assert result.lo - result.width <= TRUE_CAPACITY <= result.hi + result.width
+    assert result.lo >= 0.75 * TRUE_CAPACITY
+    report = (outcome.run_dir.path / "report.md").read_text()
+    section = report.split("## Sweep and capacity", 1)[1].split("\n## ", 1)[0]
+    assert "knee" in section and "saturat" in section and f"{result.lo:.4g}" in section
+    assert f"capacity under the SLO {result.lo:.4g} requests/s" in section
+    decision = report.split("## Decision", 1)[1].split("\n## ", 1)[0]
+    assert decision.index("Capacity under the SLO") < decision.index("Interactive")  # it leads the decision
+    html = (outcome.run_dir.path / "report.html").read_text()
+    assert ">knee</text>" in html and ">saturated</text>" in html  # ringed on the latency-throughput plots
+    assert not math.isnan(rows.loc["c=1", "ttft_p50_ms"])
+
+
+@pytest.mark.live
+@pytest.mark.timing
+def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
+    """Four at a time against two slots: half the requests wait a whole service time for a slot, so their
+    TTFT is at least that plus the scripted TTFT, and the server never completes more than 2 / 50 ms."""
+    from adapters import get_adapter
+    from adapters.request_spec import RequestSpec
+    from workloads import timing
+    from workloads.loadgen import PointJob, run_load_sync
+    from workloads.records import read_records
+    from workloads.schedule import ClosedLoop
+
+    schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
+    specs = [RequestSpec(f"q-{i}", (5, 6, 7), "a b c", OUTPUT) for i in range(12)]
+    with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
+        run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(4),
+                               output_path=tmp_path / "r.jsonl", run_id="q"))
+    records = [r for r in read_records(tmp_path / "r.jsonl") if not r.warmup]
+    assert len(records) == 12 and all(r.ok for r in records)
+    ttfts = sorted(timing.ttft(r) for r in records)
+    assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= SERVICE_S + TTFT_S  # half waited for a slot
+    span = max(r.t0_monotonic + r.end_s for r in records) - min(r.t0_monotonic + r.send_s for r in records)
+    assert len(records) / span <= TRUE_CAPACITY * 1.05
