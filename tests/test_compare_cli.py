@@ -72,6 +72,7 @@ BAD_RUNS = [
     (["--dataset", "multi-turn", "--turns", "0"], "--turns must be >= 1"),
     (["--dataset", "multi-turn", "--think-time", "soon"], "cannot read think time"),
     (["--dataset", "multi-turn", "--rate", "2"], "closed loop"),
+    (["--dataset", "multi-turn", "--sweep"], "run them apart"),
     (["--dataset", "sharegpt-turns"], "needs --dataset-path"),
     (["--turns", "3"], "does not apply"),
     (["--think-time", "1"], "does not apply"),
