@@ -160,7 +160,7 @@ class ScriptedServer:
         self._ids = itertools.count()
         self.running = 0
         # ids of the requests that have streamed a token and not ended: tests wait on their count, not on time
-        self._streaming: set[int] = set()
+        self._streaming: dict[int, int] = {}  # request -> token events written, while it streams
         self.requests_total = 0
         self.tokens_total = 0
 
@@ -215,11 +215,14 @@ class ScriptedServer:
         return web.json_response({"version": "scripted"})
 
     async def metrics(self, _request: web.Request) -> web.Response:
+        fewest = min(self._streaming.values(), default=0)  # token events of the least advanced stream
         text = (
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{model_name="{self.model}"}} {self.running}\n'
             "# TYPE scripted:num_requests_streaming gauge\n"
             f'scripted:num_requests_streaming{{model_name="{self.model}"}} {len(self._streaming)}\n'
+            "# TYPE scripted:fewest_stream_events gauge\n"
+            f'scripted:fewest_stream_events{{model_name="{self.model}"}} {fewest}\n'
             "# TYPE vllm:request_success_total counter\n"
             f'vllm:request_success_total{{model_name="{self.model}"}} {self.requests_total}\n'
             "# TYPE vllm:generation_tokens_total counter\n"
@@ -351,7 +354,7 @@ class ScriptedServer:
             if slot and self._slots is not None:
                 self._slots.release()
             self.running -= 1
-            self._streaming.discard(id(log))
+            self._streaming.pop(id(log), None)
             self.requests_total += 1
             self._write_log(log)
             if self.requests_total % GC_EVERY_REQUESTS == 0:
@@ -443,7 +446,7 @@ class ScriptedServer:
                 role_pending = False
             await write(chunk, [("token", 1)] * k if per_token else [("token", k)])
             self.tokens_total += k
-            self._streaming.add(id(log))
+            self._streaming[id(log)] = self._streaming.get(id(log), 0) + 1
             if schedule.comment_every and (i + 1) % schedule.comment_every == 0:
                 await resp.write(b": keep-alive\n\n")
             due += stalls.get(i + 1, 0.0)
@@ -621,18 +624,21 @@ class ServerHandle:
                 self.process.kill()
                 self.process.wait()
 
-    def streaming(self) -> int:
-        """How many requests have streamed a token and not ended, read from the server's /metrics."""
+    def _gauge(self, name: str) -> int:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        line = next(x for x in text.splitlines() if x.startswith("scripted:num_requests_streaming"))
+        line = next(x for x in text.splitlines() if x.startswith(f"scripted:{name}"))
         return int(float(line.rsplit(" ", 1)[1]))
 
-    def wait_streaming(self, count: int, timeout_s: float = 60.0) -> None:
-        """Block until at least `count` requests are streaming: a test acts on that state, not after a fixed
-        sleep that a loaded machine can outrun."""
+    def streaming(self) -> int:
+        """How many requests have streamed a token and not ended, read from the server's /metrics."""
+        return self._gauge("num_requests_streaming")
+
+    def wait_streaming(self, count: int, timeout_s: float = 60.0, min_events: int = 1) -> None:
+        """Block until at least `count` requests are streaming, each with at least `min_events` token events
+        written: a test acts on that state, not after a fixed sleep that a loaded machine can outrun."""
         deadline = time.monotonic() + timeout_s
-        while (now := self.streaming()) < count:
+        while (now := self.streaming()) < count or self._gauge("fewest_stream_events") < min_events:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{now} of {count} requests streaming after {timeout_s} s")
             time.sleep(0.01)
