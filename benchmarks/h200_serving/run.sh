@@ -10,7 +10,7 @@
 # default /tmp/site); TOKENIZER, a folder with the SmolLM2 tokenizer's files (made on
 # a machine with the built-in model by `python -m reference_engine.builtin_models` and copying tokenizer.json,
 # tokenizer_config.json and chat_template.jinja). Optional: CONC (default 1,16,64,128), DURATION (default 16s),
-# BACKENDS (default reference,vllm).
+# BACKENDS (default reference,vllm), or CONFIG, a run file naming the backends instead (context_bounds.yaml).
 set -euo pipefail
 shape=${SHAPE:?SHAPE, e.g. llama-2-7b}
 site=${VLLM_SITE:-/tmp/site}
@@ -25,6 +25,8 @@ ckpt=/tmp/ckpt-$shape
   || python3 benchmarks/h200_serving/random_checkpoint.py "$ckpt" "$shape" --tokenizer "$tokenizer"
 rate_args=()
 [ -z "${RATE:-}" ] || rate_args=(--rate "$RATE")
-python3 -m compare.cli run --backends "${BACKENDS:-reference,vllm}" --vllm-bin "$bin/vllm" --model "$ckpt" \
+backend_args=(--backends "${BACKENDS:-reference,vllm}")
+[ -z "${CONFIG:-}" ] || backend_args=(--config "$CONFIG")
+python3 -m compare.cli run "${backend_args[@]}" --vllm-bin "$bin/vllm" --model "$ckpt" \
   --dataset random --input-len 512 --output-len 128 --concurrency "${CONC:-1,16,64,128}" "${rate_args[@]}" \
   --num-requests 0 --duration "${DURATION:-16s}" --out "$out/run" || echo "compare run exited with $?"
