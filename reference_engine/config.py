@@ -54,7 +54,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = None  # None: the default buckets up to max_num_seqs
-    # Context bounds to capture every decode graph for besides max_model_len (cuda_graphs.py says why)
+    # Context bounds to capture every decode graph for besides max_model_len (cuda_graphs.py says why).
+    # None: 1024 and each four times the last below max_model_len; []: max_model_len only
     cuda_graph_context_bounds: list[int] | None = None
     kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
     cpu_linear: str = "onednn"  # float32 linears on a CPU: oneDNN on packed weights, or "torch" (F.linear)

@@ -21,6 +21,11 @@ def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | Non
     source = override or (str(checkpoint) if checkpoint is not None else None)
     if source is None:
         return synthetic_tokenizer(spec)
+    return checkpoint_tokenizer(source)
+
+
+def checkpoint_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    """The tokenizer stored at `source` (a directory, or a hub id)."""
     from transformers import AutoTokenizer
 
     try:

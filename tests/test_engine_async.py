@@ -318,7 +318,11 @@ def test_graph_runner_staging_and_device_gather(llama_dir, context_bounds):
 def test_graph_context_bounds():
     from reference_engine.cuda_graphs import graph_context_bounds
 
-    assert graph_context_bounds(4096, None) == [4096]
+    assert graph_context_bounds(4096, []) == [4096]
+    assert graph_context_bounds(4096, None) == [1024, 4096]  # the default ladder: 1024, then x4
+    assert graph_context_bounds(32768, None) == [1024, 4096, 16384, 32768]
+    assert graph_context_bounds(1024, None) == [1024]  # no bound below a short max_model_len
+    assert graph_context_bounds(512, None) == [512]
     assert graph_context_bounds(4096, [4096, 1024, 1024]) == [1024, 4096]
     assert graph_context_bounds(1024, [2048, 512]) == [512, 1024]  # none at or past max_model_len
     with pytest.raises(ValueError, match="cuda_graph_context_bounds"):
@@ -328,3 +332,6 @@ def test_graph_context_bounds():
     args = parse_args(["--model", "random:tiny", "--cudagraph-context-bounds", "1024", "2048"])
     config = engine_config(args)
     assert config.cuda_graph_context_bounds == [1024, 2048]
+    assert engine_config(parse_args(["--model", "random:tiny"])).cuda_graph_context_bounds is None
+    args = parse_args(["--model", "random:tiny", "--cudagraph-context-bounds"])
+    assert engine_config(args).cuda_graph_context_bounds == []

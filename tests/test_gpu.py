@@ -126,7 +126,7 @@ def test_graphs_for_shorter_context_bounds_change_no_bit(monkeypatch):
     for buckets in (True, False):
         engine = Engine(EngineConfig(model="random:llama-3.2-1b", device="cuda", dtype="bfloat16",
                                      max_num_seqs=8, max_model_len=4096, num_kv_blocks=1024,
-                                     cuda_graph_context_bounds=[1024] if buckets else None,
+                                     cuda_graph_context_bounds=[1024] if buckets else [],
                                      async_scheduling=False, seed=1234))
         graphs = engine.runner.graphs
         assert graphs.context_bounds == ([1024, 4096] if buckets else [4096])

@@ -37,3 +37,21 @@ def test_front_end_event_loop(kind):
         return 1 if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else 0
 
     assert run_on_loop(loop_module(), kind) == (1 if kind == "auto" else 0)
+
+
+def test_tokenizer_is_loaded_early_only_from_a_directory_the_command_line_names(tmp_path):
+    """The front end loads a local checkpoint's tokenizer while the engine core starts; a built-in or random
+    model is resolved by the core, so its tokenizer waits (and a later check sends the early one back if the
+    core settled elsewhere)."""
+    from reference_engine.serving.options import parse_args
+    from reference_engine.serving.server import early_tokenizer_source, same_place
+
+    assert early_tokenizer_source(parse_args(["--model", "random:tiny"])) is None
+    assert early_tokenizer_source(parse_args(["--model", "smollm2-135m"])) is None
+    assert early_tokenizer_source(parse_args(["--model", str(tmp_path)])) == str(tmp_path)
+    other = tmp_path / "tok"
+    other.mkdir()
+    given = parse_args(["--model", "random:tiny", "--tokenizer", str(other)])
+    assert early_tokenizer_source(given) == str(other)
+    assert same_place(str(tmp_path), f"{tmp_path}/") and not same_place(str(tmp_path), str(other))
+    assert not same_place(str(tmp_path), None)

@@ -36,10 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
                    help="decode batch sizes to capture CUDA graphs for "
                         "(default: buckets up to --max-num-seqs)")
-    p.add_argument("--cudagraph-context-bounds", type=int, nargs="+", default=None, metavar="TOKENS",
+    p.add_argument("--cudagraph-context-bounds", type=int, nargs="*", default=None, metavar="TOKENS",
                    help="also capture every decode graph for these context bounds below --max-model-len: a "
                         "step replays the smallest that holds its longest context, launching attention for "
-                        "fewer partitions (default: max-model-len only)")
+                        "fewer partitions (default: 1024 and each four times the last below max-model-len; "
+                        "given with no value: max-model-len only)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)

@@ -28,7 +28,9 @@ import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +56,7 @@ from reference_engine.serving.options import engine_config, parse_args
 from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from reference_engine.serving.tgi_api import TGIRoutes
+from reference_engine.tokenizer import checkpoint_tokenizer
 
 log = logging.getLogger("reference_engine.server")
 STATE_KEY = web.AppKey("state", object)
@@ -214,9 +217,18 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
     if args.engine_process:
         if core is None:
             core = start_engine_core(config, args.cpu_threads, args.log_level.upper(), LOG_FORMAT)
+        early = early_tokenizer_source(args)
+        early_load = (asyncio.ensure_future(asyncio.to_thread(timed_tokenizer_load,
+                                                              partial(checkpoint_tokenizer, early)))
+                      if early else None)
+        if early_load is not None:  # its error, if any, is raised below only when its tokenizer is the one
+            early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
         client = await connect_engine_core(core, args.max_waiting)
         try:
-            tokenizer = await asyncio.to_thread(timed_tokenizer_load, client.info.load_tokenizer)
+            if early_load is not None and same_place(early, client.info.tokenizer_source):
+                tokenizer = await early_load
+            else:
+                tokenizer = await asyncio.to_thread(timed_tokenizer_load, client.info.load_tokenizer)
         except Exception:
             await client.close()  # the core is up: stop it before the error ends this process
             raise
@@ -267,6 +279,19 @@ def run(args: argparse.Namespace, started: float, core: StartedCore | None = Non
     except (ValueError, FileNotFoundError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+
+
+def early_tokenizer_source(args: argparse.Namespace) -> str | None:
+    """Where the tokenizer is when the command line alone says so (a local directory): the front end then
+    loads it while the engine core starts (seconds, mostly importing transformers' tokenizer classes), not
+    after. Built-in and random models are resolved by the core, so theirs waits for it."""
+    source = args.tokenizer or args.model
+    return source if Path(source).expanduser().is_dir() else None
+
+
+def same_place(early: str, source: str | None) -> bool:
+    """Whether the tokenizer the engine core settled on is the one loaded early."""
+    return source is not None and Path(early).expanduser().resolve() == Path(source).expanduser().resolve()
 
 
 def timed_tokenizer_load(load: Callable[[], PreTrainedTokenizerBase]) -> PreTrainedTokenizerBase:
