@@ -35,7 +35,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 # Context bounds captured by default: 1024 tokens, then four times the last, below max_model_len. Measured on
 # an H200 (Llama-2-7B shape, max_model_len 4096, 512-token prompts, 128 new tokens, served by compare run):
-# the 1024 bound raised output tokens/s by 22% at 64 streams and 20% at 128; capture took 1.5 s, 2.0 s without.
+# the 1024 bound raised output tokens/s by 22% at 64 streams and 20% at 128; capture: 1.5 s, 2.0 s without.
 DEFAULT_FIRST_CONTEXT_BOUND = 1024
 CONTEXT_BOUND_RATIO = 4
 
