@@ -211,16 +211,22 @@ def _backends(
     return backends, reason
 
 
-def _load_points(
-    merged: dict[str, Any], options: dict[str, Any], file_data: dict[str, Any], seed: int
-) -> list[Schedule]:
-    """Closed-loop concurrencies, then open-loop rates; a rate alone asks for an open loop only."""
+def _arrival_options(merged: dict[str, Any]) -> tuple[str, float, int | None]:
+    """How open-loop requests arrive: the process, its burstiness, and the cap on requests in flight."""
     arrival = str(merged["arrival"])
     if arrival not in ARRIVALS:
         raise PlanError(f"unknown --arrival {arrival!r}; known: {', '.join(ARRIVALS)}")
     burstiness = checked_number(merged["burstiness"], "burstiness", above=0)
     max_conc = merged.get("max_concurrency")
     max_conc = None if max_conc is None else checked_number(max_conc, "max_concurrency", int, minimum=1)
+    return arrival, burstiness, max_conc
+
+
+def _load_points(
+    merged: dict[str, Any], options: dict[str, Any], file_data: dict[str, Any], seed: int
+) -> list[Schedule]:
+    """Closed-loop concurrencies, then open-loop rates; a rate alone asks for an open loop only."""
+    arrival, burstiness, max_conc = _arrival_options(merged)
     given = {k for k, v in options.items() if v is not None and v != []} | set(file_data)
     rates = parse_numbers(merged["rate"], float)
     trace = _trace(merged, max_conc)
@@ -268,12 +274,7 @@ def _sweep(
         raise PlanError("--sweep decides each point from those before it, here; it does not apply with ray")
     if values["repeats"] != 1:
         raise PlanError("--sweep chooses each launch's points from its own measurements; give --repeats 1")
-    arrival = str(merged["arrival"])
-    if arrival not in ARRIVALS:
-        raise PlanError(f"unknown --arrival {arrival!r}; known: {', '.join(ARRIVALS)}")
-    burstiness = checked_number(merged["burstiness"], "burstiness", above=0)
-    max_conc = merged.get("max_concurrency")
-    max_conc = None if max_conc is None else checked_number(max_conc, "max_concurrency", int, minimum=1)
+    arrival, burstiness, max_conc = _arrival_options(merged)
     anchors: list[Schedule] = [ClosedLoop(1), ClosedLoop(values["sweep_concurrency"])]
     return anchors, OpenLoop(1.0, arrival, burstiness, values["seed"], max_conc)  # type: ignore[arg-type]
 
