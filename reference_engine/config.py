@@ -50,6 +50,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int | None = None  # None: DEFAULT_MAX_NUM_SEQS for the device
     max_num_batched_tokens: int | None = None  # None: DEFAULT_MAX_NUM_BATCHED_TOKENS for the device
+    # Prompt tokens a step may carry beside running decodes (scheduler.py says why); None: no cap beyond
+    # max_num_batched_tokens
+    mixed_prefill_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's own limit, capped at 4096
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
+            raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -120,10 +120,11 @@ class Engine:
         # what a comparison needs to check that backends were set up alike (adapters/reference.py reads it)
         eager = config.enforce_eager or self.device.type != "cuda"
         log.info("engine config: model=%s, dtype=%s, max_model_len=%d, max_num_seqs=%d, "
-                 "max_num_batched_tokens=%d, block_size=%d, enable_prefix_caching=%s, enforce_eager=%s, "
-                 "quantization=none, device=%s", config.model, str(self.dtype).removeprefix("torch."),
-                 self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, config.block_size,
-                 config.enable_prefix_caching, eager, self.device)
+                 "max_num_batched_tokens=%d, mixed_prefill_tokens=%d, block_size=%d, "
+                 "enable_prefix_caching=%s, enforce_eager=%s, quantization=none, device=%s", config.model,
+                 str(self.dtype).removeprefix("torch."), self.max_model_len, config.max_num_seqs,
+                 config.max_num_batched_tokens, config.mixed_prefill_tokens or config.max_num_batched_tokens,
+                 config.block_size, config.enable_prefix_caching, eager, self.device)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,
                                   config.seed, config.kernels, config.cpu_linear)
@@ -160,7 +161,8 @@ class Engine:
             self._phase("warm_up", time.perf_counter() - t4, f"eager steps warmed up: {steps} step shapes")
         self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.mixed_prefill_tokens)
         self.sampler = Sampler(self.spec.eos_token_ids, self.device, config.seed)
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}

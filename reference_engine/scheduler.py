@@ -2,9 +2,12 @@
 ones.
 
 Every step has a token budget (max_num_batched_tokens) and a sequence cap (max_num_seqs). Running sequences
-go first, oldest first; a long prompt is prefilled in chunks that fit the budget. When KV blocks run out, the
-newest running sequence is preempted: its blocks are released and it waits at the head of the queue to be
-recomputed (its blocks often still sit in the prefix cache, so the recompute is mostly cache hits).
+go first, oldest first; a long prompt is prefilled in chunks that fit the budget. A step that decodes running
+sequences carries at most `mixed_prefill_tokens` prompt tokens, so streams already answering do not wait
+behind a wave of arrivals: the wave is prefilled over several shorter steps instead of one long one. When KV
+blocks run out, the newest running sequence is preempted: its blocks are released and it waits at the head of
+the queue to be recomputed (its blocks often still sit in the prefix cache, so the recompute is mostly cache
+hits).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 mixed_prefill_tokens: int | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.mixed_prefill_tokens = mixed_prefill_tokens or max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.num_preemptions = 0
@@ -55,11 +60,13 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        prompt_budget = self.mixed_prefill_tokens if any(map(decoding, self.running)) else budget
         queue = deque(self.running)
         still_running: list[Sequence] = []
         while queue:
             seq = queue.popleft()
-            n = min(seq.num_uncomputed_tokens, budget)
+            prompt = not decoding(seq)
+            n = min(seq.num_uncomputed_tokens, budget, prompt_budget if prompt else budget)
             if n == 0:
                 still_running.append(seq)
                 continue
@@ -73,12 +80,13 @@ class Scheduler:
             batch.items.append((seq, n))
             still_running.append(seq)
             budget -= n
+            prompt_budget -= n if prompt else 0
         self.running = still_running
         if not batch.preempted:
-            budget = self._admit(batch, budget)
+            self._admit(batch, min(budget, prompt_budget))
         return batch
 
-    def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -96,7 +104,6 @@ class Scheduler:
             self.running.append(seq)
             batch.items.append((seq, n))
             budget -= n
-        return budget
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.block_manager.release(seq)
@@ -106,3 +113,8 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         batch.preempted.append(seq)
+
+
+def decoding(seq: Sequence) -> bool:
+    """Whether the sequence's prompt is all computed (a recomputed, preempted one is prefilling again)."""
+    return seq.num_computed_tokens >= seq.prompt_len

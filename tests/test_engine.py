@@ -54,6 +54,49 @@ def test_chunked_prefill_matches_one_shot_prefill(qwen2_dir):
     assert_nothing_held(chunked)
 
 
+def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir):
+    """A wave of prompts arriving while others decode is prefilled a few tokens a step (decodes keep their
+    pace), a step with nothing to decode takes the whole budget, and the tokens are those of an uncapped
+    engine."""
+    from reference_engine.scheduler import decoding
+
+    rng = random.Random()
+    first, wave = random_prompts(3, 300, 5, 20), random_prompts(5, 300, 20, 60)
+    cap = rng.randint(3, 9)
+    runs, batches = {}, []
+    for mixed in (None, cap):
+        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=16,
+                                     max_num_batched_tokens=64, mixed_prefill_tokens=mixed))
+        schedule = engine.scheduler.schedule
+
+        def recorded(schedule=schedule, engine=engine):
+            decoders = [seq for seq in engine.scheduler.running if decoding(seq)]
+            batch = schedule()
+            prompt_tokens = sum(n for seq, n in batch.items if seq not in decoders)
+            batches.append((mixed, bool(decoders), prompt_tokens))
+            return batch
+
+        engine.scheduler.schedule = recorded
+        ids = [engine.add_request(p, GREEDY) for p in first]
+        outs: dict[str, list[int]] = {}
+        for step in range(200):
+            if step == 3:
+                ids += [engine.add_request(p, GREEDY) for p in wave]
+            if not engine.has_unfinished_requests():
+                break
+            for o in engine.step():
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+        runs[mixed] = [outs[i] for i in ids]
+        assert_nothing_held(engine)
+    assert runs[cap] == runs[None]
+    capped = [(decodes, tokens) for mixed, decodes, tokens in batches if mixed == cap]
+    assert all(tokens <= cap for decodes, tokens in capped if decodes)
+    assert max(tokens for decodes, tokens in capped if not decodes) > cap  # the first prefill: whole budget
+    assert max(tokens for mixed, decodes, tokens in batches if mixed is None and decodes) > cap
+    with pytest.raises(ValueError, match="mixed_prefill_tokens"):
+        EngineConfig(model="random:tiny", mixed_prefill_tokens=0)
+
+
 def test_prefix_cache_hits_and_gives_the_same_tokens(llama_dir):
     rng = random.Random()
     stem = [rng.randrange(3, 300) for _ in range(40)]

@@ -31,6 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sequences per step (default: 256 on a GPU, 64 on a CPU)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step, prefill chunks included (default: 8192 on a GPU, 2048 on a CPU)")
+    p.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="TOKENS",
+                   help="prompt tokens a step may carry while other sequences decode, so that a wave of "
+                        "arrivals is prefilled over several short steps rather than stalling every stream "
+                        "for one long one (default: --max-num-batched-tokens)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
@@ -79,7 +83,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens, mixed_prefill_tokens=args.mixed_prefill_tokens,
+        max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
         cuda_graph_batch_sizes=args.cudagraph_capture_sizes,
         cuda_graph_context_bounds=args.cudagraph_context_bounds, kernels=args.kernels,
