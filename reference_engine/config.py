@@ -50,8 +50,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int | None = None  # None: DEFAULT_MAX_NUM_SEQS for the device
     max_num_batched_tokens: int | None = None  # None: DEFAULT_MAX_NUM_BATCHED_TOKENS for the device
-    # Prompt tokens a step may carry beside running decodes (scheduler.py says why); None: no cap beyond
-    # max_num_batched_tokens
+    # Prompt tokens a step may carry beside running decodes; None: a share of max_num_batched_tokens in
+    # proportion to the sequences on their prompt against those decoding (scheduler.py says why)
     mixed_prefill_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's own limit, capped at 4096
     enable_prefix_caching: bool = True

@@ -120,10 +120,10 @@ class Engine:
         # what a comparison needs to check that backends were set up alike (adapters/reference.py reads it)
         eager = config.enforce_eager or self.device.type != "cuda"
         log.info("engine config: model=%s, dtype=%s, max_model_len=%d, max_num_seqs=%d, "
-                 "max_num_batched_tokens=%d, mixed_prefill_tokens=%d, block_size=%d, "
+                 "max_num_batched_tokens=%d, mixed_prefill_tokens=%s, block_size=%d, "
                  "enable_prefix_caching=%s, enforce_eager=%s, quantization=none, device=%s", config.model,
                  str(self.dtype).removeprefix("torch."), self.max_model_len, config.max_num_seqs,
-                 config.max_num_batched_tokens, config.mixed_prefill_tokens or config.max_num_batched_tokens,
+                 config.max_num_batched_tokens, config.mixed_prefill_tokens or "shared",
                  config.block_size, config.enable_prefix_caching, eager, self.device)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,

@@ -3,8 +3,11 @@ ones.
 
 Every step has a token budget (max_num_batched_tokens) and a sequence cap (max_num_seqs). Running sequences
 go first, oldest first; a long prompt is prefilled in chunks that fit the budget. A step that decodes running
-sequences carries at most `mixed_prefill_tokens` prompt tokens, so streams already answering do not wait
-behind a wave of arrivals: the wave is prefilled over several shorter steps instead of one long one. When KV
+sequences carries fewer prompt tokens, so that streams already answering do not wait behind a wave of
+arrivals: `mixed_prefill_tokens` when given, else a share of the budget in proportion to the sequences still
+on their prompt against those decoding (at least MIN_SHARED_PREFILL_TOKENS). A burst of arrivals beside few
+streams is drained in a few long steps; a cohort replacing a few finished requests among many running ones is
+prefilled over several short steps instead of stalling them all for one long one. When KV
 blocks run out, the newest running sequence is preempted: its blocks are released and it waits at the head of
 the queue to be recomputed (its blocks often still sit in the prefix cache, so the recompute is mostly cache
 hits).
@@ -17,6 +20,9 @@ from dataclasses import dataclass, field
 
 from reference_engine.block_manager import BlockManager
 from reference_engine.sequence import Sequence, Status
+
+# The fewest prompt tokens a step that decodes gives prompts when they share its budget
+MIN_SHARED_PREFILL_TOKENS = 1024
 
 
 @dataclass
@@ -37,7 +43,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.mixed_prefill_tokens = mixed_prefill_tokens or max_num_batched_tokens
+        self.mixed_prefill_tokens = mixed_prefill_tokens  # None: a share of the budget (module docstring)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.num_preemptions = 0
@@ -60,7 +66,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        prompt_budget = self.mixed_prefill_tokens if any(map(decoding, self.running)) else budget
+        prompt_budget = self._prompt_budget()
         queue = deque(self.running)
         still_running: list[Sequence] = []
         while queue:
@@ -85,6 +91,17 @@ class Scheduler:
         if not batch.preempted:
             self._admit(batch, min(budget, prompt_budget))
         return batch
+
+    def _prompt_budget(self) -> int:
+        """Prompt tokens this step may carry: the whole budget when nothing decodes (module docstring)."""
+        decoders = sum(map(decoding, self.running))
+        if not decoders:
+            return self.max_num_batched_tokens
+        if self.mixed_prefill_tokens is not None:
+            return self.mixed_prefill_tokens
+        prompts = len(self.waiting) + len(self.running) - decoders
+        share = self.max_num_batched_tokens * prompts // (prompts + decoders)
+        return min(self.max_num_batched_tokens, max(MIN_SHARED_PREFILL_TOKENS, share))
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         bm = self.block_manager

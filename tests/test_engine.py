@@ -54,45 +54,54 @@ def test_chunked_prefill_matches_one_shot_prefill(qwen2_dir):
     assert_nothing_held(chunked)
 
 
-def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir):
+def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir, monkeypatch):
     """A wave of prompts arriving while others decode is prefilled a few tokens a step (decodes keep their
-    pace), a step with nothing to decode takes the whole budget, and the tokens are those of an uncapped
-    engine."""
+    pace): at most the cap given, or by default a share of the budget in proportion to the sequences on their
+    prompt against those decoding. A step with nothing to decode takes the whole budget, and the tokens are
+    those of an uncapped engine."""
+    from reference_engine import scheduler
     from reference_engine.scheduler import decoding
 
+    monkeypatch.setattr(scheduler, "MIN_SHARED_PREFILL_TOKENS", 2)
     rng = random.Random()
     first, wave = random_prompts(3, 300, 5, 20), random_prompts(5, 300, 20, 60)
-    cap = rng.randint(3, 9)
+    budget, cap = 64, rng.randint(3, 9)
     runs, batches = {}, []
-    for mixed in (None, cap):
+    for mode, mixed in (("uncapped", budget), ("cap", cap), ("shared", None)):
         engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=16,
-                                     max_num_batched_tokens=64, mixed_prefill_tokens=mixed))
+                                     max_num_batched_tokens=budget, mixed_prefill_tokens=mixed))
         schedule = engine.scheduler.schedule
 
-        def recorded(schedule=schedule, engine=engine):
-            decoders = [seq for seq in engine.scheduler.running if decoding(seq)]
+        def recorded(schedule=schedule, sched=engine.scheduler, mode=mode):
+            decoders = [seq for seq in sched.running if decoding(seq)]
+            prompts = len(sched.waiting) + len(sched.running) - len(decoders)
+            share = max(2, budget * prompts // max(1, prompts + len(decoders)))
             batch = schedule()
             prompt_tokens = sum(n for seq, n in batch.items if seq not in decoders)
-            batches.append((mixed, bool(decoders), prompt_tokens))
+            batches.append((mode, bool(decoders), prompt_tokens, share))
             return batch
 
         engine.scheduler.schedule = recorded
         ids = [engine.add_request(p, GREEDY) for p in first]
         outs: dict[str, list[int]] = {}
-        for step in range(200):
+        for step in range(300):
             if step == 3:
                 ids += [engine.add_request(p, GREEDY) for p in wave]
             if not engine.has_unfinished_requests():
                 break
             for o in engine.step():
                 outs.setdefault(o.request_id, []).extend(o.new_token_ids)
-        runs[mixed] = [outs[i] for i in ids]
+        runs[mode] = [outs[i] for i in ids]
         assert_nothing_held(engine)
-    assert runs[cap] == runs[None]
-    capped = [(decodes, tokens) for mixed, decodes, tokens in batches if mixed == cap]
-    assert all(tokens <= cap for decodes, tokens in capped if decodes)
-    assert max(tokens for decodes, tokens in capped if not decodes) > cap  # the first prefill: whole budget
-    assert max(tokens for mixed, decodes, tokens in batches if mixed is None and decodes) > cap
+    assert runs["cap"] == runs["shared"] == runs["uncapped"]
+    mixed = {mode: [(tokens, share) for m, decodes, tokens, share in batches if m == mode and decodes]
+             for mode in runs}
+    assert all(tokens <= cap for tokens, _ in mixed["cap"])
+    assert all(tokens <= share for tokens, share in mixed["shared"])
+    assert max(tokens for tokens, _ in mixed["shared"]) > cap  # five prompts against three decoding
+    assert max(tokens for tokens, _ in mixed["uncapped"]) > max(tokens for tokens, _ in mixed["shared"])
+    alone = [tokens for m, decodes, tokens, _ in batches if m == "cap" and not decodes]
+    assert max(alone) > cap  # the first prefill, with nothing decoding: the whole budget
     with pytest.raises(ValueError, match="mixed_prefill_tokens"):
         EngineConfig(model="random:tiny", mixed_prefill_tokens=0)
 

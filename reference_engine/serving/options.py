@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="TOKENS",
                    help="prompt tokens a step may carry while other sequences decode, so that a wave of "
                         "arrivals is prefilled over several short steps rather than stalling every stream "
-                        "for one long one (default: --max-num-batched-tokens)")
+                        "for one long one (default: a share of --max-num-batched-tokens in proportion to "
+                        "the sequences on their prompt against those decoding, at least 1024)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
