@@ -131,7 +131,7 @@ def test_capacity_confidence_reads_the_percentile_intervals():
     assert not capacity.meets(point(10, 21, completed=5, row=ok_row), sync, slo, 99)
 
 
-MAX_STREAMS, TTFT_S, ITL_S, OUTPUT = 2, 0.02, 0.01, 4
+MAX_STREAMS, TTFT_S, ITL_S, OUTPUT = 4, 0.04, 0.02, 4
 SERVICE_S = TTFT_S + (OUTPUT - 1) * ITL_S  # one request holds its slot this long
 TRUE_CAPACITY = MAX_STREAMS / SERVICE_S  # 40 requests/s: beyond it the queue, and TTFT, grow
 
@@ -139,24 +139,27 @@ TRUE_CAPACITY = MAX_STREAMS / SERVICE_S  # 40 requests/s: beyond it the queue, a
 @pytest.mark.live
 @pytest.mark.timing
 def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
-    """Two streams at a time, 50 ms each: 40 requests/s at most. Constant arrivals below that never queue
-    (TTFT 20 ms); above it the queue grows through the point, so a 40 ms TTFT SLO at p99 holds up to 40/s."""
+    """Four streams at a time, 100 ms each: 40 requests/s at most. Constant arrivals below that never queue
+    (TTFT 40 ms); above it the queue grows through the point, so an 80 ms TTFT SLO holds up to 40/s. The SLO
+    is read at p90, and leaves 40 ms for the machine's own delays, so a few requests slowed by a busy machine
+    (one in forty sets a p99) do not decide a verdict that the server's queue should."""
     make_tokenizer(tmp_path / "tok")
     schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
     with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
         plan = build_plan({
             "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "scripted-model",
             "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": str(OUTPUT),
-            "num_requests": 40, "arrival": "constant", "capacity": True, "slo": "ttft=40ms",
-            "sweep_points": 3, "sweep_concurrency": 8, "capacity_precision": 0.1,
+            "num_requests": 40, "arrival": "constant", "capacity": True, "slo": "ttft=80ms",
+            "capacity_percentile": 90,
+            "sweep_points": 3, "sweep_concurrency": 2 * MAX_STREAMS, "capacity_precision": 0.1,
         })
         outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=200, watcher=Watcher())
     assert outcome.code == 0
     summary = outcome.results.summary
     order = [p["load_point"] for p in outcome.run_dir.manifest["points"]]
-    assert order[:2] == ["c=1", "c=8"]
+    assert order[:2] == ["c=1", f"c={2 * MAX_STREAMS}"]
     rows = summary.set_index("load_point")
-    assert rows.loc["c=8", "request_rps"] == pytest.approx(TRUE_CAPACITY, rel=0.25)
+    assert rows.loc[f"c={2 * MAX_STREAMS}", "request_rps"] == pytest.approx(TRUE_CAPACITY, rel=0.25)
     rates = [float(label[2:]) for label in order[2:]]
     found = sweep.sweep_of(summary, outcome.results.requests)[("vllm", "", summary["workload"].iloc[0])]
     sync = found[0]
@@ -168,7 +171,7 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     assert rates[:stop + 1] == sorted(rates[:stop + 1])  # ... swept upwards to it, then only bisected below
     assert all(r < sat_rate for r in rates[stop + 1:])
 
-    result = capacity.capacity_of(found, {"ttft": 0.04}, 99)
+    result = capacity.capacity_of(found, {"ttft": 0.08}, 90)
     assert result.hi is not None and result.width <= 0.1 * result.hi  # the stated precision
     # the truth lies in the bracket, widened by the precision (and the machine's own overhead per request,
     # which only lowers the capacity)
@@ -188,8 +191,8 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
 @pytest.mark.live
 @pytest.mark.timing
 def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
-    """Four at a time against two slots: half the requests wait a whole service time for a slot, so their
-    TTFT is at least that plus the scripted TTFT, and the server never completes more than 2 / 50 ms."""
+    """Twice as many at a time as there are slots: half the requests wait about a service time for a slot,
+    so their TTFT is about that plus the scripted TTFT; the server never completes more than 4 / 100 ms."""
     from adapters import get_adapter
     from adapters.request_spec import RequestSpec
     from workloads import timing
@@ -198,13 +201,16 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
     from workloads.schedule import ClosedLoop
 
     schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
-    specs = [RequestSpec(f"q-{i}", (5, 6, 7), "a b c", OUTPUT) for i in range(12)]
+    specs = [RequestSpec(f"q-{i}", (5, 6, 7), "a b c", OUTPUT) for i in range(24)]
     with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
-        run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(4),
+        run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(2 * MAX_STREAMS),
                                output_path=tmp_path / "r.jsonl", run_id="q"))
     records = [r for r in read_records(tmp_path / "r.jsonl") if not r.warmup]
-    assert len(records) == 12 and all(r.ok for r in records)
+    assert len(records) == 24 and all(r.ok for r in records)
     ttfts = sorted(timing.ttft(r) for r in records)
-    assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= SERVICE_S + TTFT_S  # half waited for a slot
+    # half waited for a slot: in the steady state a request waits for the slot that was taken just before it
+    # was sent, so about one service time (a little less: the client learns of a completion after the server
+    # frees its slot); a request that did not wait has a TTFT of TTFT_S
+    assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= TTFT_S + 0.8 * SERVICE_S
     span = max(r.t0_monotonic + r.end_s for r in records) - min(r.t0_monotonic + r.send_s for r in records)
     assert len(records) / span <= TRUE_CAPACITY * 1.05
