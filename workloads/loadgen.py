@@ -30,7 +30,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
@@ -339,19 +339,22 @@ class _Run:
 
     # -- schedules -----------------------------------------------------------------------------------
 
-    async def closed_loop(self, warm: Iterator[_Prepared], items: Iterator[_Prepared], concurrency: int,
-                          ramp_up_s: float, max_duration_s: float | None) -> None:
-        """`concurrency` workers, started `ramp_up_s / concurrency` apart, each sending its next request when
-        the last one ends: warm-up requests first, then measured ones, so the measured phase starts at full
-        concurrency without a burst. The duration bound counts from the first measured request."""
+    async def closed_loop(self, warm: Iterator[_Prepared], units: Iterator[Any], concurrency: int,
+                          ramp_up_s: float, max_duration_s: float | None,
+                          run_unit: Callable[[Any, float], Awaitable[None]] | None = None) -> None:
+        """`concurrency` workers, started `ramp_up_s / concurrency` apart, each sending its next unit of work
+        when the last one ends: warm-up requests first, then the measured units, so the measured phase starts
+        at full concurrency without a burst. A unit is a request, or with `run_unit` (`run_session`) a whole
+        session. The duration bound counts from the first measured unit."""
         deadline: list[float] = []
+        run_unit = run_unit or (lambda item, now: self.execute(item, now, False))
 
         async def worker(k: int) -> None:
             if ramp_up_s and k:
                 await asyncio.sleep(k * ramp_up_s / concurrency)
             for item in warm:  # the iterators are shared: each worker takes the next request
                 await self.execute(item, perf_counter(), True)
-            for item in items:
+            for unit in units:
                 now = perf_counter()
                 if self.measured_start is None:
                     self.measured_start = now
@@ -359,29 +362,7 @@ class _Run:
                         deadline.append(now + max_duration_s)
                 if deadline and now >= deadline[0]:
                     return
-                await self.execute(item, now, False)
-
-        await _gather_all([worker(k) for k in range(concurrency)])
-
-    async def session_loop(self, warm: Iterator[_Prepared], sessions: Iterator[Session], concurrency: int,
-                           ramp_up_s: float, max_duration_s: float | None) -> None:
-        """`closed_loop` with sessions for requests: each worker runs one whole session at a time."""
-        deadline: list[float] = []
-
-        async def worker(k: int) -> None:
-            if ramp_up_s and k:
-                await asyncio.sleep(k * ramp_up_s / concurrency)
-            for item in warm:
-                await self.execute(item, perf_counter(), True)
-            for session in sessions:
-                now = perf_counter()
-                if self.measured_start is None:
-                    self.measured_start = now
-                    if max_duration_s is not None:
-                        deadline.append(now + max_duration_s)
-                if deadline and now >= deadline[0]:
-                    return
-                await self.run_session(session, now)
+                await run_unit(unit, now)
 
         await _gather_all([worker(k) for k in range(concurrency)])
 
@@ -658,7 +639,8 @@ async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
         ramp = min(schedule.concurrency * 1e-3, 5.0) if job.ramp_up_s is None else job.ramp_up_s
         if job.sessions:
             sessions = iter(job.sessions[:job.max_requests] if job.max_requests else job.sessions)
-            await run.session_loop(iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s)
+            await run.closed_loop(iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s,
+                                  run.run_session)
         else:
             await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, job.max_duration_s)
         return
