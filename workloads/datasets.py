@@ -35,6 +35,21 @@ log = logging.getLogger(__name__)
 LENGTH_FORMS = "N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
 
 
+def parse_distribution(value: str | float, arity: dict[str, int], what: str, forms: str) -> tuple[Any, ...]:
+    """(kind, *numbers) of a distribution written `N` (fixed) or `KIND:A[:B]`, `arity` giving each kind's
+    count of numbers; the error names `what` and the accepted `forms`."""
+    parts = str(value).strip().split(":")
+    try:
+        if len(parts) == 1:
+            return ("fixed", float(parts[0]))
+        kind, numbers = parts[0], [float(p) for p in parts[1:]]
+    except ValueError:
+        raise ValueError(f"cannot read {what} {value!r}: use {forms}") from None
+    if kind not in arity or len(numbers) != arity[kind]:
+        raise ValueError(f"cannot read {what} {value!r}: use {forms}")
+    return (kind, *numbers)
+
+
 @dataclass(frozen=True)
 class LengthDist:
     kind: Literal["fixed", "uniform", "normal", "lognormal"]
@@ -45,19 +60,8 @@ class LengthDist:
     def parse(cls, value: LengthDist | str | int) -> LengthDist:
         if isinstance(value, LengthDist):
             return value
-        if isinstance(value, int):
-            return cls("fixed", value)
-        parts = str(value).strip().split(":")
-        try:
-            if len(parts) == 1:
-                return cls("fixed", float(parts[0]))
-            kind, numbers = parts[0], [float(p) for p in parts[1:]]
-        except ValueError:
-            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}") from None
-        expected = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
-        if kind not in expected or len(numbers) != expected[kind]:
-            raise ValueError(f"cannot read length {value!r}: use {LENGTH_FORMS}")
-        return cls(kind, *numbers)  # type: ignore[arg-type]
+        arity = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
+        return cls(*parse_distribution(value, arity, "length", LENGTH_FORMS))  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if self.kind in ("fixed", "uniform", "normal", "lognormal") and self.a < 1 and self.kind != "normal":

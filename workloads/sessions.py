@@ -39,6 +39,7 @@ from workloads.datasets import (
     LengthDist,
     encode_text,
     ordinary_token_ids,
+    parse_distribution,
     read_sharegpt,
     sharegpt_exchanges,
     token_exact_prompt,
@@ -62,19 +63,8 @@ class ThinkTime:
     def parse(cls, value: ThinkTime | str | float) -> ThinkTime:
         if isinstance(value, ThinkTime):
             return value
-        if isinstance(value, int | float):
-            return cls("fixed", float(value))
-        parts = str(value).strip().split(":")
-        try:
-            if len(parts) == 1:
-                return cls("fixed", float(parts[0]))
-            kind, numbers = parts[0], [float(p) for p in parts[1:]]
-        except ValueError:
-            raise ValueError(f"cannot read think time {value!r}: use {THINK_FORMS}") from None
-        expected = {"fixed": 1, "uniform": 2, "exponential": 1}
-        if kind not in expected or len(numbers) != expected[kind]:
-            raise ValueError(f"cannot read think time {value!r}: use {THINK_FORMS}")
-        return cls(kind, *numbers)  # type: ignore[arg-type]
+        arity = {"fixed": 1, "uniform": 2, "exponential": 1}
+        return cls(*parse_distribution(value, arity, "think time", THINK_FORMS))  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if not (self.a >= 0 and self.b >= 0) or not np.isfinite([self.a, self.b]).all():
