@@ -232,16 +232,24 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
-def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
-    """A point's measured window: its first send to its last end, or to `now` while it still runs. Every
-    rate of a point (output tokens/s, requests/s, goodput) is over this window; NaN when it is empty."""
+def measured_window(
+    send_s: Iterable[float], end_s: Iterable[float], now: float | None = None
+) -> tuple[float, float]:
+    """A point's measured window, (start, end): its first send to its last end, or to `now` while it still
+    runs, on the clock of the times given. Every rate of a point (output tokens/s, requests/s, goodput) and
+    its GPU energy are over this window; NaN where there is no send (start) or no end (end)."""
     sends = np.asarray(list(send_s), dtype=float)
     ends = np.asarray(list(end_s), dtype=float)
     sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
     if not sends.size:
-        return np.nan
-    last = now if now is not None else (ends.max() if ends.size else np.nan)
-    return float(last - sends.min()) if last > sends.min() else np.nan
+        return np.nan, np.nan
+    return float(sends.min()), float(now if now is not None else (ends.max() if ends.size else np.nan))
+
+
+def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+    """The length of `measured_window`; NaN when it is empty."""
+    start, end = measured_window(send_s, end_s, now)
+    return end - start if end > start else np.nan
 
 
 def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
