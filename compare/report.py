@@ -828,6 +828,7 @@ def make_plots(res: Results) -> list[str]:
 
 
 MAX_PLOTTED_SAMPLES = 600  # per line of a power plot: longer points are thinned evenly
+POWER_TITLE = "GPU power over time"
 
 
 def power_plots(res: Results) -> list[str]:
@@ -855,7 +856,7 @@ def power_plots(res: Results) -> list[str]:
         seconds = (ticks["t"] - ticks["t"].iloc[0]).tolist()
         mine.append(plots.Series(label, seconds, ticks["w"].tolist(), color, dash, markers=False))
     return [
-        plots.line_chart(series, f"GPU power over time: {key}", "seconds since the load point started",
+        plots.line_chart(series, f"{POWER_TITLE}: {key}", "seconds since the load point started",
                          "power (W), summed over its GPUs")
         for key, series in lines.items()
     ]
@@ -882,9 +883,10 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
             out.append("\n".join(lines) + "\n")
         elif kind == "svg" and not svg_noted:
+            power = any(k == "svg" and POWER_TITLE in c for k, c in blocks)
             out.append(
                 "The plots (latency against throughput, TTFT and TPOT CDFs, bars with intervals, set-up "
-                "timeline, GPU power over time where it was sampled) are in report.html.\n"
+                f"timeline{', GPU power over time' if power else ''}) are in report.html.\n"
             )
             svg_noted = True
     return "\n".join(out)
