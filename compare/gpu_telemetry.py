@@ -123,8 +123,8 @@ class GpuWatch:
         into the manifest."""
         sampler = Sampler(self.telemetry.nvml, self.gpus, run_dir.telemetry_path, run_id,
                           self.telemetry.interval_s)
-        sampler.start()
         try:
+            sampler.start()  # inside: a Ctrl-C while it waits for the first sample stops it too
             yield
         finally:
             self.telemetry.entry["points"][run_id] = sampler.stop()
@@ -229,7 +229,8 @@ class Sampler:
     def stop(self) -> dict[str, Any]:
         """Take the last sample, end the thread; what was sampled (for the manifest)."""
         self._stop.set()
-        self._thread.join(STOP_WAIT_S + self.interval_s)
+        if self._thread.ident is not None:  # started
+            self._thread.join(STOP_WAIT_S + self.interval_s)
         if self._thread.is_alive():
             self._abandoned = True
             self.error = self.error or f"the sampler did not stop within {STOP_WAIT_S:g} s; left behind"
