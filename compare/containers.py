@@ -132,6 +132,11 @@ class ContainerLauncher(Launcher):
         self._follower = threading.Thread(target=self._follow, name=f"logs-{self.name}", daemon=True)
         self._follower.start()
 
+    def gpu_env(self) -> dict[str, str] | None:
+        """A container inherits nothing of ours: it sees every GPU when it asks for GPUs (unless its own
+        environment sets CUDA_VISIBLE_DEVICES), else none."""
+        return dict(self.spec.env) if self.spec.gpus else None
+
     def _follow(self) -> None:
         with contextlib.suppress(Exception):
             for chunk in self.container.logs(stream=True, follow=True, stdout=True, stderr=True):

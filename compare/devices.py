@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 
 MIB = 2**20
 
@@ -20,9 +21,10 @@ def _smi() -> str | None:
     return shutil.which("nvidia-smi")
 
 
-def visible_indices() -> set[int] | None:
-    """GPU indices CUDA_VISIBLE_DEVICES leaves visible (None: all, or not given as indices)."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_indices(env: Mapping[str, str] | None = None) -> set[int] | None:
+    """GPU indices CUDA_VISIBLE_DEVICES leaves visible in `env` (default: this process's environment), taken
+    as nvidia-smi's (and NVML's) indices; None: all, or not given as indices."""
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return None
     try:

@@ -150,6 +150,11 @@ class Launcher:
         except OSError:
             return ""
 
+    def gpu_env(self) -> dict[str, str] | None:
+        """The environment whose CUDA_VISIBLE_DEVICES says which GPUs the server sees (None: it is given no
+        GPU). By default it inherits ours."""
+        return dict(os.environ)
+
     # -- shared -------------------------------------------------------------------------------------------
 
     def start(self) -> SetupReport:
@@ -285,6 +290,10 @@ class ProcessLauncher(Launcher):
 
     def _exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def gpu_env(self) -> dict[str, str]:
+        """Ours, with the launch's own settings (a CUDA_VISIBLE_DEVICES among them) over it."""
+        return {**os.environ, **(self.env or {})}
 
     def refresh(self) -> None:
         """Re-read the log and the process's peak memory into the report."""

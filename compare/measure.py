@@ -51,6 +51,7 @@ def measure(
 ) -> int:
     """Measure every point of `plan` into `run_dir` with `load(PointJob)` (default `run_load_sync`); the exit
     code. Raises KeyboardInterrupt when a point was interrupted (launched servers are stopped first)."""
+    from compare.gpu_telemetry import open_telemetry
     from workloads.loadgen import run_load_sync
 
     model_path, tokenizer = _model_and_tokenizer(plan, watcher)
@@ -59,16 +60,20 @@ def measure(
     run_dir.manifest["model_path"] = model_path
     run_dir.save()
     prompts = _Prompts(plan, tokenizer)
+    telemetry = open_telemetry(plan.gpu_telemetry, plan.gpu_telemetry_interval)
+    run_dir.manifest["gpu_telemetry"] = telemetry.entry
+    run_dir.save()
     saved_affinity = os.sched_getaffinity(0) if client_cpus else None
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     code = EXIT_OK
     try:
         for repeat, backend in launch_order(plan.backends, plan.repeats):
-            launch = _Launch(plan, run_dir, backend, repeat, watcher)
+            launch = _Launch(plan, run_dir, backend, repeat, watcher, telemetry)
             if not launch.run(model_path, server_cpus, prompts, load or run_load_sync, tokenizer):
                 code = EXIT_FAILED
     finally:
+        telemetry.close()
         if saved_affinity:
             os.sched_setaffinity(0, saved_affinity)
     return code
@@ -134,13 +139,15 @@ def points_per_launch(plan: RunPlan) -> int:
 
 @dataclass(frozen=True)
 class _Launch:
-    """One backend in one repeat: started (or reached), measured at every point, stopped."""
+    """One backend in one repeat: started (or reached), measured at every point (its GPUs sampled where
+    `telemetry` is on), stopped."""
 
     plan: RunPlan
     run_dir: Any
     backend: BackendSpec
     repeat: int
     watcher: Watcher
+    telemetry: Any = None  # compare.gpu_telemetry.GpuTelemetry
 
     def run(
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
@@ -171,13 +178,14 @@ class _Launch:
 
             collect(setup, model_path if backend.launched else None)  # for the parity audit
             self.run_dir.set_setup(setup)
+            gpu = self.telemetry.watch(backend.key, launcher, backend.endpoint) if self.telemetry else None
             for w, per_point in prompts.workloads:
                 if plan.sweep:
-                    _SweepRun(self, adapter, setup.url, w, tokenizer).run(per_point, prompts.warm, load)
+                    _SweepRun(self, adapter, setup.url, w, tokenizer, gpu).run(per_point, prompts.warm, load)
                     continue
                 for k, schedule in enumerate(plan.load_points):
                     index = self.repeat * prompts.points + k
-                    point = _Point(plan, backend, adapter, setup.url, w, schedule, self.repeat)
+                    point = _Point(plan, backend, adapter, setup.url, w, schedule, self.repeat, gpu=gpu)
                     if point.run(
                         self.run_dir, per_point[index], prompts.warm[index], load, tokenizer, self.watcher
                     ):
@@ -226,6 +234,7 @@ class _SweepRun:
     url: str
     workload: WorkloadSpec
     tokenizer: Any
+    gpu: Any = None  # compare.gpu_telemetry.GpuWatch: the backend's GPUs, sampled at each point
 
     def run(self, specs: list[list], warm: list[list], load: Callable) -> None:
         """Raises KeyboardInterrupt when a point was interrupted."""
@@ -239,7 +248,8 @@ class _SweepRun:
         def measure_one(schedule: Schedule) -> Any:
             k = next(slices)
             backend, workload = launch.backend, self.workload
-            point = _Point(plan, backend, self.adapter, self.url, workload, schedule, launch.repeat)
+            point = _Point(plan, backend, self.adapter, self.url, workload, schedule, launch.repeat,
+                           gpu=self.gpu)
             if point.run(launch.run_dir, specs[k], warm[k], load, self.tokenizer, launch.watcher):
                 raise KeyboardInterrupt
             return self._facts(point.run_id)
@@ -281,6 +291,7 @@ class _Point:
     schedule: Schedule
     repeat: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    gpu: Any = None  # compare.gpu_telemetry.GpuWatch: sampled from before the load starts to after it ends
 
     def run(
         self, run_dir: Any, specs: list, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
@@ -318,29 +329,30 @@ class _Point:
                 rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
                 show(len(measured), rate, sum(1 for r in measured if r.error_kind is not None))
 
-            load(
-                PointJob(
-                    self.url,
-                    self.adapter,
-                    specs,
-                    schedule,
-                    output_path=run_dir.requests_path,
-                    summary_path=run_dir.runs_path,
-                    warmup_specs=warm_specs[: plan.warmup_count(schedule)],
-                    max_requests=plan.num_requests,
-                    max_duration_s=plan.duration,
-                    backend=backend.name,
-                    variant=backend.variant,
-                    load_point=schedule.label,
-                    run_id=run_id,
-                    timeouts=Timeouts(request_s=plan.request_timeout),
-                    tokenizer=tokenizer,
-                    busy_poll=plan.busy_poll,
-                    progress=update,
-                    progress_interval_s=0.5,
-                    sessions=sessions,
-                )
+            job = PointJob(
+                self.url,
+                self.adapter,
+                specs,
+                schedule,
+                output_path=run_dir.requests_path,
+                summary_path=run_dir.runs_path,
+                warmup_specs=warm_specs[: plan.warmup_count(schedule)],
+                max_requests=plan.num_requests,
+                max_duration_s=plan.duration,
+                backend=backend.name,
+                variant=backend.variant,
+                load_point=schedule.label,
+                run_id=run_id,
+                timeouts=Timeouts(request_s=plan.request_timeout),
+                tokenizer=tokenizer,
+                busy_poll=plan.busy_poll,
+                progress=update,
+                progress_interval_s=0.5,
+                sessions=sessions,
             )
+            sampling = self.gpu.sample(run_dir, run_id) if self.gpu is not None else contextlib.nullcontext()
+            with sampling:  # the GPUs are sampled from before the load starts to after it ends
+                load(job)
         summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
         return bool(summaries and summaries[-1].interrupted)
 

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from compare.datatypes import PointInfo, point_info_from_label
+from compare.gpu_telemetry import COLUMNS as GPU_COLUMNS
+from compare.gpu_telemetry import Window, window_columns
 from compare.statistics import N_BOOT, PERCENTILES, bootstrap_ci, describe, throughput_ci
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
@@ -232,16 +234,24 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
-def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
-    """A point's measured window: its first send to its last end, or to `now` while it still runs. Every
-    rate of a point (output tokens/s, requests/s, goodput) is over this window; NaN when it is empty."""
+def measured_window(
+    send_s: Iterable[float], end_s: Iterable[float], now: float | None = None
+) -> tuple[float, float]:
+    """A point's measured window, (start, end): its first send to its last end, or to `now` while it still
+    runs, on the clock of the times given. Every rate of a point (output tokens/s, requests/s, goodput) and
+    its GPU energy are over this window; NaN where there is no send (start) or no end (end)."""
     sends = np.asarray(list(send_s), dtype=float)
     ends = np.asarray(list(end_s), dtype=float)
     sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
     if not sends.size:
-        return np.nan
-    last = now if now is not None else (ends.max() if ends.size else np.nan)
-    return float(last - sends.min()) if last > sends.min() else np.nan
+        return np.nan, np.nan
+    return float(sends.min()), float(now if now is not None else (ends.max() if ends.size else np.nan))
+
+
+def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+    """The length of `measured_window`; NaN when it is empty."""
+    start, end = measured_window(send_s, end_s, now)
+    return end - start if end > start else np.nan
 
 
 def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
@@ -298,11 +308,14 @@ def summarize(
     slo: Mapping[str, float] | None = None,
     n_boot: int = N_BOOT,
     seed: int = 0,
+    telemetry: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per (backend, variant, workload, load point) of the measured (non-warm-up) records."""
+    """One row per (backend, variant, workload, load point) of the measured (non-warm-up) records; the GPU
+    columns from `telemetry`'s samples (`RunDir.telemetry()`), NaN without them."""
     points = dict(points or {})
     slo = dict(slo or {})
     measured = [r for r in records if not r.warmup]
+    t0 = {r.run_id: r.t0_monotonic for r in measured}  # one per run: its load generator's start stamp
     table = request_table(measured, points)
     gaps = itl_table(measured)
     gaps_event = itl_table(measured, per_event=True)
@@ -310,18 +323,10 @@ def summarize(
     if table.empty:
         return pd.DataFrame(columns=summary_columns())
     for key, group in table.groupby(GROUP_KEYS, sort=False, dropna=False):
-        rows.append(
-            _summarize_group(
-                dict(zip(GROUP_KEYS, key, strict=True)),
-                group,
-                gaps,
-                gaps_event,
-                points,
-                slo,
-                n_boot,
-                seed,
-            )
+        row = _summarize_group(
+            dict(zip(GROUP_KEYS, key, strict=True)), group, gaps, gaps_event, points, slo, n_boot, seed
         )
+        rows.append(row | _gpu_columns(group, t0, telemetry))
     out = pd.DataFrame(rows)
     return out[
         [c for c in summary_columns() if c in out.columns]
@@ -423,6 +428,20 @@ def _throughput_columns(
     return row
 
 
+def _gpu_columns(
+    group: pd.DataFrame, t0: Mapping[str, float], telemetry: pd.DataFrame | None
+) -> dict[str, Any]:
+    """GPU energy, power, memory and utilisation over each run's measured window (the throughput columns'
+    window), on the samples' clock: the records' start stamp plus the window's offsets."""
+    windows = []
+    if telemetry is not None and len(telemetry):
+        for rid, part in group.groupby("run_id", sort=False):
+            start, end = measured_window(part["send_s"], part["end_s"])
+            tokens = int(part.loc[part["status"] == "ok", "output_tokens"].sum())
+            windows.append(Window(str(rid), t0[rid] + start, t0[rid] + end, tokens))
+    return window_columns(telemetry, windows)
+
+
 def _send_columns(group: pd.DataFrame, run_ids: list[str], info: PointInfo) -> dict[str, Any]:
     """Offered against achieved send rate, and client lag."""
     row: dict[str, Any] = {}
@@ -509,6 +528,7 @@ def summary_columns() -> list[str]:
         "output_tokens_from_usage",
         "input_tokens_mean",
         "output_tokens_mean",
+        *GPU_COLUMNS,
         "source",
         "runs",
         "interrupted",

@@ -66,6 +66,7 @@ def cells_of(plan: Any, command: list[str]) -> list[Cell]:
                 seed=plan.seed + k * SEED_STRIDE,
                 ray=None,
                 ray_cells=False,
+                gpu_telemetry="off",  # sampled on the cell's node, the samples would not come back
             )
             out.append(Cell(len(out), sub, k, command))
     return out
@@ -290,7 +291,11 @@ class _Gather:
 
 def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
     """Run every cell as a Ray task and gather them into `run_dir`; the worst cell's exit code."""
+    from compare.gpu_telemetry import telemetry_off
+
     cells = cells_of(plan, run_dir.manifest.get("command", []))
+    why = "off: --ray-cells measures on the cells' nodes, whose GPU samples are not carried back"
+    run_dir.manifest["gpu_telemetry"] = telemetry_off(why).entry
     gather = _Gather(run_dir, plan, say)
     remote = ray.remote(run_cell)
     info = run_dir.manifest["ray"]

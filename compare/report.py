@@ -50,6 +50,7 @@ class Results:
     declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
     parity: list[Finding] = field(default_factory=list)
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # multi-turn sessions: compare/turns.py
+    telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)  # GPU samples: compare/gpu_telemetry.py
 
 
 def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
@@ -58,7 +59,8 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     slo = run.slo()
     config = run.manifest.get("config") or {}
     setups = combine_setups(run.setups())
-    summary = summarize(records, points, slo, n_boot=n_boot, seed=seed)
+    telemetry = run.telemetry()
+    summary = summarize(records, points, slo, n_boot=n_boot, seed=seed, telemetry=telemetry)
     summary = add_normalized(
         summary,
         setups,
@@ -67,7 +69,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         config.get("model_bytes"),
     )
     requests = request_table([r for r in records if not r.warmup], points)
-    results = Results(run, records, requests, summary, setups, seed=seed)
+    results = Results(run, records, requests, summary, setups, seed=seed, telemetry=telemetry)
     results.turns = turn_table(requests)
     results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
     if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
@@ -368,6 +370,69 @@ def _results(res: Results) -> list[Block]:
     ]
 
 
+GPU_HEADER = [
+    "backend",
+    "workload",
+    "load",
+    "energy (J)",
+    "J per output token",
+    "power mean (W)",
+    "power max (W)",
+    "memory peak (GiB)",
+    "utilisation mean (%)",
+    "energy from",
+]
+
+
+def _has_gpu_telemetry(res: Results) -> bool:
+    s = res.summary
+    return not s.empty and "gpu_energy_j" in s and bool(s["gpu_energy_j"].notna().any())
+
+
+def _gpu_energy(res: Results) -> list[Block]:
+    """Energy, power, memory and utilisation of each backend's GPUs per load point, where NVML sampled them
+    (compare/gpu_telemetry.py); nothing without telemetry."""
+    if not _has_gpu_telemetry(res):
+        return []
+    rows = [
+        [
+            key_of(r["backend"], r["variant"]),
+            r["workload"],
+            r["load_point"],
+            _f(r["gpu_energy_j"], 1),
+            _f(r["gpu_joules_per_out_token"], 3),
+            _f(r["gpu_power_mean_w"], 1),
+            _f(r["gpu_power_max_w"], 1),
+            _f(r["gpu_mem_peak_gib"], 2),
+            _f(r["gpu_util_mean_pct"], 0),
+            r["gpu_energy_source"] if isinstance(r["gpu_energy_source"], str) else "–",
+        ]
+        for _, r in res.summary.iterrows()
+    ]
+    entry = res.run.manifest.get("gpu_telemetry") or {}
+    sampled = "; ".join(
+        f"{key}: GPU {', '.join(map(str, b['gpus'])) or 'none'} ({b['chosen']})"
+        for key, b in (entry.get("backends") or {}).items()
+    )
+    definitions = [
+        "Energy: what the backend's GPUs used over the point's measured window (first send to last end, the "
+        "window of the throughput columns), summed over its GPUs (and launches): the difference of NVML's "
+        "total-energy counter (nvmlDeviceGetTotalEnergyConsumption) at the window's ends, interpolated "
+        "between samples; on a GPU without that counter, the trapezoid integral of its power readings "
+        "(energy from: power integral).",
+        "J per output token: that energy over the output tokens of the window's ok requests.",
+        "Power mean: that energy over the window's length. Power max: the highest of NVML's power readings "
+        "(nvmlDeviceGetPowerUsage; many GPUs average it over the last second), summed over the GPUs.",
+        "Memory peak: the most device memory in use (nvmlDeviceGetMemoryInfo: every process on the GPU, "
+        "not the server alone), summed over the GPUs. Utilisation: NVML's GPU utilisation (the share of "
+        "time a kernel ran), averaged over GPUs and samples.",
+        "Power max, memory peak and utilisation count the samples from the one before the window to the one "
+        "after it.",
+    ]
+    intro = f"NVML sampled every {entry.get('interval_s', '?')} s" + (f"; {sampled}." if sampled else ".")
+    return [("h2", "GPU energy and power"), ("p", intro), ("table", (GPU_HEADER, rows)), ("ul", definitions)]
+
+
 def _intended_latency(res: Results) -> list[Block]:
     """At open-loop and trace points: each from-send latency beside the same one from the intended send,
     so a client that sent late cannot hide the queueing its lateness stood for."""
@@ -586,6 +651,14 @@ def _normalised(res: Results) -> list[Block]:
     return blocks
 
 
+JOULES_PER_TOKEN = (
+    "Joules per output token: the energy the backend's GPUs used over the measured window (NVML's energy "
+    "counter, or its power readings integrated where a GPU has no counter) over the output tokens of the ok "
+    "requests in it; lower is better. Only where GPU telemetry sampled the backend's GPUs "
+    "(`--gpu-telemetry`)."
+)
+
+
 def _definitions(res: Results) -> list[Block]:
     """Each latency metric's declared definition (`LATENCY`), then the counting and statistics rules."""
     return [
@@ -605,6 +678,7 @@ def _definitions(res: Results) -> list[Block]:
                 "last end), the same number the progress bar shows while a point runs. Its interval, and the "
                 "throughput decision's, resamples whole requests: each resample's rate of service (output "
                 "tokens / request time) against the measured one, the load's concurrency held as measured.",
+                *([JOULES_PER_TOKEN] if _has_gpu_telemetry(res) else []),
             ],
         ),
     ]
@@ -621,6 +695,7 @@ SECTIONS: list[Callable[[Results], list[Block]]] = [
     _setup_cost,
     _break_even,
     _results,
+    _gpu_energy,
     _intended_latency,
     _sweep_capacity,
     _turns,
@@ -749,7 +824,42 @@ def make_plots(res: Results) -> list[str]:
         if phases or st.ready_s:
             rows.append((key, phases, st.ready_s))
     out.append(plots.timeline(rows, "Set-up phases (spawn to healthy)"))
-    return out
+    return out + power_plots(res)
+
+
+MAX_PLOTTED_SAMPLES = 600  # per line of a power plot: longer points are thinned evenly
+POWER_TITLE = "GPU power over time"
+
+
+def power_plots(res: Results) -> list[str]:
+    """Per backend, the power its GPUs drew (summed) against seconds since each load point's first sample,
+    taken as its load started: one line per point."""
+    t = res.telemetry
+    if t.empty:
+        return []
+    points = {p["run_id"]: p for p in res.run.manifest.get("points", [])}
+    several = {k: len({p.get(k) for p in points.values()}) > 1 for k in ("workload", "repeat")}
+    lines: dict[str, list[plots.Series]] = {}
+    for run_id, samples in t.groupby("run_id", sort=False):
+        p = points.get(str(run_id))
+        if p is None:
+            continue
+        ticks = samples.groupby("tick").agg(t=("t", "min"))
+        ticks["w"] = samples.groupby("tick")["power_w"].sum(min_count=samples["gpu"].nunique())
+        ticks = ticks.sort_values("t").iloc[:: max(1, math.ceil(len(ticks) / MAX_PLOTTED_SAMPLES))]
+        label = p["load_point"] + (f" {p['workload']}" if several["workload"] else "") + (
+            f" (launch {int(p.get('repeat', 0)) + 1})" if several["repeat"] else ""
+        )
+        mine = lines.setdefault(key_of(p["backend"], p["variant"]), [])
+        color = plots.PALETTE[len(mine) % len(plots.PALETTE)]
+        dash = plots.DASHES[len(mine) // len(plots.PALETTE) % len(plots.DASHES)]
+        seconds = (ticks["t"] - ticks["t"].iloc[0]).tolist()
+        mine.append(plots.Series(label, seconds, ticks["w"].tolist(), color, dash, markers=False))
+    return [
+        plots.line_chart(series, f"{POWER_TITLE}: {key}", "seconds since the load point started",
+                         "power (W), summed over its GPUs")
+        for key, series in lines.items()
+    ]
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
@@ -773,9 +883,10 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
             out.append("\n".join(lines) + "\n")
         elif kind == "svg" and not svg_noted:
+            power = any(k == "svg" and POWER_TITLE in c for k, c in blocks)
             out.append(
                 "The plots (latency against throughput, TTFT and TPOT CDFs, bars with intervals, set-up "
-                "timeline) are in report.html.\n"
+                f"timeline{', GPU power over time' if power else ''}) are in report.html.\n"
             )
             svg_noted = True
     return "\n".join(out)

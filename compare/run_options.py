@@ -10,6 +10,7 @@ describes what it made of them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,6 +24,7 @@ SLO_COST, OUTPUT, SCALE_OUT = "SLO and cost", "Output and statistics", "Scale-ou
 LAUNCHERS = ("process", "docker")
 SLO_KEYS = ("ttft", "tpot", "e2e")
 PIN_MODES = ("auto", "off")
+GPU_TELEMETRY_MODES = ("auto", "off")  # --gpu-telemetry (compare/gpu_telemetry.py)
 SPACINGS = ("geometric", "linear")  # --sweep-spacing
 CAPACITY_PERCENTILES = (50, 90, 95, 99)  # the percentiles summary.csv has, with intervals
 LOCAL_RAY = "local"  # `--ray` alone: start a Ray instance on this host
@@ -153,6 +155,20 @@ def _percentile(value: Any, option: RunOption) -> int:
     if q not in CAPACITY_PERCENTILES:
         raise PlanError(f"{option.flag} must be one of {', '.join(map(str, CAPACITY_PERCENTILES))}, got {q}")
     return q
+
+
+def _telemetry_mode(value: Any, option: RunOption) -> str:
+    """auto or off; in a run file a bare `off` is YAML's false (and `on` its true)."""
+    if isinstance(value, bool):
+        value = "auto" if value else "off"
+    return choice(GPU_TELEMETRY_MODES)(value, option)
+
+
+def _interval(value: Any, option: RunOption) -> float:
+    seconds = checked_number(value, option.name, float, above=0)
+    if not math.isfinite(seconds):
+        raise PlanError(f"{option.flag} must be a finite number of seconds, got {value!r}")
+    return seconds
 
 
 def _fraction(value: Any, option: RunOption) -> float:
@@ -640,6 +656,28 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         minimum=1,
     ),
     RunOption(
+        "gpu_telemetry",
+        str,
+        "auto",
+        help="auto: where NVML finds an NVIDIA GPU, sample the GPUs each backend uses during every load "
+        "point (power, energy, memory, utilisation: summary.csv's gpu_* columns, the report's GPU energy and "
+        "power); off: never [default: auto]",
+        panel=OUTPUT,
+        metavar="auto|off",
+        read=_telemetry_mode,
+        manifest="gpu_telemetry",
+    ),
+    RunOption(
+        "gpu_telemetry_interval",
+        float,
+        0.1,
+        help="seconds between GPU samples [default: 0.1]",
+        panel=OUTPUT,
+        metavar="S",
+        read=_interval,
+        manifest="gpu_telemetry_interval_s",
+    ),
+    RunOption(
         "ray",
         str,
         None,
@@ -805,6 +843,8 @@ class RunPlan:
     capacity: bool = False  # search the highest rate meeting the SLO (compare.capacity)
     capacity_percentile: int = 99
     capacity_precision: float = 0.1
+    gpu_telemetry: str = "auto"  # auto | off (compare/gpu_telemetry.py)
+    gpu_telemetry_interval: float = 0.1  # seconds between samples
     sweep_open: OpenLoop | None = None  # the sweep's open-loop points: arrival and seed (rate replaced)
     candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
 

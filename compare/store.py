@@ -4,6 +4,7 @@ RUN_DIR/
   manifest.json        versions, machine, the plan, each load point's run id, set-up reports, status
   requests.jsonl       one RequestRecord per request (warm-up included, flagged), appended as each ends
   runs.jsonl           one RunSummary per load point (offered vs achieved rate, lag, interrupted)
+  telemetry.jsonl      GPU samples during each load point (compare/gpu_telemetry.py; none without a GPU)
   logs/<backend>.log   the log of each server we launched
   imported/*.jsonl     records read from other tools (`compare import`), beside ours
   summary.csv          one row per backend x variant x workload x load point (summary.parquet: the same)
@@ -27,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from compare.datatypes import PointInfo, SetupReport
+from compare.gpu_telemetry import TELEMETRY, read_samples
 from workloads.records import RequestRecord, RunSummary, read_records, read_run_summaries
 
 MANIFEST = "manifest.json"
@@ -162,6 +164,10 @@ class RunDir:
     def runs_path(self) -> Path:
         return self.path / RUNS
 
+    @property
+    def telemetry_path(self) -> Path:
+        return self.path / TELEMETRY
+
     def log_path(self, key: str) -> Path:
         """logs/<backend-variant>.log (a variant's `/` and other odd characters as `_`)."""
         return self.path / "logs" / (re.sub(r"[^\w.=+-]", "_", key.replace(":", "-")) + ".log")
@@ -215,6 +221,10 @@ class RunDir:
 
     def run_summaries(self) -> list[RunSummary]:
         return read_run_summaries(self.runs_path) if self.runs_path.exists() else []
+
+    def telemetry(self) -> pd.DataFrame:
+        """Every GPU sample of the run, one row each (empty without telemetry)."""
+        return read_samples(self.telemetry_path)
 
     def setups(self) -> list[SetupReport]:
         return [SetupReport.from_dict(s) for s in self.manifest.get("setups", [])]

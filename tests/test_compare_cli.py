@@ -96,6 +96,8 @@ BAD_RUNS = [
     (["--request-timeout", "0"], "--request-timeout must be > 0"),
     (["--gpu-price", "-2"], "--gpu-price must be > 0"),
     (["--pin", "on"], "unknown --pin"),
+    (["--gpu-telemetry", "on"], "unknown --gpu-telemetry"),
+    (["--gpu-telemetry-interval", "0"], "--gpu-telemetry-interval must be > 0"),
     (["--launch", "kubernetes"], "unknown --launch"),
     (["--backends", "nosuch"], "unknown backend"),
     (["--backends", "openai"], "cannot start it"),

@@ -169,7 +169,9 @@ def append_record(path: str | Path, record: BaseModel) -> None:
         writer.append(record)
 
 
-def _read_lines(path: str | Path) -> Iterable[tuple[int, dict]]:
+def read_json_lines(path: str | Path) -> Iterable[tuple[int, dict]]:
+    """(line number, object) of each JSON line of a file appended to as things happen; a partial last line
+    (a write cut short by a crash) is skipped with a warning, any other bad line is an error."""
     text = Path(path).read_text(encoding="utf-8")
     lines = text.split("\n")
     for number, line in enumerate(lines, start=1):
@@ -186,9 +188,9 @@ def _read_lines(path: str | Path) -> Iterable[tuple[int, dict]]:
 
 def read_records(path: str | Path, include_warmup: bool = True) -> list[RequestRecord]:
     """Read every record from a requests.jsonl file (a partial last line from a crash is skipped)."""
-    records = [RequestRecord.model_validate(obj) for _, obj in _read_lines(path)]
+    records = [RequestRecord.model_validate(obj) for _, obj in read_json_lines(path)]
     return records if include_warmup else [r for r in records if not r.warmup]
 
 
 def read_run_summaries(path: str | Path) -> list[RunSummary]:
-    return [RunSummary.model_validate(obj) for _, obj in _read_lines(path)]
+    return [RunSummary.model_validate(obj) for _, obj in read_json_lines(path)]
