@@ -337,7 +337,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "output_len",
         str,
         "16",
-        help="output tokens (random, prefix; jsonl: N for lines without their own), same forms [default: 32]",
+        help="output tokens (random, prefix; jsonl: N for lines without their own), same forms [default: 16]",
         panel=WORKLOAD,
         metavar="LEN",
     ),

@@ -351,6 +351,25 @@ def test_help_is_whole_and_grouped():
     assert "[default: reference]" in run_help and "inf sends every request at once" in run_help
 
 
+def test_help_defaults_are_the_defaults():
+    """A default written into a help text (`[default: X]`) is the value the option takes when not given."""
+    from compare.run_options import RUN_OPTIONS
+
+    checked = 0
+    for option in RUN_OPTIONS:
+        written = re.search(r"\[default: ([^\]]*)\]", option.help)
+        if written is None or option.default is None or isinstance(option.default, bool):
+            continue
+        text = written.group(1).split(",")[0] if isinstance(option.default, list) else written.group(1)
+        value = option.default[0] if isinstance(option.default, list) else option.default
+        try:
+            assert float(text.removesuffix("s")) == float(value), option.name
+        except ValueError:
+            assert text == str(value), option.name
+        checked += 1
+    assert checked >= 10
+
+
 def _scripted_run(server_url: str, tokenizer: str, out, *args: str) -> None:
     run_compare(
         "run",
