@@ -86,7 +86,12 @@ def optional(read: Read) -> Read:
 
 
 def choice(choices: tuple[str, ...]) -> Read:
+    """One of `choices`. In a run file a bare `off` is YAML's false and `on` its true: they mean off and
+    auto where those are the choices."""
+
     def read(value: Any, option: RunOption) -> str:
+        if isinstance(value, bool) and {"auto", "off"} <= set(choices):
+            value = "auto" if value else "off"
         chosen = str(value or option.default)
         if chosen not in choices:
             raise PlanError(f"unknown {option.flag} {chosen!r}; known: {', '.join(choices)}")
@@ -155,13 +160,6 @@ def _percentile(value: Any, option: RunOption) -> int:
     if q not in CAPACITY_PERCENTILES:
         raise PlanError(f"{option.flag} must be one of {', '.join(map(str, CAPACITY_PERCENTILES))}, got {q}")
     return q
-
-
-def _telemetry_mode(value: Any, option: RunOption) -> str:
-    """auto or off; in a run file a bare `off` is YAML's false (and `on` its true)."""
-    if isinstance(value, bool):
-        value = "auto" if value else "off"
-    return choice(GPU_TELEMETRY_MODES)(value, option)
 
 
 def _interval(value: Any, option: RunOption) -> float:
@@ -664,7 +662,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "power); off: never [default: auto]",
         panel=OUTPUT,
         metavar="auto|off",
-        read=_telemetry_mode,
+        read=choice(GPU_TELEMETRY_MODES),
         manifest="gpu_telemetry",
     ),
     RunOption(

@@ -113,6 +113,7 @@ workloads:
 num_requests: 50
 slo: {{ttft: 300ms, tpot: 40ms}}
 gpu_price: 3.5
+pin: off
 """)
     plan = build_plan({}, path)
     assert [b.key for b in plan.backends] == ["reference:eager", "vllm:graphs"]
@@ -121,6 +122,7 @@ gpu_price: 3.5
     assert isinstance(plan.load_points[0], ClosedLoop) and plan.load_points[2].arrival == "constant"
     assert [w.label for w in plan.workloads] == ["random-256x64", "long"]
     assert plan.num_requests == 50 and plan.gpu_price == 3.5
+    assert plan.pin == "off"  # YAML reads a bare off as false: it still means off
     assert plan.slo == pytest.approx({"ttft": 0.3, "tpot": 0.04})
     # the command line wins over the file
     plan = build_plan({"num_requests": 5, "concurrency": "2"}, path)
