@@ -128,12 +128,13 @@ def run(**given: Any) -> None:
     SIGTERM (in-flight requests are recorded as cancelled, launched servers stopped, a partial report
     written).
     """
-    from compare.plan import build_plan
+    from compare.plan import build_plan, run_file_out
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config, out, n_boot = given.pop("config"), given.pop("out"), given.pop("n_boot")
     try:
         plan = build_plan(given, config)
+        out = out or run_file_out(config)
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None

@@ -135,6 +135,16 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def run_file_out(run_file: str | Path | None) -> Path | None:
+    """The run directory a run file names (`out:`), or None; `--out` on the command line wins over it."""
+    out = load_run_file(run_file).get("out") if run_file else None
+    if out is None:
+        return None
+    if not isinstance(out, str) or not out.strip():
+        raise PlanError(f"{run_file}: out is a directory path, got {out!r}")
+    return Path(out).expanduser()
+
+
 def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> RunPlan:
     """Merge command-line `options` (None: not given) over the run file over the defaults."""
     merged = dict(DEFAULTS)

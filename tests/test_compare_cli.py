@@ -300,6 +300,19 @@ def test_every_form_of_ray_parses(args, address, actors, planned):
     assert (planned[0].ray, planned[0].ray_actors) == (address, actors)
 
 
+def test_a_run_file_names_the_run_directory_and_the_command_line_wins(monkeypatch, tmp_path):
+    dirs = []
+    monkeypatch.setattr(cli, "execute", lambda plan, out, n_boot=1000: dirs.append(out) or 0)
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(f"backends: [reference:eager]\nout: {tmp_path / 'from-file'}\n")
+    assert runner.invoke(app, ["run", "-c", str(run_file)]).exit_code == 0
+    assert runner.invoke(app, ["run", "-c", str(run_file), "--out", str(tmp_path / "given")]).exit_code == 0
+    assert dirs == [tmp_path / "from-file", tmp_path / "given"]
+    run_file.write_text("backends: [reference:eager]\nout: [1, 2]\n")
+    result = runner.invoke(app, ["run", "-c", str(run_file)])
+    assert result.exit_code == 2 and "out is a directory path" in result.output
+
+
 def _readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
 
