@@ -29,6 +29,27 @@ class Phase:
     end_s: float | None = None
     detail: str = ""
 
+    def overlap_s(self, other: Phase) -> float:
+        """Seconds both ran at once (0 where either has no clock)."""
+        if self.end_s is None or other.end_s is None:
+            return 0.0
+        start = max(self.end_s - self.seconds, other.end_s - other.seconds)
+        return max(0.0, min(self.end_s, other.end_s) - start)
+
+
+OVERLAP_S = 0.25  # phases that ran at once for longer than this are said to run beside each other
+
+
+def describe_phases(phases: list[Phase], digits: int = 1, unit: str = " s") -> str:
+    """`name seconds` of each phase in order; a phase that ran beside later ones (a server loading its
+    tokenizer while its engine starts) says so, so that the list does not read as a sum."""
+    parts = []
+    for k, p in enumerate(phases):
+        beside = [q.name for q in phases[k + 1:] if p.overlap_s(q) > OVERLAP_S]
+        text = f"{p.name} {p.seconds:.{digits}f}{unit}"
+        parts.append(text + (f" (beside {', '.join(beside)})" if beside else ""))
+    return ", ".join(parts)
+
 
 @dataclass
 class SetupReport:

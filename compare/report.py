@@ -22,7 +22,7 @@ import pandas as pd
 from compare import capacity, plots, sweep
 from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
 from compare.costs import add_normalized
-from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
+from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
@@ -278,7 +278,7 @@ def _setup_cost(res: Results) -> list[Block]:
                 st.launcher,
                 _f(st.ready_s, 2),
                 _f(st.server_ready_s, 2),
-                ", ".join(f"{p.name} {p.seconds:.2f}" for p in st.phases if p.name != "server_ready") or "–",
+                describe_phases([p for p in st.phases if p.name != "server_ready"], 2, "") or "–",
                 *(
                     _f(mem.get(k, math.nan) / 2**30, 3)
                     for k in ("weights", "kv_cache", "graph_pool", "peak_rss", "device_used")

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from compare.costs import break_even, graph_pool_trade
-from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, key_of
+from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.metrics import busy_seconds
 from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
@@ -509,7 +509,7 @@ def describe_setup(setup: SetupReport | None) -> str:
         parts[0] += f" (median of {plural(len(setup.ready_runs), 'launch', 'launches')}: {runs} s)"
     phases = [p for p in setup.phases if p.seconds >= 0.05 and p.name != "server_ready"]
     if phases:
-        parts.append("(" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases) + ")")
+        parts.append(f"({describe_phases(phases)})")
     mem = setup.memory
     bits = [
         f"{name.replace('_', ' ')} {mem[k] / 2**30:.2f} GiB"
