@@ -32,6 +32,7 @@ from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
+TIE_MARGIN = 0.02  # a difference whose whole 95% interval lies within 2% either way is a tie, however sure
 
 
 def _fmt_s(seconds: float) -> str:
@@ -161,7 +162,7 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
     b = _samples(requests, other, "e2e_s")
     ratio, lo, hi = ratio_ci(b, a, "p50", seed=seed)
     p = mann_whitney(a, b)
-    confidence = _confidence(lo, p, min(a.size, b.size))
+    confidence = _confidence(lo, p, min(a.size, b.size), hi)
     a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
     b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
     launches = {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()}
@@ -214,11 +215,24 @@ def compare_throughput(
     shown = f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
     if n < MIN_N:
         words = f"low confidence (fewer than {MIN_N} requests each; {shown})"
+    elif _practically_equal(lo, hi):
+        words = f"a tie: {_tie_words()} ({shown})"
     elif lo > 1:
         words = f"high confidence ({shown})"
     else:
         words = f"low confidence ({shown}, which holds 1; {_longer_run_hint(ratio, lo, n)})"
-    return Comparison(ratio, lo, hi, nan, words, n >= MIN_N and lo > 1, launches)
+    decisive = n >= MIN_N and lo > 1 and not _practically_equal(lo, hi)
+    return Comparison(ratio, lo, hi, nan, words, decisive, launches)
+
+
+def _practically_equal(lo: float, hi: float) -> bool:
+    """The whole interval of a ratio lies within `TIE_MARGIN` of 1: whichever is ahead, not by enough to
+    choose by (nor to pay back a set-up cost)."""
+    return bool(np.isfinite(lo) and np.isfinite(hi) and lo >= 1 / (1 + TIE_MARGIN) and hi <= 1 + TIE_MARGIN)
+
+
+def _tie_words() -> str:
+    return f"the 95% interval lies within {TIE_MARGIN:.0%} either way"
 
 
 def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
@@ -397,9 +411,11 @@ def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
     return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
 
 
-def _confidence(ratio_lo: float, p: float, n: int) -> str:
+def _confidence(ratio_lo: float, p: float, n: int, ratio_hi: float = math.nan) -> str:
     if n < MIN_N:
         return f"low confidence (fewer than {MIN_N} requests each)"
+    if _practically_equal(ratio_lo, ratio_hi):
+        return f"a tie: {_tie_words()}"
     if np.isfinite(ratio_lo) and ratio_lo > 1 and p < 0.01:
         return "high confidence"
     if p < 0.05:

@@ -550,6 +550,17 @@ def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
         assert row["output_tok_s_lo"] < row["output_tok_s"] < row["output_tok_s_hi"]
 
 
+def test_a_difference_within_two_percent_is_a_tie_however_sure(tmp_path):
+    """0.3% apart over 600 requests each: the interval excludes no practical difference, so neither class
+    names a winner as established, and nothing would be paid back for it."""
+    run = closed_run(tmp_path / "run", {"a": 0.1000, "b": 0.1003}, concurrency=4, n=600, seed=3)
+    results = analyze(run, n_boot=200)
+    for pick in results.picks[:2]:
+        assert pick.ratio_lo >= 1 / 1.02 and pick.ratio_hi <= 1.02, pick
+        assert not pick.decisive and "a tie" in pick.confidence, pick.confidence
+    assert "a tie: the 95% interval lies within 2% either way" in " ".join(results.picks[0].sentences)
+
+
 LAYOUT_PROBE = """<script>
 (() => {
   const vw = document.documentElement.clientWidth;
