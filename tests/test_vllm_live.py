@@ -90,3 +90,39 @@ def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     assert row["e2e_p50_ms"] >= row["ttft_p50_ms"]
     for name in ("manifest.json", "report.md", "report.html"):
         assert (out / name).is_file()
+
+
+@pytest.mark.timing
+def test_sweep_and_capacity_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
+    """`compare run --sweep --capacity` at small scale against the real vLLM: the synchronous and saturating
+    closed loops first, then open-loop rates upwards until one saturates (or the extra rates run out), then
+    only bisection below it; the report states each point's role and the capacity found under a loose SLO."""
+    from compare import capacity, sweep
+    from compare.measure import Watcher
+    from compare.plan import build_plan
+    from compare.runner import run_plan
+
+    plan = build_plan({
+        "backends": "vllm", "endpoints": [f"vllm={vllm_tiny.url}"], "model": str(llama_dir),
+        "input_len": "16", "output_len": "8", "num_requests": 12, "duration": "15s", "arrival": "constant",
+        "sweep_points": 2, "sweep_concurrency": 4, "capacity": True, "slo": "ttft=20s",
+        "capacity_precision": 0.2,
+    })
+    outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=100, watcher=Watcher())
+    assert outcome.code == 0
+    summary = outcome.results.summary
+    assert (summary["requests_ok"] > 0).all() and (summary["requests_failed"] == 0).all()
+    order = [p["load_point"] for p in outcome.run_dir.manifest["points"]]
+    assert order[:2] == ["c=1", "c=4"] and len(order) >= 4
+    rates = [float(label[2:]) for label in order[2:]]
+    found = sweep.sweep_of(summary, outcome.results.requests)[("vllm", "", summary["workload"].iloc[0])]
+    by_rate = {p.offered_rps: p for p in found if p.offered_rps is not None}
+    saturated = [k for k, r in enumerate(rates) if sweep.saturation(by_rate[r], found[0])]
+    stop = saturated[0] if saturated else len(rates) - 1  # the sweep ends at its first saturated point
+    assert rates[:stop + 1] == sorted(rates[:stop + 1])  # swept upwards to it ...
+    assert all(r < rates[stop] for r in rates[stop + 1:])  # ... then only bisected below it
+    result = capacity.capacity_of(found, {"ttft": 20.0}, 99)
+    assert result is not None and result.sync_meets
+    report = (outcome.run_dir.path / "report.md").read_text()
+    section = report.split("## Sweep and capacity", 1)[1].split("\n## ", 1)[0]
+    assert "knee" in section and f"{result.lo:.4g}" in section
