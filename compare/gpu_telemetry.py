@@ -384,14 +384,21 @@ def integral(t: np.ndarray, y: np.ndarray, start: float, end: float) -> float:
     return float(np.sum((ys[1:] + ys[:-1]) / 2 * np.diff(ts)))
 
 
+def tick_totals(samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per tick of one load point's samples, in time order: its time (the first GPU's read), power
+    and memory summed over the GPUs (NaN where a GPU's read failed), utilisation averaged."""
+    gpus = samples["gpu"].nunique()
+    by_tick = samples.groupby("tick")
+    ticks = by_tick.agg(t=("t", "min"))
+    ticks["power_w"] = by_tick["power_w"].sum(min_count=gpus)
+    ticks["mem_used_bytes"] = by_tick["mem_used_bytes"].sum(min_count=gpus)
+    ticks["util_pct"] = by_tick["util_pct"].mean()
+    return ticks.sort_values("t")
+
+
 def _ticks_around(part: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
-    """Per tick from the one before `start` to the one after `end`: power and memory summed over the GPUs
-    (NaN where a GPU's read failed), utilisation averaged."""
-    gpus = part["gpu"].nunique()
-    ticks = part.groupby("tick").agg(t=("t", "min"))
-    ticks["power_w"] = part.groupby("tick")["power_w"].sum(min_count=gpus)
-    ticks["mem_used_bytes"] = part.groupby("tick")["mem_used_bytes"].sum(min_count=gpus)
-    ticks["util_pct"] = part.groupby("tick")["util_pct"].mean()
+    """`tick_totals` from the tick before `start` to the one after `end`."""
+    ticks = tick_totals(part)
     before, after = ticks[ticks["t"] <= start]["t"], ticks[ticks["t"] >= end]["t"]
     lo = before.max() if len(before) else ticks["t"].min()
     hi = after.min() if len(after) else ticks["t"].max()

@@ -147,7 +147,7 @@ class _Launch:
     backend: BackendSpec
     repeat: int
     watcher: Watcher
-    telemetry: Any = None  # compare.gpu_telemetry.GpuTelemetry
+    telemetry: Any  # compare.gpu_telemetry.GpuTelemetry (off: watches nothing)
 
     def run(
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
@@ -178,7 +178,7 @@ class _Launch:
 
             collect(setup, model_path if backend.launched else None)  # for the parity audit
             self.run_dir.set_setup(setup)
-            gpu = self.telemetry.watch(backend.key, launcher, backend.endpoint) if self.telemetry else None
+            gpu = self.telemetry.watch(backend.key, launcher, backend.endpoint)
             for w, per_point in prompts.workloads:
                 if plan.sweep:
                     _SweepRun(self, adapter, setup.url, w, tokenizer, gpu).run(per_point, prompts.warm, load)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from compare import capacity, plots, sweep
+from compare import capacity, gpu_telemetry, plots, sweep
 from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
@@ -844,9 +844,8 @@ def power_plots(res: Results) -> list[str]:
         p = points.get(str(run_id))
         if p is None:
             continue
-        ticks = samples.groupby("tick").agg(t=("t", "min"))
-        ticks["w"] = samples.groupby("tick")["power_w"].sum(min_count=samples["gpu"].nunique())
-        ticks = ticks.sort_values("t").iloc[:: max(1, math.ceil(len(ticks) / MAX_PLOTTED_SAMPLES))]
+        ticks = gpu_telemetry.tick_totals(samples)
+        ticks = ticks.iloc[:: max(1, math.ceil(len(ticks) / MAX_PLOTTED_SAMPLES))]
         label = p["load_point"] + (f" {p['workload']}" if several["workload"] else "") + (
             f" (launch {int(p.get('repeat', 0)) + 1})" if several["repeat"] else ""
         )
@@ -854,7 +853,7 @@ def power_plots(res: Results) -> list[str]:
         color = plots.PALETTE[len(mine) % len(plots.PALETTE)]
         dash = plots.DASHES[len(mine) // len(plots.PALETTE) % len(plots.DASHES)]
         seconds = (ticks["t"] - ticks["t"].iloc[0]).tolist()
-        mine.append(plots.Series(label, seconds, ticks["w"].tolist(), color, dash, markers=False))
+        mine.append(plots.Series(label, seconds, ticks["power_w"].tolist(), color, dash, markers=False))
     return [
         plots.line_chart(series, f"{POWER_TITLE}: {key}", "seconds since the load point started",
                          "power (W), summed over its GPUs")

@@ -33,6 +33,7 @@ from compare.text import plural
 NOT_ESTABLISHED = "never: the difference is not established"
 MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
 TIE_MARGIN = 0.02  # a difference whose whole 95% interval lies within 2% either way is a tie, however sure
+TIE = f"a tie: the 95% interval lies within {TIE_MARGIN:.0%} either way"
 
 
 def _fmt_s(seconds: float) -> str:
@@ -162,7 +163,7 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
     b = _samples(requests, other, "e2e_s")
     ratio, lo, hi = ratio_ci(b, a, "p50", seed=seed)
     p = mann_whitney(a, b)
-    confidence = _confidence(lo, p, min(a.size, b.size), hi)
+    confidence = _confidence(lo, hi, p, min(a.size, b.size))
     a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
     b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
     launches = {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()}
@@ -216,7 +217,7 @@ def compare_throughput(
     if n < MIN_N:
         words = f"low confidence (fewer than {MIN_N} requests each; {shown})"
     elif _practically_equal(lo, hi):
-        words = f"a tie: {_tie_words()} ({shown})"
+        words = f"{TIE} ({shown})"
     elif lo > 1:
         words = f"high confidence ({shown})"
     else:
@@ -229,10 +230,6 @@ def _practically_equal(lo: float, hi: float) -> bool:
     """The whole interval of a ratio lies within `TIE_MARGIN` of 1: whichever is ahead, not by enough to
     choose by (nor to pay back a set-up cost)."""
     return bool(np.isfinite(lo) and np.isfinite(hi) and lo >= 1 / (1 + TIE_MARGIN) and hi <= 1 + TIE_MARGIN)
-
-
-def _tie_words() -> str:
-    return f"the 95% interval lies within {TIE_MARGIN:.0%} either way"
 
 
 def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
@@ -411,11 +408,11 @@ def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
     return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
 
 
-def _confidence(ratio_lo: float, p: float, n: int, ratio_hi: float = math.nan) -> str:
+def _confidence(ratio_lo: float, ratio_hi: float, p: float, n: int) -> str:
     if n < MIN_N:
         return f"low confidence (fewer than {MIN_N} requests each)"
     if _practically_equal(ratio_lo, ratio_hi):
-        return f"a tie: {_tie_words()}"
+        return TIE
     if np.isfinite(ratio_lo) and ratio_lo > 1 and p < 0.01:
         return "high confidence"
     if p < 0.05:
