@@ -1,10 +1,15 @@
 """The engine core: an `Engine` in a process of its own, stepping as fast as it can while it has work.
 
-The HTTP front end starts it (spawn context: CUDA cannot be forked) with two one-way pipes. In: lists of
-commands, `("add", request_id, prompt, params)`, `("abort", request_id)`, `("shutdown",)`. Out: one
-`("ready", EngineInfo)` or `("failed", exception)` at start-up, then one `("step", StepReport)` per step
-carrying every request's new tokens, and `("dead", message)` if a step or a command raises. Between steps the
-core takes whatever commands have arrived without waiting; with no work it blocks until the next one comes.
+The HTTP server starts it (spawn context: CUDA cannot be forked) with two one-way pipes per front-end process
+(a `CoreLink`). In: lists of commands, `("add", request_id, prompt, params)`, `("abort", request_id)`,
+`("shutdown",)`. Out: one `("ready", EngineInfo)` or `("failed", exception)` at start-up, then a
+`("step", StepReport)` after each step that changed something for that front end (its requests' new tokens,
+refusals, adds taken, or the engine going idle; at least every `STATS_EVERY_S` while it runs, so every front
+end's /metrics stays current), and `("dead", message)` if a step or a command raises. Between steps the core
+takes whatever commands have arrived without waiting; with no work it blocks until the next one comes.
+
+Each request's outputs go to the front end that added it. The first front end owns the core: its shutdown
+command or its going away stops it. Another front end going away only aborts its own requests.
 
 Its own Python interpreter means its host work (scheduling, building step inputs) never waits for the front
 end's (detokenising, JSON, socket writes) to release a GIL.
@@ -14,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import signal
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
 import torch
 
@@ -29,6 +35,15 @@ from reference_engine.heap import freeze_startup_heap
 from reference_engine.sequence import RequestOutput
 
 log = logging.getLogger("reference_engine.core")
+STATS_EVERY_S = 0.1  # a front end hears the engine's counters at least this often while the engine runs
+
+
+@dataclass
+class CoreLink:
+    """The core's ends of one front end's pipes."""
+
+    commands: Connection  # the core receives on it
+    results: Connection  # the core sends on it
 
 
 @dataclass(slots=True)
@@ -62,10 +77,11 @@ class StepReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
-def run_engine_core(config: EngineConfig, commands: Connection, results: Connection, cpu_threads: int | None,
+def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connection]], cpu_threads: int | None,
                     log_level: str, log_format: str) -> None:
-    """The child process's entry point: build the engine, report ready, then serve commands until told to stop
-    or the front end goes away."""
+    """The child process's entry point: build the engine, report ready to every front end, then serve commands
+    until told to stop or the first front end goes away. `pipes`: (commands, results) per front end."""
+    links = [CoreLink(commands, results) for commands, results in pipes]
     # Ctrl-C reaches the whole process group; the front end decides
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=log_format)
@@ -79,28 +95,37 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         engine = Engine(config)
     except Exception as exc:
         try:
-            results.send(("failed", exc))
+            pickle.dumps(exc)
         except Exception:  # an exception that does not pickle: send its words
-            results.send(("failed", RuntimeError(f"{type(exc).__name__}: {exc}")))
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        for link in links:
+            with contextlib.suppress(OSError):
+                link.results.send(("failed", exc))
         return
     freeze_startup_heap("engine core")  # modules, weights, graphs, kernels: out of the collector's sweeps
+    core = EngineCore(engine, links)
     try:
-        results.send(("ready", EngineInfo.of(engine)))
-        EngineCore(engine, commands, results).serve()
+        info = EngineInfo.of(engine)
+        for link in links:
+            link.results.send(("ready", info))
+        core.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("engine core: the front end went away; stopping")
     except Exception as exc:  # a step or a command raised: the engine's state can no longer be trusted
         log.exception("engine core failed; it stops")
-        with contextlib.suppress(OSError):
-            results.send(("dead", f"{type(exc).__name__}: {exc}"))
+        for link in core.links.values():
+            with contextlib.suppress(OSError):
+                link.results.send(("dead", f"{type(exc).__name__}: {exc}"))
 
 
 class EngineCore:
-    def __init__(self, engine: Engine, commands: Connection, results: Connection) -> None:
+    def __init__(self, engine: Engine, links: list[CoreLink]) -> None:
         self.engine = engine
-        self.commands = commands
-        self.results = results
-        self.num_added = 0
+        self.links = dict(enumerate(links))  # front ends still connected, by index; 0 owns the core
+        self.owner: dict[str, int] = {}  # request id -> the front end that added it
+        self.num_added = [0] * len(links)  # per front end, so each knows how many of its adds are in the pipe
+        self.reported_added = [0] * len(links)
+        self.last_report = [0.0] * len(links)
         self.num_steps = 0
         self.step_seconds = 0.0
         self.stopping = False
@@ -108,42 +133,101 @@ class EngineCore:
     def serve(self) -> None:
         engine = self.engine
         while not self.stopping:
-            # idle: wait for work
-            batches = [] if engine.has_unfinished_requests() else [self.commands.recv()]
-            while self.commands.poll(0):  # everything that arrived during the step, without waiting
-                batches.append(self.commands.recv())
-            rejected = [r for batch in batches for r in self._apply(batch)]
+            ready = self._readable(wait_for_work=not engine.has_unfinished_requests())
+            rejected: dict[int, list[tuple[str, str]]] = {}
+            for index in ready:
+                self._receive(index, rejected)
             if self.stopping:
                 break
             if not engine.has_unfinished_requests():
-                if batches:  # aborts or refusals changed what /metrics shows
-                    self._report([], rejected)
+                if ready:  # aborts, refusals or a front end leaving changed what /metrics shows
+                    self._report({}, rejected, everyone=True)
                 continue
             start = time.perf_counter()
             outputs = engine.step()
             self.num_steps += 1
             self.step_seconds += time.perf_counter() - start
-            self._report([CoreOutput.row(out) for out in outputs], rejected)
+            self._report(self._route(outputs), rejected, everyone=not engine.has_unfinished_requests())
 
-    def _apply(self, batch: list[tuple]) -> list[tuple[str, str]]:
-        rejected = []
-        for command in batch:
-            kind = command[0]
-            if kind == "add":
-                _, request_id, prompt, params = command
-                self.num_added += 1
-                try:
-                    self.engine.add_request(prompt, params, request_id=request_id)
-                # validated by the front end; only a race with engine state lands here
-                except ValueError as exc:
-                    rejected.append((request_id, str(exc)))
-            elif kind == "abort":
+    def _readable(self, wait_for_work: bool) -> list[int]:
+        """The front ends with commands waiting; blocks until one has some when there is no work."""
+        by_pipe = {link.commands: index for index, link in self.links.items()}
+        return [by_pipe[pipe] for pipe in wait(list(by_pipe), None if wait_for_work else 0)]
+
+    def _receive(self, index: int, rejected: dict[int, list[tuple[str, str]]]) -> None:
+        """Apply everything front end `index` has sent; a front end that has gone away loses its requests (the
+        first one's going away raises EOFError: the server is gone)."""
+        link = self.links.get(index)
+        if link is None:
+            return
+        try:
+            while link.commands.poll(0):
+                for command in link.commands.recv():
+                    self._apply(index, command, rejected)
+        except (EOFError, OSError):
+            if index == 0:
+                raise EOFError from None
+            self._drop(index)
+
+    def _apply(self, index: int, command: tuple, rejected: dict[int, list[tuple[str, str]]]) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, request_id, prompt, params = command
+            self.num_added[index] += 1
+            try:
+                self.engine.add_request(prompt, params, request_id=request_id)
+                self.owner[request_id] = index
+            # validated by the front end; only a race with engine state lands here
+            except ValueError as exc:
+                rejected.setdefault(index, []).append((request_id, str(exc)))
+        elif kind == "abort":
+            if self.owner.pop(command[1], None) is not None:
                 self.engine.abort(command[1])
-            elif kind == "shutdown":
-                self.stopping = True
-        return rejected
+        elif kind == "shutdown":
+            self.stopping = True
 
-    def _report(self, outputs: list[tuple], rejected: list[tuple[str, str]]) -> None:
-        report = StepReport(outputs, self.engine.stats(), self.num_added, self.num_steps, self.step_seconds,
-                            rejected)
-        self.results.send(("step", report))
+    def _drop(self, index: int) -> None:
+        """A front end has gone away: abort its requests, stop writing to it."""
+        link = self.links.pop(index)
+        mine = [request_id for request_id, owner in self.owner.items() if owner == index]
+        for request_id in mine:
+            del self.owner[request_id]
+            self.engine.abort(request_id)
+        with contextlib.suppress(OSError):
+            link.results.close()
+        (log.warning if mine else log.info)("front end %d went away; aborted its %d requests", index,
+                                            len(mine))
+
+    def _route(self, outputs: list[RequestOutput]) -> dict[int, list[tuple]]:
+        """Each output as a `CoreOutput` row, grouped by the front end that added its request."""
+        routed: dict[int, list[tuple]] = {}
+        owner = self.owner
+        for out in outputs:
+            index = owner.pop(out.request_id) if out.finished else owner.get(out.request_id)
+            if index is not None:
+                routed.setdefault(index, []).append(CoreOutput.row(out))
+        return routed
+
+    def _report(self, routed: dict[int, list[tuple]], rejected: dict[int, list[tuple[str, str]]],
+                everyone: bool) -> None:
+        """Send each front end its part of this step, where it has one (or `everyone`), or where its view of
+        the engine's counters is older than `STATS_EVERY_S`."""
+        stats = self.engine.stats()
+        now = time.monotonic()
+        for index, link in list(self.links.items()):
+            outputs = routed.get(index, [])
+            refused = rejected.get(index, [])
+            if not (everyone or outputs or refused or self.num_added[index] != self.reported_added[index]
+                    or now - self.last_report[index] >= STATS_EVERY_S):
+                continue
+            report = StepReport(outputs, stats, self.num_added[index], self.num_steps, self.step_seconds,
+                                refused)
+            try:
+                link.results.send(("step", report))
+            except OSError:
+                if index == 0:
+                    raise
+                self._drop(index)
+                continue
+            self.reported_added[index] = self.num_added[index]
+            self.last_report[index] = now

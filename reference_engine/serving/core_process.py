@@ -19,28 +19,43 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass
-class StartedCore:
-    """An engine core's process and the front end's ends of its two pipes (the engine may still be
-    building)."""
+class FrontLink:
+    """A front end's ends of its two pipes to the engine core."""
 
-    process: BaseProcess
     commands: Connection  # the front end sends on it
     results: Connection  # the front end receives on it
 
+    def close(self) -> None:
+        self.commands.close()
+        self.results.close()
 
-def start_engine_core(config: EngineConfig, threads: int | None, log_level: str, log_format: str = LOG_FORMAT
-                      ) -> StartedCore:
-    """Spawn the engine core; it reports ("ready", EngineInfo) or ("failed", exception) on `results`."""
+
+@dataclass
+class StartedCore:
+    """An engine core's process (the engine may still be building) and one `FrontLink` per front-end process:
+    the first is this process's, the others go to the extra front ends (`frontends.py`)."""
+
+    process: BaseProcess
+    links: list[FrontLink]
+
+
+def start_engine_core(config: EngineConfig, threads: int | None, log_level: str, log_format: str = LOG_FORMAT,
+                      num_frontends: int = 1) -> StartedCore:
+    """Spawn the engine core; it reports ("ready", EngineInfo) or ("failed", exception) on every link."""
     ctx = multiprocessing.get_context("spawn")
-    commands_recv, commands_send = ctx.Pipe(duplex=False)
-    results_recv, results_send = ctx.Pipe(duplex=False)
+    core_ends, front_ends = [], []
+    for _ in range(num_frontends):
+        commands_recv, commands_send = ctx.Pipe(duplex=False)
+        results_recv, results_send = ctx.Pipe(duplex=False)
+        core_ends.append((commands_recv, results_send))
+        front_ends.append(FrontLink(commands_send, results_recv))
     process = ctx.Process(target=_run_core, name="engine-core", daemon=True,
-                          args=(config, commands_recv, results_send, threads, log_level, log_format))
+                          args=(config, core_ends, threads, log_level, log_format))
     process.start()
-    commands_recv.close()  # the child's ends: closing ours lets each side see the other go away as EOF
-    results_send.close()
-    return StartedCore(process, commands_send, results_recv)
-
+    for commands, results in core_ends:  # the child's ends: ours closed, each side sees the other go as EOF
+        commands.close()
+        results.close()
+    return StartedCore(process, front_ends)
 
 def _run_core(*args) -> None:
     from reference_engine.engine_core import run_engine_core  # in the child: torch and the engine

@@ -13,14 +13,13 @@ import asyncio
 import logging
 import queue
 import threading
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from reference_engine.config import EngineConfig, SamplingParams
 from reference_engine.engine import EngineStats
 from reference_engine.engine_core import CoreOutput, StepReport
 from reference_engine.engine_info import EngineInfo
-from reference_engine.serving.core_process import StartedCore, start_engine_core
+from reference_engine.serving.core_process import FrontLink, start_engine_core
 from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
 
 log = logging.getLogger("reference_engine.client")
@@ -32,36 +31,43 @@ async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_
     """Start the engine core and wait until its engine is built (`start_engine_core`, then
     `connect_engine_core`)."""
     core = start_engine_core(config, cpu_threads, log_level, log_format)
-    return await connect_engine_core(core, max_waiting)
+    return await connect_engine_core(core.links[0], core.process, max_waiting)
 
 
-async def connect_engine_core(core: StartedCore, max_waiting: int | None = None) -> EngineClient:
+async def connect_engine_core(link: FrontLink, process: BaseProcess | None, max_waiting: int | None = None
+                              ) -> EngineClient:
     """Wait until a started engine core's engine is built, and return the client (not yet started).
 
-    An engine that fails to build raises here the exception it raised in the core (ValueError for a bad
-    config, FileNotFoundError for a missing model, ...)."""
-    process = core.process
+    `process`: the core's process where this front end started it and owns it (its close stops the core);
+    None in an extra front end, which only closes its link. An engine that fails to build raises here the
+    exception it raised in the core (ValueError for a bad config, FileNotFoundError for a missing model,
+    ...)."""
     try:
-        kind, payload = await asyncio.to_thread(core.results.recv)
+        kind, payload = await asyncio.to_thread(link.results.recv)
     except EOFError:
+        if process is None:
+            raise RuntimeError("the engine core exited before it was ready") from None
         await asyncio.to_thread(process.join)
         raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready"
                            ) from None
     if kind == "failed":
-        await asyncio.to_thread(process.join)
+        if process is not None:
+            await asyncio.to_thread(process.join)
         raise payload
-    log.info("engine core running in process %d", process.pid)
-    return EngineClient(process, core.commands, core.results, payload, max_waiting)
+    if process is not None:
+        log.info("engine core running in process %d", process.pid)
+    return EngineClient(process, link, payload, max_waiting)
 
 
 class EngineClient(RequestStreams):
-    def __init__(self, process: BaseProcess, commands: Connection, results: Connection, info: EngineInfo,
+    def __init__(self, process: BaseProcess | None, link: FrontLink, info: EngineInfo,
                  max_waiting: int | None = None) -> None:
         super().__init__(max_waiting)
-        self.process = process
+        self.process = process  # None: the core belongs to another front end
         self.info = info
-        self._commands = commands
-        self._results = results
+        self._link = link
+        self._commands = link.commands
+        self._results = link.results
         self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._num_sent = 0  # add commands sent; the core reports how many it has taken
         self._num_taken = 0
@@ -118,8 +124,11 @@ class EngineClient(RequestStreams):
             try:
                 message = self._results.recv()
             except (EOFError, OSError):
-                self.process.join(5.0)
-                message = ("exited", self.process.exitcode)
+                exitcode = None
+                if self.process is not None:
+                    self.process.join(5.0)
+                    exitcode = self.process.exitcode
+                message = ("exited", exitcode)
             try:
                 loop.call_soon_threadsafe(self._on_message, message)
             except RuntimeError:  # the loop is closed: the server has stopped
@@ -145,18 +154,22 @@ class EngineClient(RequestStreams):
             self._fail_all(EngineDeadError(f"the engine core process ended (exit code {payload})"))
 
     async def close(self) -> None:
-        """Ask the core to stop, wait for it (then terminate it if it does not), and end the pipe threads."""
+        """Ask the core to stop, wait for it (then terminate it if it does not), and end the pipe threads. An
+        extra front end only closes its link: the core drops its requests and goes on serving the others."""
         self._closing = True
-        self._outbox.put(("shutdown",))
+        if self.process is not None:
+            self._outbox.put(("shutdown",))
         self._outbox.put(None)
         if not self._threads:  # never started: send it ourselves
             self._write()
-        await asyncio.to_thread(self.process.join, STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            log.warning("the engine core did not stop in %.0f s; terminating it", STOP_TIMEOUT_S)
-            self.process.terminate()
-            await asyncio.to_thread(self.process.join, 5.0)
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, STOP_TIMEOUT_S)
+            if self.process.is_alive():
+                log.warning("the engine core did not stop in %.0f s; terminating it", STOP_TIMEOUT_S)
+                self.process.terminate()
+                await asyncio.to_thread(self.process.join, 5.0)
+        else:
+            self._commands.close()  # the core sees EOF and answers by closing our results pipe
         for thread in self._threads:
             await asyncio.to_thread(thread.join, 5.0)
-        self._commands.close()
-        self._results.close()
+        self._link.close()

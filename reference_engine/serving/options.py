@@ -7,6 +7,8 @@ command line can start the engine core's process before the front end imports ai
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from reference_engine.config import EngineConfig
 
@@ -36,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "arrivals is prefilled over several short steps rather than stalling every stream "
                         "for one long one (default: a share of --max-num-batched-tokens in proportion to "
                         "the sequences on their prompt against those decoding, at least 1024)")
+    p.add_argument("--mixed-prefill-share", choices=("linear", "quadratic"), default="linear",
+                   help="how the default share of prompt tokens beside decodes falls as decodes outnumber "
+                        "prompts: in proportion to the prompts' fraction of the sequences, or to its square "
+                        "(default: linear)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
@@ -72,10 +78,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run the engine core in a child process of its own, so its host work and the "
                         "HTTP front end's do not share a GIL (default); --no-engine-process steps it in a "
                         "thread of the server's process")
+    p.add_argument("--api-server-count", type=int, default=None, metavar="N",
+                   help="HTTP front-end processes sharing the port (SO_REUSEPORT), each streaming its own "
+                        "connections' tokens from the one engine core, so that detokenising, JSON and socket "
+                        "writes at high token rates spread over N cores (default: 4 where an NVIDIA GPU is "
+                        "present and there are 16 or more cores, else 1; needs --engine-process)")
     p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="the front end's event loop: uvloop where installed (auto), or asyncio's own")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.api_server_count is not None and args.api_server_count < 1:
+        p.error("--api-server-count must be at least 1")
+    if (args.api_server_count or 1) > 1 and not args.engine_process:
+        p.error("--api-server-count above 1 needs the engine core in its own process "
+                "(drop --no-engine-process)")
+    if args.api_server_count is None:
+        args.api_server_count = default_api_server_count(args.device, args.engine_process)
+    return args
+
+
+def default_api_server_count(device: str, engine_process: bool) -> int:
+    """How many front-end processes serve HTTP by default. Several pay only where tokens stream faster than
+    one process can write them (a GPU) and there are cores to spare beside the engine core; on a CPU the cores
+    belong to the model's arithmetic. Decided without importing torch (this runs before the core starts)."""
+    gpu = device.startswith("cuda") or (device == "auto" and Path("/proc/driver/nvidia/version").exists())
+    return 4 if engine_process and gpu and (os.cpu_count() or 1) >= 16 else 1
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -85,6 +112,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, mixed_prefill_tokens=args.mixed_prefill_tokens,
+        mixed_prefill_share=args.mixed_prefill_share,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
         cuda_graph_batch_sizes=args.cudagraph_capture_sizes,

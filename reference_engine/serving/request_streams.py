@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from reference_engine.config import SamplingParams
@@ -75,6 +75,7 @@ class RequestStreams(abc.ABC):
         self.error: BaseException | None = None
         self.accepting = True
         self.num_aborted = 0  # requests abandoned before they finished (client gone, stop string, shutdown)
+        self.on_abort: Callable[[], None] = lambda: None  # /metrics counts them as they happen
         self.num_steps = 0  # engine steps run, and the seconds spent inside them (/metrics)
         self.step_seconds = 0.0
 
@@ -143,6 +144,7 @@ class RequestStreams(abc.ABC):
         if self._queues.pop(request_id, None) is None:
             return
         self.num_aborted += 1
+        self.on_abort()
         self._cancel(request_id)
         self._settle()
 

@@ -15,23 +15,28 @@ them on a thread and hands each to the event loop). Start-up lines come from the
 the child also sends the front end what it needs to know about the engine (`EngineInfo`). Each process has its
 own GIL, so the core's host work does not wait for per-token serving work. If the core dies or a step raises,
 in-flight requests end with an error and /health answers 503. `--no-engine-process` runs the engine in a
-thread of this process instead (`async_engine.py`).
+thread of this process instead (`async_engine.py`). `--api-server-count N` adds N-1 front-end processes on the
+same port, each with its own pipes to the core (`frontends.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from aiohttp import web
@@ -42,7 +47,7 @@ from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
 from reference_engine.heap import freeze_startup_heap
 from reference_engine.serving.async_engine import AsyncEngine
-from reference_engine.serving.core_process import LOG_FORMAT, StartedCore, start_engine_core
+from reference_engine.serving.core_process import LOG_FORMAT, FrontLink, StartedCore, start_engine_core
 from reference_engine.serving.engine_client import connect_engine_core
 from reference_engine.serving.generation import GenerationRequest, generate_tokens, new_request_id
 from reference_engine.serving.openai_api import (
@@ -52,11 +57,14 @@ from reference_engine.serving.openai_api import (
     dumps,
     error_body,
 )
-from reference_engine.serving.options import engine_config, parse_args
+from reference_engine.serving.options import engine_config
 from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 from reference_engine.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from reference_engine.serving.tgi_api import TGIRoutes
 from reference_engine.tokenizer import checkpoint_tokenizer
+
+if TYPE_CHECKING:  # started by the command line's module, never imported from here (it imports this module)
+    from reference_engine.serving.frontends import ExtraFrontends
 
 log = logging.getLogger("reference_engine.server")
 STATE_KEY = web.AppKey("state", object)
@@ -64,6 +72,7 @@ RETRY_AFTER_SECONDS = 1
 _TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
                     413: "validation", 422: "validation", 503: "overloaded", 500: "generation"}
 _OPEN_PATHS = {"/health", "/version", "/metrics", "/ping"}
+PARENT_CHECK_S = 0.5  # how often an extra front end checks that the first is still there
 
 
 def package_version() -> str:
@@ -86,6 +95,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.served_model_name)
+        self.async_engine.on_abort = self.metrics.aborted_one
         self.eos_ids = set(self.info.eos_token_ids)
         self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []))
         self.compute_type = "gpu+optimized" if self.info.device_type == "cuda" else "cpu"
@@ -211,28 +221,24 @@ def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Appl
     return app
 
 
-async def serve(args: argparse.Namespace, started: float, core: StartedCore | None = None) -> int:
+async def serve(args: argparse.Namespace, started: float, core: StartedCore | None = None,
+                extra: ExtraFrontends | None = None) -> int:
+    """The first (or only) front end: start the engine core unless given, serve until SIGTERM or SIGINT, then
+    stop the extra front ends (`extra`, started by `python -m reference_engine.server` beside the core),
+    drain, and stop the core."""
     config = engine_config(args)
-    served = args.served_model_name or args.model
+    if (args.api_server_count > 1) != (extra is not None and core is not None):
+        raise ValueError("extra front ends are started, with the engine core, by python -m "
+                         "reference_engine.server")
     if args.engine_process:
         if core is None:
             core = start_engine_core(config, args.cpu_threads, args.log_level.upper(), LOG_FORMAT)
-        early = early_tokenizer_source(args)
-        early_load = (asyncio.ensure_future(asyncio.to_thread(timed_tokenizer_load,
-                                                              partial(checkpoint_tokenizer, early)))
-                      if early else None)
-        if early_load is not None:  # its error, if any, is raised below only when its tokenizer is the one
-            early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
-        client = await connect_engine_core(core, args.max_waiting)
         try:
-            if early_load is not None and same_place(early, client.info.tokenizer_source):
-                tokenizer = await early_load
-            else:
-                tokenizer = await asyncio.to_thread(timed_tokenizer_load, client.info.load_tokenizer)
-        except Exception:
-            await client.close()  # the core is up: stop it before the error ends this process
+            state = await engine_core_state(args, core.links[0], core.process)
+        except BaseException:
+            if extra is not None:
+                await extra.stop(0.0)
             raise
-        state = ServerState(client.info, tokenizer, client, served, args.model, args.api_key)
     else:
         if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
             threads = cpu_threads(args.cpu_threads)
@@ -241,41 +247,108 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
         engine = await asyncio.to_thread(Engine, config)
         tokenizer = timed_tokenizer_load(lambda: engine.tokenizer)
         state = ServerState(EngineInfo.of(engine), tokenizer, AsyncEngine(engine, args.max_waiting),
-                            served, args.model, args.api_key)
-    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
-                           handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
+                            args.served_model_name or args.model, args.model, args.api_key)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watchers = []
+    if extra is not None:
+        try:
+            await extra.wait_listening()
+        except RuntimeError:
+            await extra.stop(0.0)
+            await state.async_engine.close()
+            raise
+        watchers = extra.watch(stop)
+    runner = await listen(state, args, shared_port=extra is not None)
     freeze_startup_heap("front end")  # modules, tokenizer, app: out of the collector's sweeps while serving
     log.info("event loop: %s.%s", type(loop).__module__, type(loop).__name__)
+    if extra is not None:
+        log.info("%d front-end processes share the port", len(extra) + 1)
     log.info("server ready at http://%s:%d in %.3f s", args.host, args.port, time.perf_counter() - started)
     await stop.wait()
-    log.info("shutting down: draining %d requests for up to %.1f s", state.async_engine.num_active,
-             args.shutdown_timeout)
-    aborted = await state.async_engine.drain(args.shutdown_timeout)
-    if aborted:
-        log.info("aborted %d requests still running at the deadline", aborted)
+    stopping_others = asyncio.ensure_future(extra.stop(args.shutdown_timeout) if extra else asyncio.sleep(0))
+    await drain(state, args.shutdown_timeout)
+    await stopping_others
+    await asyncio.gather(*watchers)
     await runner.cleanup()
     log.info("server stopped")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
-    args = parse_args(argv)
-    log_start(args)
-    return run(args, started)
+async def serve_extra(args: argparse.Namespace, index: int, link: FrontLink, status: Connection
+                      ) -> int:
+    """An extra front end (`frontends.py`): serve the port beside the first until told to stop or the first
+    has gone."""
+    parent = os.getppid()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    state = await engine_core_state(args, link, None, log_phases=False)
+    runner = await listen(state, args, shared_port=True)
+    freeze_startup_heap(f"front end {index}")
+    status.send(("listening",))
+    log.debug("front end %d listening", index)
+    while not stop.is_set() and os.getppid() == parent:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PARENT_CHECK_S)
+    await drain(state, args.shutdown_timeout)
+    await runner.cleanup()
+    return 0
 
 
-def run(args: argparse.Namespace, started: float, core: StartedCore | None = None) -> int:
-    """Serve until SIGTERM or SIGINT; `core`: an engine core already started for these options."""
+async def engine_core_state(args: argparse.Namespace, link: FrontLink, process: BaseProcess | None,
+                            log_phases: bool = True) -> ServerState:
+    """Connect to the engine core on `link` and load the tokenizer, early (while the core builds) where the
+    command line says where it is. `process`: the core's, where this front end owns it."""
+    early = early_tokenizer_source(args)
+    load = timed_tokenizer_load if log_phases else untimed_tokenizer_load
+    early_load = asyncio.ensure_future(asyncio.to_thread(load, partial(checkpoint_tokenizer, early))
+                                       ) if early else None
+    if early_load is not None:  # its error, if any, is raised below only when its tokenizer is the one
+        early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
+    client = await connect_engine_core(link, process, args.max_waiting)
     try:
-        return run_on_loop(serve(args, started, core), args.event_loop)
+        if early_load is not None and same_place(early, client.info.tokenizer_source):
+            tokenizer = await early_load
+        else:
+            tokenizer = await asyncio.to_thread(load, client.info.load_tokenizer)
+    except Exception:
+        await client.close()  # the core is up: stop it (or leave it) before the error ends this process
+        raise
+    return ServerState(client.info, tokenizer, client, args.served_model_name or args.model, args.model,
+                       args.api_key)
+
+
+async def listen(state: ServerState, args: argparse.Namespace, shared_port: bool) -> web.AppRunner:
+    """Build the app and listen; `shared_port`: with SO_REUSEPORT, beside the other front ends."""
+    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
+                           handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, reuse_port=shared_port or None)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def drain(state: ServerState, timeout: float) -> None:
+    log.info("shutting down: draining %d requests for up to %.1f s", state.async_engine.num_active, timeout)
+    aborted = await state.async_engine.drain(timeout)
+    if aborted:
+        log.info("aborted %d requests still running at the deadline", aborted)
+
+
+def run(args: argparse.Namespace, started: float, core: StartedCore | None = None,
+        extra: ExtraFrontends | None = None) -> int:
+    """Serve until SIGTERM or SIGINT; `core`, `extra`: an engine core and extra front ends already started for
+    these options."""
+    try:
+        return run_on_loop(serve(args, started, core, extra), args.event_loop)
     except (ValueError, FileNotFoundError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
@@ -302,6 +375,11 @@ def timed_tokenizer_load(load: Callable[[], PreTrainedTokenizerBase]) -> PreTrai
     return tokenizer
 
 
+def untimed_tokenizer_load(load: Callable[[], PreTrainedTokenizerBase]) -> PreTrainedTokenizerBase:
+    """An extra front end's load: its line would read as a second start-up phase."""
+    return load()
+
+
 def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
     """Run the front end on uvloop's event loop where it is installed ("auto"), or on asyncio's own. Most of
     the front end's time per streamed token is event-loop work (a task woken and a socket written per stream
@@ -321,6 +399,3 @@ def log_start(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,21 @@
-"""Prometheus metrics of the reference server, named like vLLM's (`reference:` instead of `vllm:`)."""
+"""Prometheus metrics of the reference server, named like vLLM's (`reference:` instead of `vllm:`).
+
+Two kinds. What a front end counts itself (prompt and generated tokens, finished and aborted requests, TTFT,
+inter-token and end-to-end latency) are prometheus_client metrics; with several front-end processes
+(`--api-server-count`) they live in prometheus_client's multiprocess files, so a scrape of any front end sums
+every process's. What the engine core reports (running and waiting requests, KV blocks, prefix-cache and
+preemption counts, engine steps, CUDA-graph set-up) is read at scrape time from the scraped front end's latest
+step report, which every front end receives, by `EngineCollector`: the same in every process, never summed.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from reference_engine.engine import EngineStartup
 from reference_engine.serving.request_streams import RequestStreams
@@ -12,43 +25,20 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def metrics_shared() -> bool:
+    """Whether this process's metrics go to prometheus_client's multiprocess files, as prometheus_client
+    decided when it was first imported (from PROMETHEUS_MULTIPROC_DIR: `frontends.py` sets it)."""
+    return values.ValueClass is not values.MutexValue
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
+        # shared between processes: registered nowhere, read back from the files at scrape time
+        r = None if metrics_shared() else CollectorRegistry()
+        self.registry = r
         labels = ["model_name"]
-        r = self.registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r)
-
-        self.running = gauge("reference:num_requests_running", "Requests in the running batch.")
-        self.waiting = gauge("reference:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.blocks_used = gauge("reference:kv_cache_blocks_used", "KV-cache blocks held by requests.")
-        self.blocks_free = gauge("reference:kv_cache_blocks_free", "KV-cache blocks on the free list.")
-        self.cache_usage = gauge("reference:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
-        self.graph_buckets = gauge("reference:cuda_graph_buckets",
-                                   "Decode batch sizes captured as CUDA graphs.")
-        self.graph_pool_bytes = gauge("reference:cuda_graph_pool_bytes", "Device memory held by CUDA graphs.")
-        self.graph_warmup_seconds = gauge("reference:cuda_graph_warmup_seconds",
-                                          "Start-up seconds of the eager step before capture "
-                                          "(first use of kernels).")
-        self.graph_capture_seconds = Gauge("reference:cuda_graph_capture_seconds",
-                                           "Start-up seconds of each CUDA-graph bucket "
-                                           "(its warm-up step and capture).",
-                                           [*labels, "batch_size"], registry=r)
-        self.prefix_queries = Counter("reference:prefix_cache_queries",
-                                      "Prompt tokens looked up in the prefix cache.", labels, registry=r)
-        self.prefix_hits = Counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                                   labels, registry=r)
         self.aborted = Counter("reference:num_aborted_requests", "Requests abandoned before finishing "
                                "(client disconnect, stop string, shutdown).", labels, registry=r)
-        self.preemptions = Counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
-                                   labels, registry=r)
-        self.engine_steps = Counter("reference:engine_steps", "Engine steps run.", labels, registry=r)
-        self.engine_step_seconds = Counter("reference:engine_step_seconds",
-                                           "Seconds spent inside engine steps "
-                                           "(scheduling, the model's forward pass, sampling).", labels,
-                                           registry=r)
         self.prompt_tokens = Counter("reference:prompt_tokens", "Prompt tokens received.", labels, registry=r)
         self.generation_tokens = Counter("reference:generation_tokens", "Tokens generated.", labels,
                                          registry=r)
@@ -67,37 +57,81 @@ class ServerMetrics:
         self.generated = self.generation_tokens.labels(model_name)
         self.first_token = self.ttft.labels(model_name)
         self.token_gap = self.itl.labels(model_name)
-        self._seen_queries = 0
-        self._seen_hits = 0
-        self._seen_preemptions = 0
-        self._seen_aborted = 0
-        self._seen_steps = 0
-        self._seen_step_seconds = 0.0
+        self.aborted_one = self.aborted.labels(model_name).inc
 
     def render(self, async_engine: RequestStreams, setup: EngineStartup) -> bytes:
-        """Refresh the gauges from the engine's live state and its start-up report, then serialise
-        everything."""
-        stats = async_engine.stats()
-        m = self.model
-        self.running.labels(m).set(stats.running)
-        self.waiting.labels(m).set(async_engine.num_waiting)
-        self.blocks_used.labels(m).set(stats.kv_blocks_used)
-        self.blocks_free.labels(m).set(stats.kv_blocks_free)
-        self.cache_usage.labels(m).set(stats.kv_blocks_used / max(1, stats.kv_blocks_total))
-        self.graph_buckets.labels(m).set(len(setup.cuda_graph_buckets))
-        self.graph_pool_bytes.labels(m).set(setup.cuda_graph_pool_bytes)
-        self.graph_warmup_seconds.labels(m).set(setup.cuda_graph_warmup_seconds)
+        """Everything, as Prometheus text: this process's (or every front end's) counters and histograms, and
+        the engine's state as this front end last heard it."""
+        registry = CollectorRegistry()
+        if self.registry is None:
+            MultiProcessCollector(registry)
+        else:
+            registry.register(_Registered(self.registry))
+        registry.register(EngineCollector(self.model, async_engine, setup))
+        return generate_latest(registry)
+
+
+class _Registered(Collector):
+    """This process's own metrics, inside the registry a scrape renders."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return self.registry.collect()
+
+
+class EngineCollector(Collector):
+    """The engine core's counters and start-up report, read when scraped."""
+
+    def __init__(self, model: str, async_engine: RequestStreams, setup: EngineStartup) -> None:
+        self.model = model
+        self.async_engine = async_engine
+        self.setup = setup
+
+    def collect(self) -> Iterator[Metric]:
+        engine, setup, m = self.async_engine, self.setup, [self.model]
+        stats = engine.stats()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(m, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(m, value)
+            return family
+
+        yield gauge("reference:num_requests_running", "Requests in the running batch.", stats.running)
+        yield gauge("reference:num_requests_waiting", "Requests waiting to be scheduled.", engine.num_waiting)
+        yield gauge("reference:kv_cache_blocks_used", "KV-cache blocks held by requests.",
+                    stats.kv_blocks_used)
+        yield gauge("reference:kv_cache_blocks_free", "KV-cache blocks on the free list.",
+                    stats.kv_blocks_free)
+        yield gauge("reference:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
+                    stats.kv_blocks_used / max(1, stats.kv_blocks_total))
+        yield gauge("reference:cuda_graph_buckets", "Decode batch sizes captured as CUDA graphs.",
+                    len(setup.cuda_graph_buckets))
+        yield gauge("reference:cuda_graph_pool_bytes", "Device memory held by CUDA graphs.",
+                    setup.cuda_graph_pool_bytes)
+        yield gauge("reference:cuda_graph_warmup_seconds",
+                    "Start-up seconds of the eager step before capture (first use of kernels).",
+                    setup.cuda_graph_warmup_seconds)
+        capture = GaugeMetricFamily("reference:cuda_graph_capture_seconds",
+                                    "Start-up seconds of each CUDA-graph bucket "
+                                    "(its warm-up step and capture).", labels=["model_name", "batch_size"])
         for size, seconds in setup.cuda_graph_capture_seconds.items():
-            self.graph_capture_seconds.labels(m, str(size)).set(seconds)
-        self.prefix_queries.labels(m).inc(stats.prefix_queried_tokens - self._seen_queries)
-        self.prefix_hits.labels(m).inc(stats.prefix_hit_tokens - self._seen_hits)
-        self.preemptions.labels(m).inc(stats.preemptions - self._seen_preemptions)
-        self._seen_queries, self._seen_hits = stats.prefix_queried_tokens, stats.prefix_hit_tokens
-        self._seen_preemptions = stats.preemptions
-        self.aborted.labels(m).inc(async_engine.num_aborted - self._seen_aborted)
-        self._seen_aborted = async_engine.num_aborted
-        steps, step_seconds = async_engine.num_steps, async_engine.step_seconds
-        self.engine_steps.labels(m).inc(steps - self._seen_steps)
-        self.engine_step_seconds.labels(m).inc(step_seconds - self._seen_step_seconds)
-        self._seen_steps, self._seen_step_seconds = steps, step_seconds
-        return generate_latest(self.registry)
+            capture.add_metric([self.model, str(size)], seconds)
+        yield capture
+        yield counter("reference:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_queried_tokens)
+        yield counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_hit_tokens)
+        yield counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
+                      stats.preemptions)
+        yield counter("reference:engine_steps", "Engine steps run.", engine.num_steps)
+        yield counter("reference:engine_step_seconds",
+                      "Seconds spent inside engine steps (scheduling, the model's forward pass, sampling).",
+                      engine.step_seconds)
+
