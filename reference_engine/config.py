@@ -53,6 +53,9 @@ class EngineConfig:
     # Prompt tokens a step may carry beside running decodes; None: a share of max_num_batched_tokens in
     # proportion to the sequences on their prompt against those decoding (scheduler.py says why)
     mixed_prefill_tokens: int | None = None
+    # How that share falls as decodes outnumber prompts: "linear" (in proportion) or "quadratic" (as the
+    # square of the prompts' fraction, so a moderate cohort among many decodes gets the minimum)
+    mixed_prefill_share: str = "linear"
     max_model_len: int | None = None  # None: the model's own limit, capped at 4096
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
@@ -82,6 +85,9 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
             raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
+        if self.mixed_prefill_share not in ("linear", "quadratic"):
+            raise ValueError(f"mixed_prefill_share must be linear or quadratic, "
+                             f"got {self.mixed_prefill_share!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -34,7 +34,7 @@ from reference_engine.engine_info import RequestLimits
 from reference_engine.loader import resolve_dtype, resolve_model
 from reference_engine.model_runner import ModelRunner, lookahead_inputs, step_inputs
 from reference_engine.sampler import Sampler
-from reference_engine.scheduler import ScheduledBatch, Scheduler
+from reference_engine.scheduler import SHARE_EXPONENTS, ScheduledBatch, Scheduler
 from reference_engine.sequence import RequestOutput, Sequence, Status
 from reference_engine.tokenizer import load_tokenizer
 
@@ -123,7 +123,8 @@ class Engine:
                  "max_num_batched_tokens=%d, mixed_prefill_tokens=%s, block_size=%d, "
                  "enable_prefix_caching=%s, enforce_eager=%s, quantization=none, device=%s", config.model,
                  str(self.dtype).removeprefix("torch."), self.max_model_len, config.max_num_seqs,
-                 config.max_num_batched_tokens, config.mixed_prefill_tokens or "shared",
+                 config.max_num_batched_tokens,
+                 config.mixed_prefill_tokens or f"shared ({config.mixed_prefill_share})",
                  config.block_size, config.enable_prefix_caching, eager, self.device)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(resolved, self.device, self.dtype, self.max_model_len, config.block_size,
@@ -162,7 +163,7 @@ class Engine:
         self.setup.device, self.setup.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.mixed_prefill_tokens)
+                                   config.mixed_prefill_tokens, SHARE_EXPONENTS[config.mixed_prefill_share])
         self.sampler = Sampler(self.spec.eos_token_ids, self.device, config.seed)
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}

@@ -67,15 +67,17 @@ def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir, mon
     first, wave = random_prompts(3, 300, 5, 20), random_prompts(5, 300, 20, 60)
     budget, cap = 64, rng.randint(3, 9)
     runs, batches = {}, []
-    for mode, mixed in (("uncapped", budget), ("cap", cap), ("shared", None)):
+    for mode, mixed, power in (("uncapped", budget, 1), ("cap", cap, 1), ("shared", None, 1),
+                               ("quadratic", None, 2)):
         engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=16,
-                                     max_num_batched_tokens=budget, mixed_prefill_tokens=mixed))
+                                     max_num_batched_tokens=budget, mixed_prefill_tokens=mixed,
+                                     mixed_prefill_share="quadratic" if power == 2 else "linear"))
         schedule = engine.scheduler.schedule
 
-        def recorded(schedule=schedule, sched=engine.scheduler, mode=mode):
+        def recorded(schedule=schedule, sched=engine.scheduler, mode=mode, power=power):
             decoders = [seq for seq in sched.running if decoding(seq)]
             prompts = len(sched.waiting) + len(sched.running) - len(decoders)
-            share = max(2, budget * prompts // max(1, prompts + len(decoders)))
+            share = max(2, int(budget * (prompts / max(1, prompts + len(decoders))) ** power))
             batch = schedule()
             prompt_tokens = sum(n for seq, n in batch.items if seq not in decoders)
             batches.append((mode, bool(decoders), prompt_tokens, share))
@@ -93,17 +95,20 @@ def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir, mon
                 outs.setdefault(o.request_id, []).extend(o.new_token_ids)
         runs[mode] = [outs[i] for i in ids]
         assert_nothing_held(engine)
-    assert runs["cap"] == runs["shared"] == runs["uncapped"]
+    assert runs["cap"] == runs["shared"] == runs["quadratic"] == runs["uncapped"]
     mixed = {mode: [(tokens, share) for m, decodes, tokens, share in batches if m == mode and decodes]
              for mode in runs}
     assert all(tokens <= cap for tokens, _ in mixed["cap"])
     assert all(tokens <= share for tokens, share in mixed["shared"])
+    assert all(tokens <= share for tokens, share in mixed["quadratic"])
     assert max(tokens for tokens, _ in mixed["shared"]) > cap  # five prompts against three decoding
     assert max(tokens for tokens, _ in mixed["uncapped"]) > max(tokens for tokens, _ in mixed["shared"])
     alone = [tokens for m, decodes, tokens, _ in batches if m == "cap" and not decodes]
     assert max(alone) > cap  # the first prefill, with nothing decoding: the whole budget
     with pytest.raises(ValueError, match="mixed_prefill_tokens"):
         EngineConfig(model="random:tiny", mixed_prefill_tokens=0)
+    with pytest.raises(ValueError, match="mixed_prefill_share"):
+        EngineConfig(model="random:tiny", mixed_prefill_share="cubic")
 
 
 def test_prefix_cache_hits_and_gives_the_same_tokens(llama_dir):
