@@ -82,8 +82,10 @@ def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connecti
     """The child process's entry point: build the engine, report ready to every front end, then serve commands
     until told to stop or the first front end goes away. `pipes`: (commands, results) per front end."""
     links = [CoreLink(commands, results) for commands, results in pipes]
-    # Ctrl-C reaches the whole process group; the front end decides
+    # Ctrl-C, and a launcher's SIGTERM to the process group, reach the core too; the first front end decides
+    # when it stops (it sends "shutdown" once the requests have drained; if it dies, its pipe's EOF stops us)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=log_format)
     on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     if cpu_threads is not None or on_cpu:

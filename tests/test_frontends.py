@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
 import signal
@@ -201,6 +202,21 @@ def test_a_dead_extra_front_end_loses_only_its_connections(llama_dir, tmp_path):
         assert requests.get(server.url + "/health", timeout=10).status_code == 200
         assert server.stop() == 0
     assert "front end 1 " in server.log()
+
+
+def test_a_sigterm_to_the_process_group_stops_every_process_cleanly(llama_dir, tmp_path):
+    """What a launcher does (compare's, a container runtime's): every process gets the signal; the core waits
+    for the first front end's word, so none reports another's end as a failure."""
+    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512",
+                          "--api-server-count", "2") as server:
+        wait_for_line(server, "server ready at")
+        processes = [psutil.Process(pid) for pid in [*front_end_pids(server), core_pid(server)]]
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive
+    log = server.log()
+    assert "server stopped" in log and "unexpectedly" not in log and "ERROR" not in log
 
 
 def test_nothing_outlives_a_killed_first_front_end(llama_dir, tmp_path):

@@ -165,8 +165,8 @@ class EngineClient(RequestStreams):
         if self.process is not None:
             await asyncio.to_thread(self.process.join, STOP_TIMEOUT_S)
             if self.process.is_alive():
-                log.warning("the engine core did not stop in %.0f s; terminating it", STOP_TIMEOUT_S)
-                self.process.terminate()
+                log.warning("the engine core did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
+                self.process.kill()  # it ignores SIGTERM (engine_core.py)
                 await asyncio.to_thread(self.process.join, 5.0)
         else:
             self._commands.close()  # the core sees EOF and answers by closing our results pipe
