@@ -1,7 +1,8 @@
 """What a reader must know before trusting the numbers, listed ahead of the decision: failed, cancelled and
 interrupted requests, token-count mismatches, outputs shorter than forced, open-loop client lag, launch
 notes, load points that `--duration` ended before they reached `--num-requests` (their statistics rest
-on fewer requests than asked for, and the selection's confidence with them), and picks whose winner and
+on fewer requests than asked for, and the selection's confidence with them), load points that sent some of
+their prompts more than once (a prefix cache answers the repeats' prefill), and picks whose winner and
 runner-up declare unequal settings (`compare.parity`).
 """
 
@@ -41,6 +42,31 @@ def duration_cut_warnings(run: Any) -> list[str]:
             f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
             "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests)."
         )
+    return out
+
+
+def repeated_prompt_warnings(records: list[Any]) -> list[str]:
+    """One warning per load point whose measured requests reused its prompts: the load generator cycles a
+    point's prompts (ids suffixed `~k`) when it runs out, which a duration-bound point does once it has sent
+    its pool (DURATION_BOUND_PROMPTS without --num-requests). A server with a prefix cache then computes only
+    the last block of a repeated prompt, so prefill cost, TTFT and the stalls prefills cause read low for
+    every backend alike, and unlike a workload of distinct prompts."""
+    points: dict[str, list[Any]] = {}
+    for r in records:
+        if not r.warmup:
+            points.setdefault(r.run_id, []).append(r)
+    out = []
+    for point in points.values():
+        repeats = sum(1 for r in point if "~" in r.request_id)
+        if repeats:
+            first = point[0]
+            out.append(
+                f"{key_of(first.backend, first.variant)} {first.load_point}: {repeats} of "
+                f"{plural(len(point), 'request')} repeated a prompt this point had sent "
+                f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill (give "
+                "--num-requests at least the requests a point completes, so that each gets a prompt of its "
+                "own)."
+            )
     return out
 
 

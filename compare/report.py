@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from compare import capacity, gpu_telemetry, plots, sweep
-from compare.caveats import duration_cut_warnings, point_caveats, unequal_settings
+from compare.caveats import duration_cut_warnings, point_caveats, repeated_prompt_warnings, unequal_settings
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
@@ -82,6 +82,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         list(run.manifest.get("notes") or [])
         + (point_caveats(summary, setups) if not summary.empty else [])
         + duration_cut_warnings(run)
+        + repeated_prompt_warnings(records)
         + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
     )
     first: dict[str, RequestRecord] = {}

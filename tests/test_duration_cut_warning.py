@@ -58,3 +58,26 @@ def test_a_point_cut_short_by_the_duration_is_warned_about(tmp_path, n, wall_s, 
     text = "c=1 on reference:eager (wl): 7 of 16 requests before the 30 s duration ended the point"
     assert any(text in w for w in results.warnings) is warned
     assert (text in to_markdown(build_blocks(results))) is warned
+
+
+@pytest.mark.parametrize("repeats", [0, 5])
+def test_a_point_that_reused_its_prompts_is_warned_about(tmp_path, repeats):
+    """The load generator cycles a point's prompts (ids `~k`) once it has sent them all: the report says how
+    many requests were repeats, which a prefix cache answers."""
+    config = {"model": "m", "slo_s": {}, "num_requests": None, "duration_s": 10.0, "repeats": 1}
+    run = RunDir.create(tmp_path / "run", config, ["compare", "run"])
+    run.add_point("p1", "reference", "eager", "wl", "c=4", {"kind": "closed", "concurrency": 4})
+    records = requests_for("reference", "eager", "p1", "c=4", 12, 0.2)
+    distinct = len(records) - repeats
+    with RecordWriter(run.requests_path) as writer, RecordWriter(run.runs_path) as runs:
+        for i, record in enumerate(records):
+            if i >= distinct:  # the first prompts sent again, as `_items` names them
+                record = record.model_copy(update={"request_id": f"{records[i - distinct].request_id}~1"})
+            writer.append(record)
+        runs.append(summary_of("p1", "c=4", len(records), 9.0))
+    run.manifest["status"] = "complete"
+    run.save()
+    results = analyze(RunDir.open(run.path), n_boot=50)
+    text = (f"reference:eager c=4: {repeats} of 12 requests repeated a prompt this point had sent "
+            f"({distinct} distinct)")
+    assert any(text in w for w in results.warnings) is bool(repeats)
