@@ -10,7 +10,11 @@
 # default /tmp/site); TOKENIZER, a folder with the SmolLM2 tokenizer's files (made on
 # a machine with the built-in model by `python -m reference_engine.builtin_models` and copying tokenizer.json,
 # tokenizer_config.json and chat_template.jinja). Optional: CONC (default 1,16,64,128), DURATION (default 16s),
-# BACKENDS (default reference,vllm), or CONFIG, a run file naming the backends instead (context_bounds.yaml).
+# BACKENDS (default reference,vllm), or CONFIG, a run file naming the backends instead (context_bounds.yaml);
+# NUM_REQUESTS (default 0: each point bounded by DURATION alone, with a pool of 256 prompts that the load
+# generator cycles once sent, so a prefix cache answers the repeats; give at least the requests the fastest
+# point completes in DURATION, e.g. 5000 for the 1B at c=128, for a prompt of its own per request, at the
+# cost of generating them: about 8 ms a prompt on a loaded 2-core machine).
 set -euo pipefail
 shape=${SHAPE:?SHAPE, e.g. llama-2-7b}
 site=${VLLM_SITE:-/tmp/site}
@@ -29,4 +33,5 @@ backend_args=(--backends "${BACKENDS:-reference,vllm}")
 [ -z "${CONFIG:-}" ] || backend_args=(--config "$CONFIG")
 python3 -m compare.cli run "${backend_args[@]}" --vllm-bin "$bin/vllm" --model "$ckpt" \
   --dataset random --input-len 512 --output-len 128 --concurrency "${CONC:-1,16,64,128}" "${rate_args[@]}" \
-  --num-requests 0 --duration "${DURATION:-16s}" --out "$out/run" || echo "compare run exited with $?"
+  --num-requests "${NUM_REQUESTS:-0}" --duration "${DURATION:-16s}" --out "$out/run" \
+  || echo "compare run exited with $?"
