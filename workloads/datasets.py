@@ -95,6 +95,22 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(getattr(ids, "ids", ids))
 
 
+def _decode_batch(tokenizer: Any, batch: list[list[int]]) -> list[str]:
+    if not batch:
+        return []
+    if hasattr(tokenizer, "batch_decode"):
+        return tokenizer.batch_decode(batch, clean_up_tokenization_spaces=False)
+    return tokenizer.decode_batch(batch)  # a `tokenizers.Tokenizer`
+
+
+def _encode_batch(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    if hasattr(tokenizer, "encode_batch"):  # a `tokenizers.Tokenizer`
+        return [list(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
 encode_text = _encode  # public names for the other dataset modules (workloads/sessions.py)
 decode_ids = _decode
 
@@ -120,28 +136,51 @@ def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
 def token_exact_prompt(tokenizer: Any, n: int, rng: np.random.Generator, allowed: np.ndarray | None = None,
                        attempts: int = 50) -> tuple[list[int], str]:
     """A random prompt of exactly `n` tokens: returns `(ids, text)` with `encode(text) == ids` and
+    `decode(ids) == text` (`token_exact_prompts` for one)."""
+    return token_exact_prompts(tokenizer, [n], rng, allowed, attempts)[0]
+
+
+def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.Generator,
+                        allowed: np.ndarray | None = None, attempts: int = 50) -> list[tuple[list[int], str]]:
+    """Random prompts of exactly `lengths[i]` tokens each, as `(ids, text)` with `encode(text) == ids` and
     `decode(ids) == text`.
 
     Random ids are decoded and re-encoded (merges change the count); a re-encoding that is too long is cut
-    back to a whole character and topped up with new random ids, until the count holds."""
-    if n < 1:
-        raise ValueError(f"a prompt needs at least one token, got {n}")
+    back to a whole character and topped up with new random ids, until the count holds. Every prompt still
+    unsettled is decoded and encoded in one batch per round: a fast tokenizer spreads a batch over its
+    threads, and a duration-bound point needs thousands of prompts (one at a time: 7 ms each for 512 tokens
+    on a 2-core machine)."""
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"a prompt needs at least one token, got {min(lengths)}")
     pool = ordinary_token_ids(tokenizer) if allowed is None else allowed
-    ids = rng.choice(pool, n).tolist()
+    done: list[tuple[list[int], str] | None] = [None] * len(lengths)
+    pending = {i: rng.choice(pool, n).tolist() for i, n in enumerate(lengths)}
     for _ in range(attempts):
-        text = _decode(tokenizer, ids)
-        back = _encode(tokenizer, text)
-        if len(back) == n:
-            again = _decode(tokenizer, back)
-            if _encode(tokenizer, again) == back:
-                return back, again
-        if len(back) > n:
-            keep = n
-            while keep > 0 and "\ufffd" in _decode(tokenizer, back[:keep]):
-                keep -= 1  # do not cut a character's bytes apart
-            back = back[:keep]
-        ids = back + rng.choice(pool, n - len(back)).tolist()
-    raise ValueError(f"could not find a {n}-token prompt that survives decode/encode in {attempts} tries")
+        if not pending:
+            break
+        order = list(pending)
+        backs = dict(zip(order, _encode_batch(tokenizer, _decode_batch(tokenizer, list(pending.values()))),
+                         strict=True))
+        exact = [i for i in order if len(backs[i]) == lengths[i]]
+        agains = _decode_batch(tokenizer, [backs[i] for i in exact])
+        for i, again, back in zip(exact, agains, _encode_batch(tokenizer, agains), strict=True):
+            if back == backs[i]:
+                done[i] = (back, again)
+        for i, back in backs.items():
+            if done[i] is not None:
+                del pending[i]
+                continue
+            n = lengths[i]
+            if len(back) > n:
+                keep = n
+                while keep > 0 and "\ufffd" in _decode(tokenizer, back[:keep]):
+                    keep -= 1  # do not cut a character's bytes apart
+                back = back[:keep]
+            pending[i] = back + rng.choice(pool, n - len(back)).tolist()
+    if pending:
+        raise ValueError(f"could not find a {lengths[min(pending)]}-token prompt that survives decode/encode "
+                         f"in {attempts} tries")
+    return done  # type: ignore[return-value]
 
 
 def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
@@ -151,12 +190,9 @@ def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
     rng = np.random.default_rng(seed)
     ins = LengthDist.parse(input_len).sample(rng, n)
     outs = LengthDist.parse(output_len).sample(rng, n)
-    allowed = ordinary_token_ids(tokenizer)
-    specs = []
-    for i in range(n):
-        ids, text = token_exact_prompt(tokenizer, int(ins[i]), rng, allowed)
-        specs.append(RequestSpec(f"{id_prefix}-{i}", tuple(ids), text, int(outs[i])))
-    return specs
+    prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, ordinary_token_ids(tokenizer))
+    return [RequestSpec(f"{id_prefix}-{i}", tuple(ids), text, int(outs[i]))
+            for i, (ids, text) in enumerate(prompts)]
 
 
 def fixed_dataset(tokenizer: Any, n: int, seed: int = 0, id_prefix: str = "fixed") -> list[RequestSpec]:
