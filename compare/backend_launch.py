@@ -8,6 +8,7 @@ otherwise leave in the home directory (vLLM's).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -81,6 +82,10 @@ def _process(
     env = {**spec.env, **spec.process_env}
     if cls.server_family == "reference":
         env.update(package_env())
+    if "CUDA_DEVICE_ORDER" not in os.environ and "CUDA_DEVICE_ORDER" not in env:
+        # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and NVML by PCI bus. In this order
+        # the server's CUDA_VISIBLE_DEVICES names the GPUs that the memory notes and GPU telemetry read.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return ProcessLauncher(
         backend.name,
         backend.variant,

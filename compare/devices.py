@@ -23,7 +23,8 @@ def _smi() -> str | None:
 
 def visible_indices(env: Mapping[str, str] | None = None) -> set[int] | None:
     """GPU indices CUDA_VISIBLE_DEVICES leaves visible in `env` (default: this process's environment), taken
-    as nvidia-smi's (and NVML's) indices; None: all, or not given as indices."""
+    as nvidia-smi's (and NVML's) indices, which CUDA's are under CUDA_DEVICE_ORDER=PCI_BUS_ID (the order
+    `compare` launches servers with); None: all, or not given as indices."""
     value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return None

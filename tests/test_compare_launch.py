@@ -283,3 +283,22 @@ def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
                 launcher, get_adapter("vllm", model="m"), RequestSpec("c", (1,), "hi", 2), 10
             )
     assert launcher.report.cold_first_token_s is None
+
+
+@pytest.mark.parametrize("ours", [None, "FASTEST_FIRST"])
+def test_launched_servers_number_gpus_as_nvidia_smi_does(tmp_path, monkeypatch, ours):
+    """A server `compare` launches as a process numbers GPUs in PCI bus order, as nvidia-smi and NVML do, so
+    the GPUs its CUDA_VISIBLE_DEVICES names are the ones memory notes and telemetry read; an order the user
+    set is left as it is."""
+    from compare.backend_launch import make_launcher
+    from compare.plan import build_plan
+    from compare.store import RunDir
+
+    if ours is None:
+        monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", ours)
+    plan = build_plan({"backends": "reference", "model": "random:tiny"})
+    run = RunDir.create(tmp_path / "run", {"model": "random:tiny"}, ["compare", "run"])
+    launcher = make_launcher(plan, plan.backends[0], run, 0, "random:tiny")
+    assert launcher.gpu_env()["CUDA_DEVICE_ORDER"] == (ours or "PCI_BUS_ID")
