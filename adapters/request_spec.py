@@ -10,6 +10,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
+def lap_id(spec_id: str, lap: int) -> str:
+    """A request's id when a load generator sends a spec for the `lap`-th time after its first (lap 0: the
+    spec's own id); a server keyed by request id sees every send as a request of its own."""
+    return spec_id if lap == 0 else f"{spec_id}~{lap}"
+
+
+def spec_id_of(request_id: str) -> str:
+    """The id of the spec a request was sent from (the inverse of `lap_id`)."""
+    return request_id.rsplit("~", 1)[0]
+
+
+def is_resend(request_id: str) -> bool:
+    """Whether a request was a spec sent again (`lap_id` with a lap above 0)."""
+    return "~" in request_id
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """A token-exact request: the prompt as token ids and as text, and the output length we want.

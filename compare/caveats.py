@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from adapters.request_spec import is_resend
 from compare.datatypes import Pick, SetupReport, key_of
 from compare.parity import Declared, differences
 from compare.text import plural
@@ -57,7 +58,7 @@ def repeated_prompt_warnings(records: list[Any]) -> list[str]:
             points.setdefault(r.run_id, []).append(r)
     out = []
     for point in points.values():
-        repeats = sum(1 for r in point if "~" in r.request_id)
+        repeats = sum(1 for r in point if is_resend(r.request_id))
         if repeats:
             first = point[0]
             out.append(

@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from adapters.request_spec import spec_id_of
 from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED
 from compare.measure import measure
 from workloads.clocks import RecordLabels, Started, lost_record
@@ -158,7 +159,7 @@ def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event,
         }
 
         def started(request_id: str, scheduled: float, start: float, warmup: bool) -> None:
-            prompt, wanted = sizes.get(request_id.rsplit("~", 1)[0], (0, 1))
+            prompt, wanted = sizes.get(spec_id_of(request_id), (0, 1))
             out.put(("s", (run_id, request_id, scheduled, start, warmup, prompt, wanted)))
 
         async def main() -> list[RequestRecord]:

@@ -36,7 +36,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from adapters.request_spec import RequestSpec
+from adapters.request_spec import RequestSpec, is_resend, spec_id_of
 from workloads.clocks import (
     ClockOffset,
     ClockSample,
@@ -336,8 +336,8 @@ class _Stream:
 
     def spec_of(self, request_id: str) -> RequestSpec | None:
         spec = self.specs.get(request_id)
-        if spec is None and "~" in request_id:
-            spec = self.specs.get(request_id.rsplit("~", 1)[0])
+        if spec is None and is_resend(request_id):
+            spec = self.specs.get(spec_id_of(request_id))
         return spec
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from yarl import URL
 
 from adapters.base import Adapter
-from adapters.request_spec import RequestSpec
+from adapters.request_spec import RequestSpec, lap_id
 from workloads.body_capture import StampingConnector, StampingHandler, read_stamped
 from workloads.kernel_stamps import stamped_loop_factory
 from workloads.records import ErrorKind, RecordWriter, RequestRecord, RunSummary
@@ -516,8 +516,11 @@ def _items(run: _Run, specs: Sequence[RequestSpec], count: int | None) -> Iterat
             if count is not None and produced >= count:
                 return
             produced += 1
-            yield p if lap == 0 else _Prepared(f"{p.request_id}~{lap}", p.spec, p.url, p.body,
-                                               {**p.headers, "X-Request-Id": f"{p.request_id}~{lap}"})
+            if lap == 0:
+                yield p
+            else:
+                resent = lap_id(p.request_id, lap)
+                yield _Prepared(resent, p.spec, p.url, p.body, {**p.headers, "X-Request-Id": resent})
 
 
 def _trace_config() -> aiohttp.TraceConfig:

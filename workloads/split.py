@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adapters.request_spec import RequestSpec
+from adapters.request_spec import RequestSpec, lap_id
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
 
 DEFAULT_WARMUP_CONCURRENCY = 8
@@ -65,7 +65,7 @@ def expand_specs(specs: Sequence[RequestSpec], count: int) -> list[RequestSpec]:
         for spec in specs:
             if len(out) >= count:
                 return out
-            out.append(spec if lap == 0 else dataclasses.replace(spec, request_id=f"{spec.request_id}~{lap}"))
+            out.append(dataclasses.replace(spec, request_id=lap_id(spec.request_id, lap)) if lap else spec)
         if not specs:
             return out
     return out
