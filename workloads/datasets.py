@@ -84,15 +84,11 @@ class LengthDist:
 
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    try:
-        return tokenizer.decode(list(ids), clean_up_tokenization_spaces=False)
-    except TypeError:  # a `tokenizers.Tokenizer`
-        return tokenizer.decode(list(ids))
+    return _decode_batch(tokenizer, [list(ids)])[0]
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return list(getattr(ids, "ids", ids))
+    return _encode_batch(tokenizer, [text])[0]
 
 
 def _decode_batch(tokenizer: Any, batch: list[list[int]]) -> list[str]:
