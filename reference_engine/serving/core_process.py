@@ -57,6 +57,7 @@ def start_engine_core(config: EngineConfig, threads: int | None, log_level: str,
         results.close()
     return StartedCore(process, front_ends)
 
+
 def _run_core(*args) -> None:
     from reference_engine.engine_core import run_engine_core  # in the child: torch and the engine
 

@@ -66,8 +66,6 @@ class EngineClient(RequestStreams):
         self.process = process  # None: the core belongs to another front end
         self.info = info
         self._link = link
-        self._commands = link.commands
-        self._results = link.results
         self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._num_sent = 0  # add commands sent; the core reports how many it has taken
         self._num_taken = 0
@@ -112,7 +110,7 @@ class EngineClient(RequestStreams):
             batch = [command for command in batch if command is not None]
             try:
                 if batch:
-                    self._commands.send(batch)
+                    self._link.commands.send(batch)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 return  # the core is gone; the reader reports it
             if last:
@@ -122,7 +120,7 @@ class EngineClient(RequestStreams):
         """Hand each message of the core to the event loop; report the core's end when its pipe closes."""
         while True:
             try:
-                message = self._results.recv()
+                message = self._link.results.recv()
             except (EOFError, OSError):
                 exitcode = None
                 if self.process is not None:
@@ -154,7 +152,7 @@ class EngineClient(RequestStreams):
             self._fail_all(EngineDeadError(f"the engine core process ended (exit code {payload})"))
 
     async def close(self) -> None:
-        """Ask the core to stop, wait for it (then terminate it if it does not), and end the pipe threads. An
+        """Ask the core to stop, wait for it (then kill it if it does not), and end the pipe threads. An
         extra front end only closes its link: the core drops its requests and goes on serving the others."""
         self._closing = True
         if self.process is not None:
@@ -169,7 +167,7 @@ class EngineClient(RequestStreams):
                 self.process.kill()  # it ignores SIGTERM (engine_core.py)
                 await asyncio.to_thread(self.process.join, 5.0)
         else:
-            self._commands.close()  # the core sees EOF and answers by closing our results pipe
+            self._link.commands.close()  # the core sees EOF and answers by closing our results pipe
         for thread in self._threads:
             await asyncio.to_thread(thread.join, 5.0)
         self._link.close()

@@ -268,10 +268,9 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
         log.info("%d front-end processes share the port", len(extra) + 1)
     log.info("server ready at http://%s:%d in %.3f s", args.host, args.port, time.perf_counter() - started)
     await stop.wait()
-    stopping_others = asyncio.ensure_future(extra.stop(args.shutdown_timeout) if extra else asyncio.sleep(0))
+    stopping_others = [asyncio.ensure_future(extra.stop(args.shutdown_timeout))] if extra else []
     await drain(state, args.shutdown_timeout)
-    await stopping_others
-    await asyncio.gather(*watchers)
+    await asyncio.gather(*stopping_others, *watchers)
     await runner.cleanup()
     log.info("server stopped")
     return 0
