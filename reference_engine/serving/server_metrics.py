@@ -33,9 +33,13 @@ def metrics_shared() -> bool:
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
-        # shared between processes: registered nowhere, read back from the files at scrape time
-        r = None if metrics_shared() else CollectorRegistry()
-        self.registry = r
+        # What a scrape renders. Shared between processes, this process's metrics are registered nowhere and
+        # read back from every front end's files; else they are registered in it directly.
+        self.registry = CollectorRegistry()
+        r = None if metrics_shared() else self.registry
+        if r is None:
+            MultiProcessCollector(self.registry)
+        self._engine_collected = False
         labels = ["model_name"]
         self.aborted = Counter("reference:num_aborted_requests", "Requests abandoned before finishing "
                                "(client disconnect, stop string, shutdown).", labels, registry=r)
@@ -62,23 +66,10 @@ class ServerMetrics:
     def render(self, async_engine: RequestStreams, setup: EngineStartup) -> bytes:
         """Everything, as Prometheus text: this process's (or every front end's) counters and histograms, and
         the engine's state as this front end last heard it."""
-        registry = CollectorRegistry()
-        if self.registry is None:
-            MultiProcessCollector(registry)
-        else:
-            registry.register(_Registered(self.registry))
-        registry.register(EngineCollector(self.model, async_engine, setup))
-        return generate_latest(registry)
-
-
-class _Registered(Collector):
-    """This process's own metrics, inside the registry a scrape renders."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        return self.registry.collect()
+        if not self._engine_collected:  # the engine is known from the first scrape on
+            self.registry.register(EngineCollector(self.model, async_engine, setup))
+            self._engine_collected = True
+        return generate_latest(self.registry)
 
 
 class EngineCollector(Collector):
