@@ -144,6 +144,9 @@ def main() -> None:
                         "first concurrency only")
     p.add_argument("--profile-out", default="profile.txt")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--mixed-cudagraph-sizes", type=int, nargs="*", default=None, metavar="TOKENS",
+                   help="token buckets of the piecewise graphs for steps with prompt tokens (default: the "
+                        "engine's; given with no value: none, such steps run eagerly)")
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the engine is built")
     add_set_option(p)
     p.add_argument("--label", default="")
@@ -153,6 +156,7 @@ def main() -> None:
     count_triton_compiles()
     warm_up = {"auto": None, "on": True, "off": False}[args.warm_up]
     overrides_extra = {"enable_prefix_caching": False} if args.no_prefix_caching else {}
+    overrides_extra["mixed_cuda_graph_sizes"] = args.mixed_cudagraph_sizes
     overrides = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                    ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
     t0 = time.perf_counter()
@@ -180,6 +184,7 @@ def main() -> None:
                     "device": (torch.cuda.get_device_name() if engine.device.type == "cuda"
                                else platform.processor()),
                     "max_num_seqs": engine.config.max_num_seqs,
+                    "mixed_graph_sizes": engine.setup.mixed_graph_sizes,
                     "max_num_batched_tokens": engine.config.max_num_batched_tokens, "setup": setup, **result}
             summary = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in line.items()
                        if k not in ("slowest_steps", "setup", "timeline")}

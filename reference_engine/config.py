@@ -63,6 +63,9 @@ class EngineConfig:
     # Context bounds to capture every decode graph for besides max_model_len (cuda_graphs.py says why).
     # None: 1024 and each four times the last below max_model_len; []: max_model_len only
     cuda_graph_context_bounds: list[int] | None = None
+    # Token counts to capture the pieces between attention calls for, for steps that carry prompt tokens
+    # (piecewise_graphs.py). None: 16 ... 1024 (DEFAULT_TOKEN_SIZES) up to max_num_batched_tokens; []: none
+    mixed_cuda_graph_sizes: list[int] | None = None
     kernels: str = "auto"  # auto: Triton on CUDA, torch on CPU; or force "torch" / "triton"
     cpu_linear: str = "onednn"  # float32 linears on a CPU: oneDNN on packed weights, or "torch" (F.linear)
     seed: int = 0

@@ -59,6 +59,8 @@ class EngineStartup:
     cuda_graph_warmup_seconds: float = 0.0
     cuda_graph_capture_seconds: dict[int, float] = field(default_factory=dict)
     cuda_graph_pool_bytes: int = 0
+    mixed_graph_sizes: list[int] = field(default_factory=list)  # token counts of the piecewise graphs
+    mixed_graph_pool_bytes: int = 0
     device: str = ""
     dtype: str = ""
 
@@ -156,6 +158,12 @@ class Engine:
                      report.warmup_seconds,
                      ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()),
                      report.context_bounds)
+            mixed = self.runner.capture_mixed_graphs(config.max_num_batched_tokens,
+                                                     config.mixed_cuda_graph_sizes)
+            self.setup.mixed_graph_sizes, self.setup.mixed_graph_pool_bytes = mixed.sizes, mixed.pool_bytes
+            self._phase("capture_mixed_graphs", mixed.seconds,
+                        f"CUDA graphs for steps with prompt tokens: {mixed.graphs} pieces over token counts "
+                        f"{mixed.sizes}, pool {mixed.pool_bytes / 2**30:.3f} GiB")
         if config.warm_up if config.warm_up is not None else self.device.type == "cuda":
             t4 = time.perf_counter()
             steps = self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)

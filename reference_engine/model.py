@@ -85,14 +85,16 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
         self.v_cache = torch.empty(0)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        # Project, rotate q and k, store k and v at each token's cache slot; attention then reads all context
-        # there.
-        q = self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, self.rotary.cos, self.rotary.sin,
-                                               self.k_cache, self.v_cache, batch.slot_mapping, self.num_heads,
-                                               self.num_kv_heads)
-        out = self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale)
-        return self.o_proj(out.view(-1, self.q_size))
+    def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Project, rotate q and k, store k and v at each token's cache slot; returns q [T, heads, dim]."""
+        rotary = self.rotary
+        return self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, rotary.cos, rotary.sin,
+                                                  self.k_cache, self.v_cache, slot_mapping, self.num_heads,
+                                                  self.num_kv_heads)
+
+    def attend(self, q: torch.Tensor, batch: AttentionBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every query over its whole context, read from the cache (where `project` just wrote)."""
+        return self.ops.attend(q, self.k_cache, self.v_cache, batch, self.scale, out)
 
 
 class MLP(nn.Module):
@@ -107,23 +109,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One layer's weights; `LlamaModel` runs it in two pieces around attention (see `LlamaModel.piece`)."""
+
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, ops: Ops) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
         self.self_attn = Attention(spec, rotary, ops)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
         self.mlp = MLP(spec, ops)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, batch)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -144,13 +137,39 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
                 ) -> torch.Tensor:
+        """Hidden states after the final norm: the pieces in order, each layer's attention between two."""
         self.ops.begin_step()
+        out, residual = self.first_piece(input_ids, positions, batch.slot_mapping)
+        for index, layer in enumerate(self.layers, start=1):
+            out, residual = self.piece(index, layer.self_attn.attend(out, batch), residual, positions,
+                                       batch.slot_mapping)
+        return out
+
+    # The forward pass in the pieces that lie between attention calls. Nothing in a piece depends on how
+    # the tokens divide into sequences, only on their number, so a CUDA graph of each piece serves any step
+    # of that many tokens; attention, which reads the step's paging, runs between them (piecewise_graphs.py).
+
+    def first_piece(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedding, then the first layer up to its attention: (q, residual)."""
         x = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, batch)
-        x, _ = self.norm(x, residual)
-        return x
+        layer = self.layers[0]
+        return layer.self_attn.project(positions, layer.input_layernorm(x), slot_mapping), x
+
+    def piece(self, index: int, attended: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
+              slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From layer index-1's attention output to layer index's attention input: the o projection, the
+        residual add and norm, the MLP, then the next layer's norm and q/k/v (its q returned with the
+        residual); after the last layer, the final norm (the hidden states returned instead of q)."""
+        done = self.layers[index - 1]
+        x = done.self_attn.o_proj(attended.view(attended.shape[0], -1))
+        x, residual = done.post_attention_layernorm(x, residual)
+        x = done.mlp(x)
+        if index == len(self.layers):
+            return self.norm(x, residual)
+        layer = self.layers[index]
+        x, residual = layer.input_layernorm(x, residual)
+        return layer.self_attn.project(positions, x, slot_mapping), residual
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -25,6 +25,7 @@ from reference_engine.kernels.attention import (
 from reference_engine.kernels.cpu_linear import onednn_linear_available, pack_linears
 from reference_engine.kernels.dispatch import ops_for
 from reference_engine.loader import ResolvedModel, build_model
+from reference_engine.piecewise_graphs import PiecewiseGraphRunner, PiecewiseReport, mixed_graph_sizes
 from reference_engine.sequence import Sequence
 
 # decode attention's partition: contexts 64 * 2^k reach every partition count it compiles
@@ -113,6 +114,7 @@ class ModelRunner:
                 self.weights_bytes += self.model.lm_head.weight_bytes
         self.num_blocks = 0
         self.graphs: CUDAGraphRunner | None = None
+        self.mixed_graphs: PiecewiseGraphRunner | None = None
 
     def kv_bytes_per_block(self) -> int:
         return self.spec.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8) * self.block_size
@@ -219,6 +221,15 @@ class ModelRunner:
                                       context_bounds)
         return self.graphs.capture(graph_batch_sizes(max_num_seqs, sizes))
 
+    def capture_mixed_graphs(self, max_num_batched_tokens: int, sizes: list[int] | None = None
+                             ) -> PiecewiseReport:
+        """Graphs of the pieces between attention calls, for steps that carry prompt tokens."""
+        chosen = mixed_graph_sizes(max_num_batched_tokens, sizes)
+        if not chosen:
+            return PiecewiseReport()
+        self.mixed_graphs = PiecewiseGraphRunner(self.model, self.device, chosen)
+        return self.mixed_graphs.capture()
+
     def execute(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; return float32 logits for the sequences that sample, in the order returned."""
         step = step_inputs(items, self.block_size)
@@ -236,14 +247,24 @@ class ModelRunner:
             return logits
         assert gather is None or not step.prefills, \
             "token ids are gathered on the device for decode steps only"
+        if self.mixed_graphs is not None and gather is None and self.mixed_graphs.bucket_for(
+                len(step.input_ids)):
+            hidden = self.mixed_graphs.run(step.input_ids, step.positions, step.slots,
+                                           lambda slots: self.attention_batch(step, slots))
+            return self._sampled_logits(hidden, step.sample_rows)
         ids = gather[1] if gather is not None else step.input_ids
         ids, positions, slots, sample_rows = lists_to_device(
             [ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)
         input_ids = gather[0].index_select(0, ids) if gather is not None else ids
         hidden = self.model(input_ids, positions, self.attention_batch(step, slots))
-        if not step.sample_rows:
+        return self._sampled_logits(hidden, sample_rows)
+
+    def _sampled_logits(self, hidden: torch.Tensor, rows: torch.Tensor | list[int]) -> torch.Tensor:
+        if not len(rows):
             return torch.empty(0, self.spec.vocab_size, device=self.device)
-        return self.model.logits(hidden.index_select(0, sample_rows))
+        if isinstance(rows, list):
+            rows = to_device(rows, self.device, torch.long)
+        return self.model.logits(hidden.index_select(0, rows))
 
     def attention_batch(self, step: StepInputs, slot_mapping: torch.Tensor) -> AttentionBatch:
         """The step's paging on the device: block tables, context lengths and prefill chunks (int32), in one

@@ -30,6 +30,28 @@ class LogitRecorder:
         return self.sampler(logits, seqs)
 
 
+def assert_same_up_to_a_near_tie(eager_logits: list[torch.Tensor], eager_tokens: list[int],
+                                 graph_logits: list[torch.Tensor], graph_tokens: list[int], rel: float,
+                                 what: str) -> None:
+    """A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count),
+    so logits may differ in their last bits, by up to `rel` of their norm. Greedy tokens may then part only at
+    a near-tie: where the eager top-2 margin is within what that noise can close (per element a few times
+    rel * std, twice over as both tokens move), hence `tie`. Up to where they part, the sequences saw the same
+    tokens, so their logits must be close; after it they see different inputs and are not compared."""
+    le, lg = torch.stack(eager_logits), torch.stack(graph_logits)
+    assert len(le) == len(lg) == len(eager_tokens) == len(graph_tokens)
+    tie = max(1e-3, 8 * rel)
+    top2 = le.topk(2, dim=-1).values
+    margins = (top2[:, 0] - top2[:, 1]) / le.std(dim=-1)
+    parted = [i for i, (a, b) in enumerate(zip(eager_tokens, graph_tokens, strict=True)) if a != b]
+    same = parted[0] if parted else len(eager_tokens)
+    if parted:
+        assert margins[same] <= tie, (
+            f"{what}: parted at step {same}, top-2 margin {margins[same]:.3f} std > {tie}")
+    err = ((le[:same + 1] - lg[:same + 1]).norm() / le[:same + 1].norm()).item()
+    assert err < rel, f"{what}: logits differ by {err:.2e} over {same + 1} steps"
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     engines = {}
@@ -43,30 +65,16 @@ def test_graph_replay_gives_eager_tokens(llama_dir, dtype):
     assert engines["eager"].setup.cuda_graph_buckets == []
     rng = random.Random()
     params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
-    # A padded batch runs other GEMM kernels than the unpadded eager batch (cuBLAS picks them by row count),
-    # so logits may differ in their last bits, by up to `rel` of their norm. Greedy tokens may then part only
-    # at a near-tie: where the eager top-2 margin is within what that noise can close (per element a few times
-    # rel * std, twice over as both tokens move), hence `tie`. Up to where they part, the sequences saw the
-    # same tokens, so their logits must be close; after it they see different inputs and are not compared.
     rel = 1e-5 if dtype == "float32" else 2e-2
-    tie = max(1e-3, 8 * rel)
     for n in BATCH_SIZES:
         prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 200))] for _ in range(n)]
         eager = engines["eager"].generate(prompts, params)
         graphs = engines["graphs"].generate(prompts, params)
         for e, g in zip(eager, graphs, strict=True):
-            le = torch.stack(engines["eager"].sampler.rows[e.request_id])
-            lg = torch.stack(engines["graphs"].sampler.rows[g.request_id])
-            assert len(g.token_ids) == len(e.token_ids) == len(le) == len(lg) == 128
-            top2 = le.topk(2, dim=-1).values
-            margins = (top2[:, 0] - top2[:, 1]) / le.std(dim=-1)
-            parted = [i for i, (a, b) in enumerate(zip(e.token_ids, g.token_ids, strict=True)) if a != b]
-            same = parted[0] if parted else len(e.token_ids)
-            if parted:
-                assert margins[same] <= tie, (
-                    f"batch of {n}: parted at step {same}, top-2 margin {margins[same]:.3f} std > {tie}")
-            err = ((le[:same + 1] - lg[:same + 1]).norm() / le[:same + 1].norm()).item()
-            assert err < rel, f"batch of {n}: logits differ by {err:.2e} over {same + 1} steps"
+            assert len(g.token_ids) == len(e.token_ids) == 128
+            assert_same_up_to_a_near_tie(engines["eager"].sampler.rows[e.request_id], e.token_ids,
+                                         engines["graphs"].sampler.rows[g.request_id], g.token_ids, rel,
+                                         f"batch of {n}")
     for engine in engines.values():
         assert engine.stats().kv_blocks_used == 0
 
@@ -185,6 +193,39 @@ def _drive(engine: Engine, prompts: list[list[int]], params: list[SamplingParams
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
     assert_nothing_held(engine)
     return {i: tokens[i] for i in ids}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_steps_with_prompt_tokens_through_piecewise_graphs_give_the_eager_tokens(llama_dir, dtype):
+    """Prompts of 5-300 tokens arriving while others decode, at most 256 tokens a step: steps carrying prompt
+    chunks replay the pieces between attention calls (padded to a token bucket), against an engine whose
+    such steps run eagerly (decode graphs in both)."""
+    rng = random.Random()
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(5, 300))] for _ in range(24)]
+    params = [SamplingParams(max_tokens=rng.randint(8, 48), temperature=0.0, ignore_eos=True)
+              for _ in prompts]
+    engines, tokens, replays = {}, {}, []
+    for mode, sizes in (("eager", []), ("pieces", None)):
+        engine = Engine(EngineConfig(model=str(llama_dir), device="cuda", dtype=dtype, max_num_seqs=16,
+                                     max_model_len=1024, max_num_batched_tokens=256, num_kv_blocks=2048,
+                                     mixed_cuda_graph_sizes=sizes, async_scheduling=False))
+        engine.sampler = LogitRecorder(engine.sampler)
+        if mode == "pieces":
+            assert engine.setup.mixed_graph_sizes == [16, 32, 64, 96, 128, 192, 256]
+            assert "capture_mixed_graphs" in engine.setup.phases
+            pieces = engine.runner.mixed_graphs
+            run = pieces.run
+            pieces.run = lambda *args, run=run: replays.append(len(args[0])) or run(*args)
+        else:
+            assert engine.runner.mixed_graphs is None
+        engines[mode] = engine
+        tokens[mode] = _drive(engine, prompts, params, late=16)
+    assert len(replays) > 10 and max(replays) > 16 + 1  # prompt chunks beside decodes, not only decodes
+    rel = 1e-5 if dtype == "float32" else 2e-2
+    for request, eager in tokens["eager"].items():
+        assert_same_up_to_a_near_tie(engines["eager"].sampler.rows[request], eager,
+                                     engines["pieces"].sampler.rows[request], tokens["pieces"][request], rel,
+                                     f"request {request}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

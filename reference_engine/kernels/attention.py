@@ -78,8 +78,12 @@ class AttentionBatch:
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store each token's key and value at its slot; caches are [num_blocks, block_size, kv_heads,
-    head_dim]."""
+    head_dim]. A slot below 0 (a padded row of a graph's bucket) is written nowhere, as in the kernels; the
+    check reads the slots on the host, which this reference path may do."""
     num_kv_heads, head_dim = k_cache.shape[-2:]
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
@@ -100,10 +104,12 @@ def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                     scale: float, decode: Callable[..., torch.Tensor] | None = None,
-                    prefill: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention of every query in the flat batch over its cached context (already written); `decode` and
-    `prefill` replace the torch paths (same arguments as `decode_attention` and `prefill_attention`)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                    prefill: Callable[..., torch.Tensor] | None = None, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """Attention of every query in the flat batch over its cached context (already written), into `out` if
+    given; `decode` and `prefill` replace the torch paths (same arguments as `decode_attention` and
+    `prefill_attention`)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     nd = batch.num_decode
     if nd:
         out[:nd] = (decode or decode_attention)(q[:nd], k_cache, v_cache, batch, scale)

@@ -210,6 +210,6 @@ class CPUOps(TorchOps):
         return out
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float) -> torch.Tensor:
+               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
         prefill = self._prefill if prefill_kernel_fits(q.shape[-1]) else None
-        return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode, prefill)
+        return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode, prefill, out)

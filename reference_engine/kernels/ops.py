@@ -77,8 +77,10 @@ class TorchOps:
         return cached[2], cached[3]
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float) -> torch.Tensor:
-        return attention.paged_attention(q, k_cache, v_cache, batch, scale)
+               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Paged attention of q [T, heads, dim] over the cache; into `out` (same shape) when given, so that a
+        step captured in pieces finds it where the next piece reads."""
+        return attention.paged_attention(q, k_cache, v_cache, batch, scale, out=out)
 
     def prefill_tile_tokens(self, group: int) -> int | None:
         """New tokens per program of a kernel that attends every prefill chunk in one launch (the model runner

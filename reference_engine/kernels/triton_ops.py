@@ -126,8 +126,8 @@ class TritonOps(TorchOps):
         return q
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float) -> torch.Tensor:
-        out = torch.empty_like(q)
+               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.empty_like(q) if out is None else out
         nd = batch.num_decode
         if nd:
             self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,

@@ -52,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "step replays the smallest that holds its longest context, launching attention for "
                         "fewer partitions (default: 1024 and each four times the last below max-model-len; "
                         "given with no value: max-model-len only)")
+    p.add_argument("--mixed-cudagraph-sizes", type=int, nargs="*", default=None, metavar="TOKENS",
+                   help="token counts to capture CUDA graphs of everything but attention for, replayed by "
+                        "steps that carry prompt tokens (default: 16 to 1024 up to --max-num-batched-tokens; "
+                        "given with no value: none, such steps run eagerly)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
@@ -116,6 +120,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
         cuda_graph_batch_sizes=args.cudagraph_capture_sizes,
-        cuda_graph_context_bounds=args.cudagraph_context_bounds, kernels=args.kernels,
+        cuda_graph_context_bounds=args.cudagraph_context_bounds,
+        mixed_cuda_graph_sizes=args.mixed_cudagraph_sizes, kernels=args.kernels,
         cpu_linear=args.cpu_linear,
         seed=args.seed, async_scheduling=args.async_scheduling)
