@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from reference_engine.builtin_models import BUILTIN_MODELS, builtin_checkpoint
 from reference_engine.model import LlamaModel
@@ -97,19 +99,73 @@ def load_checkpoint_weights(model: LlamaModel, checkpoint: Path) -> None:
             targets[hf_name] = param.data[rows]
     loaded: set[str] = set()
     for file in files:
-        with safe_open(str(checkpoint / file), framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if key not in targets:
-                    continue
-                tensor = f.get_tensor(key)
-                if targets[key].shape != tensor.shape:
-                    raise ValueError(
-                        f"{key}: checkpoint shape {tuple(tensor.shape)} != model {tuple(targets[key].shape)}")
-                targets[key].copy_(tensor)
-                loaded.add(key)
+        loaded |= copy_safetensors_file(checkpoint / file, targets)
     missing = sorted(set(targets) - loaded)
     if missing:
         raise ValueError(f"{checkpoint} lacks {len(missing)} tensors, e.g. {', '.join(missing[:4])}")
+
+
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+                      "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+                      "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the mapping is read-only
+
+
+def copy_safetensors_file(path: Path, targets: dict[str, torch.Tensor]) -> set[str]:
+    """Copy every tensor of one safetensors file that `targets` names into it; return their names.
+
+    The file is memory-mapped and, for a GPU, the mapping is registered with CUDA (page-locked where it
+    lies), so each tensor goes to the device in one DMA copy straight from the page cache. On the H200 host
+    that moved a checkpoint at 13.2-13.6 GB/s, against 3.3-3.4 GB/s through safetensors' `get_tensor` and a
+    copy from pageable memory (`benchmarks/weight_read.py`, results/h200/weight-read.jsonl): for the 7B's
+    12.8 GiB, about 1 s instead of 4-8 s of the server's start-up."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else None
+    header.pop("__metadata__", None)
+    base = 8 + header_len
+    wanted = {key: entry for key, entry in header.items() if key in targets}
+    if not wanted or mapped is None:
+        return set()
+    with warnings.catch_warnings():  # read-only memory: torch warns that writing would fail; nothing writes
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.frombuffer(mapped, dtype=torch.uint8)
+    cuda = next(iter(targets.values())).is_cuda
+    registered = cuda and _register(data)
+    raw = None
+    try:
+        for key, entry in wanted.items():
+            target, shape = targets[key], tuple(entry["shape"])
+            if tuple(target.shape) != shape:
+                raise ValueError(f"{key}: checkpoint shape {shape} != model {tuple(target.shape)}")
+            dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ValueError(f"{key}: dtype {entry['dtype']} is not supported")
+            begin, end = (base + offset for offset in entry["data_offsets"])
+            if end > size:
+                raise ValueError(f"{key}: the file ends inside the tensor's data")
+            raw = data[begin:end]
+            if begin % dtype.itemsize:  # the format aligns tensors, but a writer need not
+                raw = raw.clone()
+            target.copy_(raw.view(dtype).view(shape), non_blocking=registered)
+        if registered:
+            torch.cuda.synchronize(target.device)  # every copy has left the mapping before it goes
+    finally:
+        if registered:
+            torch.cuda.cudart().cudaHostUnregister(data.data_ptr())
+        del data, raw
+        with contextlib.suppress(BufferError):  # a view outlived the copies (an error mid-way): it goes later
+            mapped.close()
+    return set(wanted)
+
+
+def _register(data: torch.Tensor) -> bool:
+    """Page-lock a host mapping for direct copies to the GPU; False where CUDA refuses (then copies go
+    through pageable memory, as before)."""
+    status = torch.cuda.cudart().cudaHostRegister(data.data_ptr(), data.numel(), CUDA_HOST_REGISTER_READ_ONLY)
+    return int(status) == 0
 
 
 def init_random_weights(model: LlamaModel, seed: int) -> None:

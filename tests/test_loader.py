@@ -1,7 +1,10 @@
-"""Checkpoint loading (`loader.load_checkpoint_weights`): a sharded checkpoint that lacks a tensor or holds
-one of the wrong shape is refused with the tensor's name."""
+"""Checkpoint loading (`loader.load_checkpoint_weights`): every parameter gets the checkpoint's values, read
+through a memory map (registered with CUDA on a GPU), whatever the model's dtype, and a sharded checkpoint
+that lacks a tensor, holds one of the wrong shape or ends early is refused with the tensor's name."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
@@ -41,4 +44,38 @@ def test_a_missing_or_misshapen_tensor_is_refused_by_name(tmp_path):
 
     key = rewrite_one_shard(checkpoint, truncate)
     with pytest.raises(ValueError, match=f"{key}: checkpoint shape"):
+        built(checkpoint)
+
+
+def checkpoint_tensors(checkpoint) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for shard in checkpoint.glob("*.safetensors"):
+        tensors.update(load_file(str(shard)))
+    return tensors
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_parameter_holds_the_checkpoints_values(tmp_path, dtype, device):
+    """Random weights saved in float32: a float32 model copies them as they are, a bfloat16 one casts on the
+    way; on a GPU the copies run asynchronously from the registered mapping, which must outlive them."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt", "llama", seed=random.randrange(1 << 20), shard=True)
+    model = build_model(resolve_model(str(checkpoint)), 256, torch.device(device), dtype, TorchOps())
+    params = {name: param.cpu() for name, param in model.named_parameters()}
+    saved = checkpoint_tensors(checkpoint)
+    layer = "model.layers.1"
+    fused_qkv = torch.cat([saved[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(params["layers.1.self_attn.qkv_proj.weight"], fused_qkv.to(dtype))
+    o_proj = saved[f"{layer}.self_attn.o_proj.weight"]
+    assert torch.equal(params["layers.1.self_attn.o_proj.weight"], o_proj.to(dtype))
+    assert torch.equal(params["embed_tokens.weight"], saved["model.embed_tokens.weight"].to(dtype))
+    assert torch.equal(params["norm.weight"], saved["model.norm.weight"].to(dtype))
+
+
+def test_a_truncated_shard_is_refused(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ckpt", "llama", shard=True)
+    shard = max(checkpoint.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="the file ends inside the tensor's data"):
         built(checkpoint)
