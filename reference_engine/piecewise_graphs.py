@@ -99,10 +99,12 @@ class PiecewiseGraphRunner:
         reserved = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
-        _, _, slots = self.inputs(max(self.sizes))
-        slots.fill_(-1)  # the warm-up runs below write no cache slot
         pieces = len(self.model.layers) + 1
         for size in reversed(self.sizes):
+            # The warm-up runs below write no cache slot; token ids and positions stay 0 (the buckets' views
+            # overlap, but taken largest first, no bucket's ids or positions lie where a larger one's slots
+            # do).
+            self.inputs(size)[2].fill_(-1)
             graphs = []
             for index in range(pieces):
                 self.run_piece(size, index)  # first use outside the capture: workspaces, kernel selection
