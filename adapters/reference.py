@@ -34,8 +34,14 @@ REFERENCE_STARTUP = [
             r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s", phase="weights", memory="weights"),
     pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) "
             r"tokens, (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
+    # decode graphs, then the pieces of steps with prompt tokens: both count as graph capture, their pools add
     pattern("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
-            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool"),
+            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool",
+            repeat="sum"),
+    pattern("mixed_graphs_captured", r"CUDA graphs for steps with prompt tokens: (?P<pieces>\d+) pieces over "
+            r"token counts (?P<sizes>\[[\d, ]*\]), pool (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s",
+            phase="cuda_graphs", memory="graph_pool", repeat="sum",
+            detail="pieces between attention calls, for steps with prompt tokens"),
     pattern("warmed_up", r"eager steps warmed up: (?P<steps>\d+) step shapes in (?P<seconds>[\d.]+) s",
             phase="compile", detail="every eager step shape run once (kernel compiles, allocator growth)"),
     pattern("server_ready", r"server ready at (?P<url>\S+) in (?P<seconds>[\d.]+) s", ready=True),

@@ -18,8 +18,9 @@ A server that prints its configuration as `key=value` pairs on one line (vLLM's 
 the log wrote them, for the comparator's parity audit of the backends.
 
 Repeated lines of one phase (one per worker or shard, or one per capture round) are combined by `repeat`:
-`max` (parallel workers) or `sum` (rounds one after another). Progress bars' carriage returns and colour codes
-are stripped first, so a line is matched as the terminal would finally show it.
+`max` (parallel workers) or `sum` (rounds one after another; their memory figures add up too). Progress
+bars' carriage returns and colour codes are stripped first, so a line is matched as the terminal would
+finally show it.
 """
 
 from __future__ import annotations

@@ -90,6 +90,8 @@ def _memory(
     for key, value in found.items():
         if pattern.weak and key in out.memory and key not in weak:
             continue  # a weak figure never replaces one read elsewhere
+        if pattern.repeat == "sum" and key in out.memory and key not in weak:
+            value += out.memory[key]  # rounds one after another hold their memory side by side
         out.memory[key] = value
         (weak.add if pattern.weak else weak.discard)(key)
 

@@ -27,7 +27,9 @@ REFERENCE_LOG = "\n".join(
         " tokens, 1.000 GiB in 3.327 s",
         "2025-03-01 12:00:09,000 INFO reference_engine: CUDA graphs captured: 4 buckets [1, 2, 4,"
         " 8], pool 0.250 GiB in 1.900 s",
-        "2025-03-01 12:00:09,100 INFO reference_engine.server: server ready at"
+        "2025-03-01 12:00:09,600 INFO reference_engine: CUDA graphs for steps with prompt tokens: 429 pieces"
+        " over token counts [16, 32, 1024], pool 0.145 GiB in 0.600 s",
+        "2025-03-01 12:00:09,700 INFO reference_engine.server: server ready at"
         " http://127.0.0.1:8000 in 6.097 s",
         "",
     ]
@@ -43,10 +45,10 @@ def test_reference_log_phases_memory_and_offsets():
         "cuda_graphs",
         "server_ready",
     ]
-    assert [p.seconds for p in parsed.phases[:4]] == [0.980, 1.783, 3.327, 1.900]
+    assert [p.seconds for p in parsed.phases[:4]] == [0.980, 1.783, 3.327, 2.5]  # decode + piecewise capture
     assert parsed.memory["weights"] == pytest.approx(0.501 * 2**30)
     assert parsed.memory["kv_cache"] == 2**30 and parsed.memory["kv_tokens"] == 1456 * 16
-    assert parsed.memory["graph_pool"] == pytest.approx(0.25 * 2**30)
+    assert parsed.memory["graph_pool"] == pytest.approx((0.25 + 0.145) * 2**30)  # the two pools add
     assert (parsed.device, parsed.dtype, parsed.server_ready_s) == ("cpu", "float32", 6.097)
     spawned = datetime(2025, 3, 1, 12, 0, 0).timestamp()
     report = SetupReport("reference", "graphs", "process", "http://x", spawned_at=spawned)
@@ -55,7 +57,7 @@ def test_reference_log_phases_memory_and_offsets():
     assert phases["process_start"].seconds == pytest.approx(1.0)  # spawn to the first log line
     assert phases["weights"].end_s == pytest.approx(3.8)
     assert phases["kv_cache"].end_s == pytest.approx(7.1)
-    assert phases["cuda_graphs"].end_s == pytest.approx(9.0)
+    assert phases["cuda_graphs"].end_s == pytest.approx(9.6)
 
 
 def test_a_phase_that_ran_beside_others_says_so_in_the_set_up_line():

@@ -104,8 +104,9 @@ class EngineCollector(Collector):
                     stats.kv_blocks_used / max(1, stats.kv_blocks_total))
         yield gauge("reference:cuda_graph_buckets", "Decode batch sizes captured as CUDA graphs.",
                     len(setup.cuda_graph_buckets))
-        yield gauge("reference:cuda_graph_pool_bytes", "Device memory held by CUDA graphs.",
-                    setup.cuda_graph_pool_bytes)
+        yield gauge("reference:cuda_graph_pool_bytes",
+                    "Device memory held by CUDA graphs (decode steps and the pieces of steps with prompts).",
+                    setup.cuda_graph_pool_bytes + setup.mixed_graph_pool_bytes)
         yield gauge("reference:cuda_graph_warmup_seconds",
                     "Start-up seconds of the eager step before capture (first use of kernels).",
                     setup.cuda_graph_warmup_seconds)
