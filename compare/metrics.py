@@ -211,7 +211,8 @@ def _nan(value: float | None) -> float:
 def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.DataFrame:
     """Every inter-token gap of every record: columns `row` (index into `records`) and `gap_s`.
 
-    Per token (default): an event with k tokens contributes k gaps of (its gap)/k, exactly `timing.itl`.
+    Per token (default): events of a record that arrived together (the same time) are one arrival, and an
+    arrival with k tokens contributes k gaps of (its gap)/k, exactly `timing.itl`.
     `per_event`: one gap per token event after the first (`timing.itl_per_event`)."""
     rows, times, counts = [], [], []
     for i, r in enumerate(records):
@@ -230,7 +231,11 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     owner = row[1:][same]
     if per_event:
         return pd.DataFrame({"row": owner, "gap_s": gaps})
-    k = n[1:][same]
+    # merge each run of events of one record at one time into an arrival: its first time, their tokens
+    starts = np.flatnonzero(np.r_[True, (row[1:] != row[:-1]) | (t[1:] != t[:-1])])
+    row, t, n = row[starts], t[starts], np.add.reduceat(n, starts)
+    same = row[1:] == row[:-1]
+    gaps, owner, k = (t[1:] - t[:-1])[same], row[1:][same], n[1:][same]
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 

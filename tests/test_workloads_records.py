@@ -112,6 +112,21 @@ def test_metric_definitions_on_random_records():
         assert timing.client_lag(record) == pytest.approx(record.send_s - record.scheduled_s)
 
 
+def test_tokens_read_together_count_alike_however_they_were_framed():
+    """Three tokens that reach the client at once give the same per-token gaps whether the server sent them
+    as one SSE event or as three events in one write (same receive time); the per-event view keeps the
+    framing: one gap and two zeros."""
+    rng = np.random.default_rng(16)
+    first, later = 2.0 + rng.uniform(0, 1), 0.003 + rng.uniform(0, 0.05)
+    one_event = random_record(rng, events=[(first, 1, 1), (first + later, 3, 3)], output_tokens=4)
+    three_events = random_record(rng, events=[(first, 1, 1), (first + later, 1, 1), (first + later, 1, 1),
+                                              (first + later, 1, 1)], output_tokens=4)
+    assert timing.itl(one_event) == pytest.approx([later / 3] * 3)
+    assert timing.itl(three_events) == pytest.approx(timing.itl(one_event))
+    assert timing.itl_per_event(three_events) == pytest.approx([later, 0.0, 0.0])
+    assert timing.itl_per_event(one_event) == pytest.approx([later])
+
+
 def test_metrics_when_facts_are_missing():
     rng = np.random.default_rng(15)
     never_sent = random_record(rng, send_s=None)

@@ -5,8 +5,11 @@ Metric definitions).
   keep-alive events do not count; a token that decodes to empty text does).
 - E2E: last token event minus the send time.
 - TPOT: (E2E - TTFT) / (output tokens - 1), output tokens as chosen in the record (usage, else events).
-- ITL: the gaps between consecutive token events; an event carrying k tokens contributes k gaps of gap/k
-  (`itl`), and the per-event view keeps one gap per event (`itl_per_event`).
+- ITL: the gaps between consecutive token arrivals; an arrival carrying k tokens contributes k gaps of
+  gap/k (`itl`). An arrival is one token event, or several read together (the same receive time): k tokens
+  that reach the client at once count alike whether the server framed them as one SSE event (vLLM's front end
+  when it falls behind) or as k events in one write (ours), or split across TCP segments read at once. The
+  per-event view keeps one gap per event (`itl_per_event`).
 - client lag: send time minus scheduled time.
 - TTFT and E2E from the intended send (`ttft_intended`, `e2e_intended`): the same first and last token
   events minus the *scheduled* time, when the schedule meant the request to be sent, rather than when the
@@ -81,9 +84,20 @@ def itl_per_event(record: RequestRecord) -> list[float]:
     return [b - a for a, b in pairwise(times)]
 
 
+def token_arrivals(record: RequestRecord) -> list[tuple[float, int]]:
+    """(arrival_s, n_tokens) of the token events, those with the same arrival time (read together) merged."""
+    arrivals: list[tuple[float, int]] = []
+    for t, n in token_events(record):
+        if arrivals and arrivals[-1][0] == t:
+            arrivals[-1] = (t, arrivals[-1][1] + n)
+        else:
+            arrivals.append((t, n))
+    return arrivals
+
+
 def itl(record: RequestRecord) -> list[float]:
-    """Per-token gaps: an event with k tokens contributes k gaps of (its gap)/k."""
-    events = token_events(record)
+    """Per-token gaps: an arrival with k tokens contributes k gaps of (its gap)/k."""
+    events = token_arrivals(record)
     gaps: list[float] = []
     for (t_prev, _), (t, n) in pairwise(events):
         gaps.extend([(t - t_prev) / n] * n)
