@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import lzma
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from workloads import timing
 from workloads.records import RequestRecord
 
 SAME_STEP_S = 0.0005
@@ -46,9 +46,8 @@ def point_line(records: list[RequestRecord]) -> str:
             continue
         arrivals += [e[0] for e in events]
         firsts.append(events[0][0])
-        for (t0, _, _), (t1, k, _) in itertools.pairwise(events):
-            itl += [(t1 - t0) * 1000 / k] * k
-            per_event.append(k)
+        itl += [gap * 1000 for gap in timing.itl(r)]
+        per_event += [k for _, k, _ in events[1:]]
     times = np.sort(np.array(arrivals))
     starts = times[np.r_[True, np.diff(times) > SAME_STEP_S]]
     steps = np.diff(starts) * 1000  # steps[i - 1]: the step that ended at starts[i]
