@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import mmap
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,8 @@ import torch
 from reference_engine.builtin_models import BUILTIN_MODELS, builtin_checkpoint
 from reference_engine.model import LlamaModel
 from reference_engine.model_config import ModelSpec, named_shape, read_spec
+
+log = logging.getLogger("reference_engine")
 
 RANDOM_PREFIX = "random:"
 
@@ -182,15 +186,25 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
 
 def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dtype: torch.dtype,
                 ops, seed: int = 0) -> LlamaModel:
-    """Allocate the model straight on its device (no CPU copy of random weights) and fill its weights."""
+    """Allocate the model straight on its device in its dtype (no CPU copy, no float32 copy first) and fill
+    its weights. Logs the two parts' times: allocation (which pays for CUDA's start) and filling."""
+    start = time.perf_counter()
     with torch.device("meta"):
-        model = LlamaModel(resolved.spec, max_len, ops)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaModel(resolved.spec, max_len, ops).to(dtype)  # on meta: shapes only, no memory
+    model = model.to_empty(device=device)
     if resolved.spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary.reset_tables()  # float32, computed on the device, after the dtype cast
+    allocated = time.perf_counter()
     if resolved.checkpoint is None:
         init_random_weights(model, seed)
     else:
         load_checkpoint_weights(model, resolved.checkpoint)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    filled = time.perf_counter()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    log.info("model allocated on %s in %.3f s; weights filled (%s) in %.3f s, %.2f GB/s", device,
+             allocated - start, "checkpoint" if resolved.checkpoint else "random",
+             filled - allocated, size / max(filled - allocated, 1e-9) / 1e9)
     return model.eval().requires_grad_(False)
