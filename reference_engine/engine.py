@@ -9,8 +9,10 @@ post-processes N and prepares N+2. Step N+1's positions, slots and block tables 
 (those certain to stop at N by length are left out); its token ids are copied on the device from N's samples.
 A sequence that stops at N by EOS, a stop token or an abort had one more row computed in N+1: that row is
 dropped, and it wrote only into the sequence's own blocks, which later steps can reuse only after N+1 (one
-stream runs the steps in order). Any step that is not a pure decode of every running sequence (a prefill, a
-waiting request, a preemption, too few free blocks) waits for the step in flight and runs synchronously;
+stream runs the steps in order). A step in which every sequence samples (decodes, and prompts whose last chunk
+it carries) is itself queued without waiting for its tokens, so the decode step after a prefill overlaps too.
+Any step that is not a decode of every running sequence (a prompt chunk that samples nothing, a waiting
+request, a preemption, too few free blocks) waits for the step in flight and runs synchronously;
 min_tokens does not (the sampler bans stop tokens by the position being sampled, which the host knows, so a
 benchmark's forced output length overlaps too). Each call still returns one model step's outputs; a request
 that arrives mid-run joins one step later than without overlap, and unseeded random sampling draws differ
@@ -316,8 +318,9 @@ class Engine:
         return RequestOutput.of(seq, [token])
 
     def _launchable(self, batch: ScheduledBatch) -> bool:
-        """A pure decode step (every row samples its next token) that can run without the host waiting."""
-        return bool(batch.items) and all(n == 1 and seq.num_uncomputed_tokens == 1 for seq, n in batch.items)
+        """A step in which every sequence samples its next token (decodes, and prompts whose last chunk it
+        carries), so that it can run without the host waiting and the decode step after it can be queued."""
+        return bool(batch.items) and all(seq.num_uncomputed_tokens == n for seq, n in batch.items)
 
     def _ends_by_length(self, seq: Sequence) -> bool:
         """Whether the token now being sampled for `seq` is certainly its last, whatever its value."""

@@ -144,7 +144,8 @@ def test_forced_output_length_overlaps_every_decode_step(llama_dir):
     script = Script(adds={0: [(str(i), p, forced) for i, p in enumerate(prompts)]})
     sync, overlapped = both(llama_dir, script, eos={eos})
     assert overlapped.steps == sync.steps and set(sync.reasons.values()) == {"length"}
-    assert overlapped.engine.num_overlapped_steps == 18  # as without min_tokens: every decode after the first
+    # as without min_tokens: every decode step, the first too (queued while the prefill that samples runs)
+    assert overlapped.engine.num_overlapped_steps == 19
     banned = SamplingParams(max_tokens=30, min_tokens=10, temperature=0.0)
     script = Script(adds={0: [(str(i), p, banned) for i, p in enumerate(prompts)]})
     sync, overlapped = both(llama_dir, script, eos={eos})
@@ -159,9 +160,9 @@ def test_greedy_max_tokens_only_overlaps_every_decode_step(llama_dir):
     script = Script(adds={0: [(str(i), p, params) for i, p in enumerate(prompts)]})
     sync, overlapped = both(llama_dir, script)
     assert overlapped.steps == sync.steps
-    # One prefill step, 19 decode steps: the first decode is launched from the schedule, the other 18 are
-    # queued behind the step before; none is computed past the length limit.
-    assert overlapped.engine.num_overlapped_steps == 18
+    # One prefill step, 19 decode steps, each queued behind the step before (the first behind the prefill,
+    # in which every sequence samples); none is computed past the length limit.
+    assert overlapped.engine.num_overlapped_steps == 19
     assert len(overlapped.steps) == 20
     # Blocks filled by decode steps are registered for prefix reuse as they are without overlap.
     assert overlapped.engine.block_manager.cached == sync.engine.block_manager.cached
@@ -230,7 +231,7 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
 
         got = dict(enumerate(await asyncio.gather(*(read(s) for s in streams))))
         await engine.close()
-        assert engine.engine.num_overlapped_steps == (10 if overlap else 0)
+        assert engine.engine.num_overlapped_steps == (11 if overlap else 0)  # every decode step
         return got
 
     assert asyncio.run(serve(True)) == asyncio.run(serve(False))
