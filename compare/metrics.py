@@ -226,16 +226,15 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     row = np.asarray(rows, dtype=np.int64)
     t = np.asarray(times, dtype=float)
     n = np.asarray(counts, dtype=np.int64)
-    same = row[1:] == row[:-1]  # consecutive token events of one record
+    if not per_event:  # each run of events of one record at one time is one arrival: its time, their tokens
+        starts = np.flatnonzero(np.r_[True, (row[1:] != row[:-1]) | (t[1:] != t[:-1])])
+        row, t, n = row[starts], t[starts], np.add.reduceat(n, starts)
+    same = row[1:] == row[:-1]  # consecutive token events (arrivals) of one record
     gaps = (t[1:] - t[:-1])[same]
     owner = row[1:][same]
     if per_event:
         return pd.DataFrame({"row": owner, "gap_s": gaps})
-    # merge each run of events of one record at one time into an arrival: its first time, their tokens
-    starts = np.flatnonzero(np.r_[True, (row[1:] != row[:-1]) | (t[1:] != t[:-1])])
-    row, t, n = row[starts], t[starts], np.add.reduceat(n, starts)
-    same = row[1:] == row[:-1]
-    gaps, owner, k = (t[1:] - t[:-1])[same], row[1:][same], n[1:][same]
+    k = n[1:][same]
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 

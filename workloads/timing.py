@@ -25,6 +25,7 @@ count is the comparator's decision.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 from workloads.records import RequestRecord
@@ -86,8 +87,13 @@ def itl_per_event(record: RequestRecord) -> list[float]:
 
 def token_arrivals(record: RequestRecord) -> list[tuple[float, int]]:
     """(arrival_s, n_tokens) of the token events, those with the same arrival time (read together) merged."""
+    return merge_arrivals(token_events(record))
+
+
+def merge_arrivals(events: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    """(time, n_tokens) pairs in time order, consecutive ones at the same time merged into one."""
     arrivals: list[tuple[float, int]] = []
-    for t, n in token_events(record):
+    for t, n in events:
         if arrivals and arrivals[-1][0] == t:
             arrivals[-1] = (t, arrivals[-1][1] + n)
         else:
@@ -95,13 +101,17 @@ def token_arrivals(record: RequestRecord) -> list[tuple[float, int]]:
     return arrivals
 
 
-def itl(record: RequestRecord) -> list[float]:
-    """Per-token gaps: an arrival with k tokens contributes k gaps of (its gap)/k."""
-    events = token_arrivals(record)
+def per_token_gaps(arrivals: Sequence[tuple[float, int]]) -> list[float]:
+    """An arrival of k tokens contributes k gaps of (its time minus the previous arrival's)/k."""
     gaps: list[float] = []
-    for (t_prev, _), (t, n) in pairwise(events):
+    for (t_prev, _), (t, n) in pairwise(arrivals):
         gaps.extend([(t - t_prev) / n] * n)
     return gaps
+
+
+def itl(record: RequestRecord) -> list[float]:
+    """Per-token gaps: an arrival with k tokens contributes k gaps of (its gap)/k."""
+    return per_token_gaps(token_arrivals(record))
 
 
 def client_lag(record: RequestRecord) -> float | None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads import timing
 from workloads.scripted_server import ScriptedSchedule, token_texts
 
 DEFINITIONS = ("ours", "vllm", "aiperf", "guidellm")
@@ -107,15 +108,8 @@ def true_metrics(truth: Truth, definition: str) -> dict[str, Any] | None:
     itl: list[float]
     if definition == "ours":
         tpot = (tokens[-1].t - tokens[0].t) / (n - 1) if n > 1 else None
-        arrivals: list[list[float]] = []  # events at one time (one write) are one arrival, as timing.itl
-        for e in tokens:
-            if arrivals and arrivals[-1][0] == e.t:
-                arrivals[-1][1] += e.tokens
-            else:
-                arrivals.append([e.t, e.tokens])
-        itl = []
-        for (t_a, _), (t_b, k) in pairwise(arrivals):
-            itl.extend([(t_b - t_a) / k] * int(k))
+        # events at one time (one write) are one arrival, as in timing.itl
+        itl = timing.per_token_gaps(timing.merge_arrivals((e.t, e.tokens) for e in tokens))
     elif definition in ("vllm", "aiperf"):  # they differ in which chunks count, not in the formulas
         tpot = (last - first) / (n - 1) if n > 1 else None
         itl = [b.t - a.t for a, b in pairwise(counted)]
