@@ -185,6 +185,23 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
                 param.normal_(0.0, 0.02, generator=gen)
 
 
+def allocate_empty(model: torch.nn.Module, device: torch.device) -> None:
+    """Give each of a meta-device model's parameters and buffers uninitialised memory on `device`; a tensor
+    shared by two modules (a tied LM head) stays shared. `Module.to_empty` does the same through
+    `empty_like`, whose meta-device kernel imports torch's symbolic shapes (sympy): 0.4-1.5 s of start-up."""
+    made: dict[int, torch.Tensor] = {}  # by the meta tensor's id (the model keeps each alive meanwhile)
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) not in made:
+                memory = torch.empty(param.shape, dtype=param.dtype, device=device)
+                made[id(param)] = torch.nn.Parameter(memory, requires_grad=param.requires_grad)
+            setattr(module, name, made[id(param)])
+        for name, buffer in module.named_buffers(recurse=False):
+            if id(buffer) not in made:
+                made[id(buffer)] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
+            setattr(module, name, made[id(buffer)])
+
+
 def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dtype: torch.dtype,
                 ops, seed: int = 0) -> LlamaModel:
     """Allocate the model straight on its device in its dtype (no CPU copy, no float32 copy first) and fill
@@ -192,9 +209,7 @@ def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dty
     start = time.perf_counter()
     with torch.device("meta"):
         model = LlamaModel(resolved.spec, max_len, ops).to(dtype)  # on meta: shapes only, no memory
-    model = model.to_empty(device=device)
-    if resolved.spec.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+    allocate_empty(model, device)
     model.rotary.reset_tables()  # float32, computed on the device, after the dtype cast
     allocated = time.perf_counter()
     if resolved.checkpoint is None:

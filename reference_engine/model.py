@@ -127,7 +127,10 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.ops = ops
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # given an empty weight, as every parameter here is filled by the loader: nn.Embedding's own init
+        # draws normal_, whose meta-device kernel imports sympy (1.2 s of start-up) when built on meta
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size,
+                                         _weight=torch.empty(spec.vocab_size, spec.hidden_size))
         self.rotary = RotaryEmbedding(spec, max_len)
         self.layers = nn.ModuleList(DecoderLayer(spec, self.rotary, ops) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)

@@ -79,3 +79,17 @@ def test_a_truncated_shard_is_refused(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(ValueError, match="the file ends inside the tensor's data"):
         built(checkpoint)
+
+
+def test_a_tied_lm_head_stays_the_embedding_after_allocation(tmp_path):
+    """Parameters are allocated one by one from the meta-device model (`loader.allocate_empty`); a tensor two
+    modules share (the tied LM head) must stay one tensor, filled once, and every buffer must be allocated."""
+    checkpoint = make_checkpoint(tmp_path / "tied", "qwen2", seed=random.randrange(1 << 20))  # tied
+    model = build_model(resolve_model(str(checkpoint)), 256, torch.device("cpu"), torch.bfloat16, TorchOps())
+    assert model.lm_head.weight is model.embed_tokens.weight
+    saved = checkpoint_tensors(checkpoint)
+    assert torch.equal(model.lm_head.weight, saved["model.embed_tokens.weight"].to(torch.bfloat16))
+    tensors = [*model.parameters(), *model.buffers()]
+    assert all(not t.is_meta for t in tensors)
+    assert len({t.data_ptr() for t in model.parameters()}) == len(list(model.parameters()))  # no others share
+    assert model.rotary.cos.dtype == torch.float32 and torch.isfinite(model.rotary.cos).all()
