@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from reference_engine.config import EngineConfig, SamplingParams
-    from reference_engine.engine import Engine, EngineStartup, EngineStats
+    from reference_engine.engine import Engine
+    from reference_engine.engine_info import EngineStartup, EngineStats
     from reference_engine.sequence import RequestOutput
 
 _HOMES = {
     "Engine": "reference_engine.engine",
     "EngineConfig": "reference_engine.config",
-    "EngineStartup": "reference_engine.engine",
-    "EngineStats": "reference_engine.engine",
+    "EngineStartup": "reference_engine.engine_info",
+    "EngineStats": "reference_engine.engine_info",
     "RequestOutput": "reference_engine.sequence",
     "SamplingParams": "reference_engine.config",
 }

@@ -25,14 +25,14 @@ import functools
 import itertools
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from reference_engine.block_manager import BlockManager
 from reference_engine.config import EngineConfig, SamplingParams
-from reference_engine.engine_info import RequestLimits
+from reference_engine.engine_info import EngineStartup, EngineStats, RequestLimits
 from reference_engine.loader import resolve_dtype, resolve_model
 from reference_engine.model_runner import ModelRunner, lookahead_inputs, step_inputs
 from reference_engine.sampler import Sampler
@@ -47,39 +47,6 @@ log = logging.getLogger("reference_engine")
 
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_CPU_KV_BUDGET = 1024**3
-
-
-@dataclass
-class EngineStartup:
-    """What starting the engine cost: phase durations (seconds) and memory (bytes)."""
-
-    phases: dict[str, float] = field(default_factory=dict)
-    num_kv_blocks: int = 0
-    kv_cache_bytes: int = 0
-    weights_bytes: int = 0
-    cuda_graph_buckets: list[int] = field(default_factory=list)
-    cuda_graph_warmup_seconds: float = 0.0
-    cuda_graph_capture_seconds: dict[int, float] = field(default_factory=dict)
-    cuda_graph_pool_bytes: int = 0
-    mixed_graph_sizes: list[int] = field(default_factory=list)  # token counts of the piecewise graphs
-    mixed_graph_pool_bytes: int = 0
-    device: str = ""
-    dtype: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    kv_blocks_free: int
-    prefix_queried_tokens: int
-    prefix_hit_tokens: int
-    preemptions: int
 
 
 @dataclass

@@ -22,14 +22,15 @@ import logging
 import pickle
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 import torch
 
 from reference_engine.config import EngineConfig
 from reference_engine.config import cpu_threads as default_threads
-from reference_engine.engine import Engine, EngineStats
+from reference_engine.core_messages import CoreOutput, StepReport
+from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
 from reference_engine.heap import freeze_startup_heap
 from reference_engine.sequence import RequestOutput
@@ -44,37 +45,6 @@ class CoreLink:
 
     commands: Connection  # the core receives on it
     results: Connection  # the core sends on it
-
-
-@dataclass(slots=True)
-class CoreOutput:
-    """A request's new tokens after one step: `RequestOutput`'s fields that the front end reads. They cross
-    the pipe as a plain tuple (`row`): pickling a tuple costs a tenth of pickling this object."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[float] | None
-    finished: bool
-    finish_reason: str | None
-    num_cached_tokens: int
-
-    @staticmethod
-    def row(out: RequestOutput) -> tuple:
-        return (out.request_id, out.new_token_ids, out.new_logprobs, out.finished, out.finish_reason,
-                out.num_cached_tokens)
-
-
-@dataclass
-class StepReport:
-    """What one step changed, and the engine's counters after it (for /metrics and back-pressure)."""
-
-    outputs: list[tuple]  # CoreOutput rows
-    stats: EngineStats
-    num_added: int  # add commands taken so far, so the front end knows how many are still in the pipe
-    num_steps: int
-    step_seconds: float  # seconds spent inside `Engine.step` so far
-    # (request id, why) of adds the engine refused
-    rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
 def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connection]], cpu_threads: int | None,

@@ -1,5 +1,6 @@
 """What the HTTP front end needs to know about an engine, without holding the engine itself: its request
-limits (to answer 400 before a request is queued), the tokenizer to load, and its start-up report.
+limits (to answer 400 before a request is queued), the tokenizer to load, its start-up report and its
+counters. Plain data, no torch: a front end starts without importing it.
 
 The engine may live in this process (`EngineInfo.of(engine)`) or in an engine-core process that sends this
 object, pickled, once it is ready; the front end treats both alike.
@@ -7,7 +8,7 @@ object, pickled, once it is ready; the front end treats both alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from reference_engine.config import SamplingParams
@@ -17,7 +18,40 @@ from reference_engine.tokenizer import load_tokenizer
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from reference_engine.engine import Engine, EngineStartup
+    from reference_engine.engine import Engine
+
+
+@dataclass
+class EngineStartup:
+    """What starting the engine cost: phase durations (seconds) and memory (bytes)."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    num_kv_blocks: int = 0
+    kv_cache_bytes: int = 0
+    weights_bytes: int = 0
+    cuda_graph_buckets: list[int] = field(default_factory=list)
+    cuda_graph_warmup_seconds: float = 0.0
+    cuda_graph_capture_seconds: dict[int, float] = field(default_factory=dict)
+    cuda_graph_pool_bytes: int = 0
+    mixed_graph_sizes: list[int] = field(default_factory=list)  # token counts of the piecewise graphs
+    mixed_graph_pool_bytes: int = 0
+    device: str = ""
+    dtype: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    preemptions: int
 
 
 @dataclass(frozen=True)

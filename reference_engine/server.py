@@ -2,8 +2,9 @@
 
 With the engine core in its own process (the default), the core (and any extra front-end processes,
 `--api-server-count`) is started first, before this process imports the HTTP front end
-(reference_engine/serving/server.py), so that the processes import torch and the rest side by side rather than
-one after the other.
+(reference_engine/serving/server.py), so that the processes start side by side rather than one after the
+other: the core imports torch and builds the engine while the front ends import aiohttp and load the
+tokenizer.
 """
 
 from __future__ import annotations

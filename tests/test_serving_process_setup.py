@@ -55,3 +55,19 @@ def test_tokenizer_is_loaded_early_only_from_a_directory_the_command_line_names(
     assert early_tokenizer_source(given) == str(other)
     assert same_place(str(tmp_path), f"{tmp_path}/") and not same_place(str(tmp_path), str(other))
     assert not same_place(str(tmp_path), None)
+
+
+def test_the_front_end_imports_no_torch():
+    """A front end never runs a model: importing its modules must not import torch (seconds of start-up in
+    each front-end process; the tokenizer's load, through AutoTokenizer, still does, beside the engine core's
+    start). In a fresh interpreter, as a front end starts."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\n"
+             "import reference_engine.serving.server, reference_engine.serving.frontends\n"
+             "import reference_engine.serving.engine_client, reference_engine.serving.options\n"
+             "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:5])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -16,7 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from reference_engine.config import SamplingParams
-from reference_engine.engine import Engine, EngineStats
+from reference_engine.engine import Engine
+from reference_engine.engine_info import EngineStats
 from reference_engine.sequence import RequestOutput
 from reference_engine.serving.request_streams import EngineDeadError, OverloadedError, RequestStreams
 

@@ -16,9 +16,8 @@ import threading
 from multiprocessing.process import BaseProcess
 
 from reference_engine.config import EngineConfig, SamplingParams
-from reference_engine.engine import EngineStats
-from reference_engine.engine_core import CoreOutput, StepReport
-from reference_engine.engine_info import EngineInfo
+from reference_engine.core_messages import CoreOutput, StepReport
+from reference_engine.engine_info import EngineInfo, EngineStats
 from reference_engine.serving.core_process import FrontLink, start_engine_core
 from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from reference_engine.config import SamplingParams
-from reference_engine.engine import EngineStats
+from reference_engine.engine_info import EngineStats
 
 
 class OverloadedError(RuntimeError):
