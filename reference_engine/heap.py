@@ -18,11 +18,17 @@ log = logging.getLogger("reference_engine.heap")
 SLOW_COLLECTION_S = 0.05
 
 
+def freeze_heap() -> None:
+    """Collect once and freeze what is left. Called early as well (a front end, once its modules and tokenizer
+    are in, while the engine core still builds) so that the collection at ready walks only what came after."""
+    gc.collect()
+    gc.freeze()
+
+
 def freeze_startup_heap(process: str) -> Callable[[str, dict], None]:
     """Collect once, freeze what is left, and start logging full collections slower than 50 ms; returns the
     callback that logs them (in `gc.callbacks`)."""
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     log.info("%s: %d start-up objects frozen out of the collector's sweeps", process, gc.get_freeze_count())
     started: list[float] = []
 

@@ -38,15 +38,12 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
 from reference_engine.config import cpu_threads
-from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
-from reference_engine.heap import freeze_startup_heap
-from reference_engine.serving.async_engine import AsyncEngine
+from reference_engine.heap import freeze_heap, freeze_startup_heap
 from reference_engine.serving.core_process import LOG_FORMAT, FrontLink, StartedCore, start_engine_core
 from reference_engine.serving.engine_client import connect_engine_core
 from reference_engine.serving.generation import GenerationRequest, generate_tokens, new_request_id
@@ -239,7 +236,12 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
             if extra is not None:
                 await extra.stop(0.0)
             raise
-    else:
+    else:  # the engine in this process: only then does the front end import torch and the engine
+        import torch
+
+        from reference_engine.engine import Engine
+        from reference_engine.serving.async_engine import AsyncEngine
+
         if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
             threads = cpu_threads(args.cpu_threads)
             log.info("CPU serving with %d torch threads", threads)
@@ -308,7 +310,12 @@ async def engine_core_state(args: argparse.Namespace, link: FrontLink, process: 
                                        ) if early else None
     if early_load is not None:  # its error, if any, is raised below only when its tokenizer is the one
         early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
-    client = await connect_engine_core(link, process, args.max_waiting)
+    connecting = asyncio.ensure_future(connect_engine_core(link, process, args.max_waiting))
+    if early_load is not None:
+        await asyncio.wait([early_load, connecting], return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():  # the heap's bulk (modules, tokenizer) swept while the core builds
+            freeze_heap()
+    client = await connecting
     try:
         if early_load is not None and same_place(early, client.info.tokenizer_source):
             tokenizer = await early_load
