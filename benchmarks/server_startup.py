@@ -41,12 +41,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_once(server_args: list[str], timeout_s: float) -> dict[str, float]:
-    """Seconds from the spawn to each milestone of one launch."""
+def launch_once(server_args: list[str], timeout_s: float) -> tuple[dict[str, float], list[str]]:
+    """Seconds from the spawn to each milestone of one launch, and the log's lines up to ready, each led by
+    its seconds after the spawn (the engine's own phase times are in them)."""
     spawned = time.time()
     command = [sys.executable, "-m", "reference_engine.server", "--port", str(free_port()), *server_args]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, float] = {}
+    lines: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -55,6 +57,7 @@ def launch_once(server_args: list[str], timeout_s: float) -> dict[str, float]:
                 continue
             second = datetime.strptime(clock.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
             when = second + int(clock.group(2)) / 1e3
+            lines.append(f"{when - spawned:7.3f} {line[clock.end():].rstrip()}")
             for name, phrase in MILESTONES.items():
                 if phrase in line and name not in seen:
                     seen[name] = round(when - spawned, 3)
@@ -63,7 +66,7 @@ def launch_once(server_args: list[str], timeout_s: float) -> dict[str, float]:
     finally:
         proc.terminate()
         proc.wait(60)
-    return seen
+    return seen, lines
 
 
 def main() -> None:
@@ -75,13 +78,15 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a launch may take to be ready")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/server_startup"))
-    args = p.parse_args()
-    server_args = ["--model", args.model, "--device", args.device, "--dtype", args.dtype]
+    args, extra = p.parse_known_args()  # anything else goes to the server as given
+    server_args = ["--model", args.model, "--device", args.device, "--dtype", args.dtype, *extra]
     load_before = os.getloadavg()
-    runs = []
+    runs, logs = [], []
     for _ in range(args.launches):
-        runs.append(launch_once(server_args, args.timeout))
-        print(json.dumps(runs[-1]), flush=True)
+        seen, lines = launch_once(server_args, args.timeout)
+        runs.append(seen)
+        logs.append(lines)
+        print(json.dumps(seen), flush=True)
     medians = {name: statistics.median(r[name] for r in runs if name in r)
                for name in MILESTONES if any(name in r for r in runs)}
     meta = dict(label=args.label, machine=platform.platform(), cpus=os.cpu_count(),
@@ -92,7 +97,7 @@ def main() -> None:
                 load_average_after=[round(x, 2) for x in os.getloadavg()])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = dict(meta=meta, medians=medians, runs=runs)
+    result = dict(meta=meta, medians=medians, runs=runs, logs=logs)
     (out / f"{args.label}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(medians))
 
