@@ -3,8 +3,8 @@
 `python -m reference_engine.server` starts the core before it imports the HTTP front end, so that the core
 imports torch and builds its engine while the front end imports aiohttp and loads the tokenizer: the two
 processes' start-up runs side by side instead of one after the other. The front end's own modules import no
-torch (only the tokenizer's load through AutoTokenizer does). The child is spawned (CUDA cannot be
-forked) and imports `reference_engine.engine_core` only there.
+torch, nor does loading a plain tokenizer (`tokenizer.plain_fast_tokenizer`; AutoTokenizer does). The child is
+spawned (CUDA cannot be forked) and imports `reference_engine.engine_core` only there.
 """
 
 from __future__ import annotations
