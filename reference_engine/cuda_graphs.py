@@ -162,8 +162,8 @@ class CUDAGraphRunner:
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
             context_lens: list[int], gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Replay the bucket that fits these n decode rows; returns logits [n, vocab] (a view, valid until
-        the next replay). With `gather` (tokens on the device, a row of them per input row), the token ids
-        are taken from there on the device instead of from `input_ids`.
+        the next replay). With `gather` (tokens on the device, and a row of them for each of the first k input
+        rows), those rows' token ids are taken from there on the device instead of from `input_ids`.
 
         Two runs may be queued at once (overlapped decode): the host staging alternates, and the caller
         must have waited for a run's outputs before the run after next."""
@@ -177,7 +177,7 @@ class CUDAGraphRunner:
         rows[2, n:size] = -1  # padded rows: no cache write, a one-token context over block 0
         rows[3, n:size] = 1
         if gather is not None:
-            rows[4, :n] = torch.tensor(gather[1])
+            rows[4, :len(gather[1])] = torch.tensor(gather[1])
         width = max(len(t) for t in tables)
         host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables],
                                                dtype=torch.int32)
@@ -187,6 +187,7 @@ class CUDAGraphRunner:
         self.rows.copy_(rows, non_blocking=True)
         self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
         if gather is not None:
-            torch.index_select(gather[0], 0, self.gather_rows[:n], out=self.input_ids[:n])
+            k = len(gather[1])
+            torch.index_select(gather[0], 0, self.gather_rows[:k], out=self.input_ids[:k])
         self.graphs[key].replay()
         return self.logits[key][:n]

@@ -11,12 +11,15 @@ A sequence that stops at N by EOS, a stop token or an abort had one more row com
 dropped, and it wrote only into the sequence's own blocks, which later steps can reuse only after N+1 (one
 stream runs the steps in order). A step in which every sequence samples (decodes, and prompts whose last chunk
 it carries) is itself queued without waiting for its tokens, so the decode step after a prefill overlaps too.
-Any step that is not a decode of every running sequence (a prompt chunk that samples nothing, a waiting
-request, a preemption, too few free blocks) waits for the step in flight and runs synchronously;
-min_tokens does not (the sampler bans stop tokens by the position being sampled, which the host knows, so a
-benchmark's forced output length overlaps too). Each call still returns one model step's outputs; a request
-that arrives mid-run joins one step later than without overlap, and unseeded random sampling draws differ
-from the synchronous path's where a dropped row took draws; greedy and per-request-seeded tokens are the same.
+Waiting requests join step N+1 beside its decodes (the scheduler admits them as it would after those decodes,
+without preempting; their prompt tokens are on the host), so a stream of arrivals does not stop the overlap.
+A step that cannot be a decode of every running sequence (one still on a prompt chunk that samples nothing, a
+preemption, too few free blocks, a token budget smaller than the batch) waits for the step in flight and runs
+synchronously; min_tokens does not (the sampler bans stop tokens by the position being sampled, which the host
+knows, so a benchmark's forced output length overlaps too). Each call still returns one model step's
+outputs; a request that arrives mid-run joins one step later than without overlap, and unseeded random
+sampling draws differ from the synchronous path's where a dropped row took draws; greedy and
+per-request-seeded tokens are the same.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class Engine:
             else self.device.type == "cuda"
         self._in_flight: InFlightStep | None = None
         self.num_overlapped_steps = 0  # decode steps queued before the previous step's tokens were read
+        self.num_overlapped_admissions = 0  # requests admitted into such steps
         self.setup.phases["total"] = time.perf_counter() - t0
 
     def _phase(self, name: str, seconds: float, message: str) -> None:
@@ -294,12 +298,11 @@ class Engine:
         return seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= self.max_model_len
 
     def _next_rows(self, flight: InFlightStep) -> list[tuple[int, Sequence]]:
-        """The rows of the step after `flight` (its row in `flight`, sequence) when that step can be queued
-        now and is the decode step the scheduler would choose once `flight`'s tokens were in, less the rows
-        that stop; empty when the next step must wait for the tokens and be scheduled."""
+        """The decode rows of the step after `flight` (its row in `flight`, sequence) when that step can be
+        queued now: every running sequence decodes in it, as the scheduler would choose once `flight`'s tokens
+        were in, less the rows that stop (waiting requests are admitted beside them, `_launch_next`); empty
+        when the next step must wait for the tokens and be scheduled."""
         sched, bm = self.scheduler, self.block_manager
-        if sched.waiting:
-            return []
         live = [(row, seq) for row, seq in enumerate(flight.seqs) if seq.status is Status.RUNNING]
         if len(live) != len(sched.running):  # a running sequence that was not in this step needs scheduling
             return []
@@ -310,18 +313,28 @@ class Engine:
         return rows if need <= bm.num_free_blocks else []
 
     def _launch_next(self, flight: InFlightStep, rows: list[tuple[int, Sequence]]) -> InFlightStep:
-        """Queue the decode step after `flight`, its input tokens gathered on the device from `flight`'s."""
+        """Queue the step after `flight`: its decodes, their input tokens gathered on the device from
+        `flight`'s, and the waiting requests the scheduler admits beside them (their prompts are on the
+        host), so that arrivals do not make the host wait for the device either."""
         seqs = [seq for _, seq in rows]
         for seq in seqs:
             self.block_manager.grow(seq, seq.num_computed_tokens + 1)
-        logits = self.runner.run(lookahead_inputs(seqs, self.block_size),
-                                 gather=(flight.tokens, [row for row, _ in rows]))
+        admitted = self.scheduler.admit_beside_decodes(len(seqs)) if self.scheduler.waiting else []
+        step = lookahead_inputs(seqs, self.block_size, admitted)
+        logits = self.runner.run(step, gather=(flight.tokens, [row for row, _ in rows]))
         for seq in seqs:
             seq.num_computed_tokens += 1  # its blocks register once the token at that position is known
+        for seq, n in admitted:
+            seq.num_computed_tokens += n
+            self.block_manager.register_full_blocks(seq)
         self.num_overlapped_steps += 1
-        return self._sample_async(seqs, logits, pending=1)  # `flight`'s tokens are not appended yet
+        self.num_overlapped_admissions += len(admitted)
+        # `flight`'s tokens are not appended to the decoding sequences yet
+        pending = [1] * len(seqs) + [0] * (len(step.sample_seqs) - len(seqs))
+        return self._sample_async(step.sample_seqs, logits, pending)
 
-    def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor, pending: int = 0) -> InFlightStep:
+    def _sample_async(self, seqs: list[Sequence], logits: torch.Tensor, pending: list[int] | None = None
+                      ) -> InFlightStep:
         tokens = self.sampler.choose(logits, seqs, pending)
         wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs]
         logprobs = self.sampler.logprobs(logits, tokens, wanted) if wanted else None

@@ -73,10 +73,12 @@ def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInput
     return step
 
 
-def lookahead_inputs(seqs: list[Sequence], block_size: int) -> StepInputs:
+def lookahead_inputs(seqs: list[Sequence], block_size: int,
+                     admitted: list[tuple[Sequence, int]] = ()) -> StepInputs:
     """A decode step for sequences whose next token is still being sampled on the device: each feeds the
     token at position `num_computed_tokens`, whose id the device fills in (overlapped decode); positions,
-    slots and block tables do not depend on it."""
+    slots and block tables do not depend on it. `admitted`: requests admitted beside them with their number
+    of new prompt tokens (known on the host), after the decode rows (one-token chunks first, as decodes)."""
     bs = block_size
     step = StepInputs()
     for row, seq in enumerate(seqs):
@@ -89,6 +91,12 @@ def lookahead_inputs(seqs: list[Sequence], block_size: int) -> StepInputs:
         step.decode_lens.append(pos + 1)
         step.sample_rows.append(row)
         step.sample_seqs.append(seq)
+    for seq, n in sorted(admitted, key=lambda item: item[1] > 1):
+        start = seq.num_computed_tokens
+        last = step.add(seq.token_ids[start:start + n], start, seq.block_table, bs)
+        if start + n == len(seq):
+            step.sample_rows.append(last)
+            step.sample_seqs.append(seq)
     return step
 
 
@@ -236,8 +244,9 @@ class ModelRunner:
         return self.run(step), step.sample_seqs
 
     def run(self, step: StepInputs, gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
-        """Logits of the step's sampling rows. `gather` (a pure decode step only): token ids on the device
-        and, per row, which of them is its input, so that the host need not wait for them."""
+        """Logits of the step's sampling rows. `gather`: token ids on the device and, for each of the step's
+        first k rows (decodes queued behind the step in flight), which of them is its input, so that the host
+        need not wait for them; the other rows' ids are the step's own."""
         if self.graphs is not None and not step.prefills and self.graphs.bucket_for(len(step.input_ids)):
             logits = self.graphs.run(step.input_ids, step.positions, step.slots, step.decode_tables,
                                      step.decode_lens, gather)
@@ -245,17 +254,15 @@ class ModelRunner:
             if len(rows) < logits.shape[0]:
                 logits = logits[to_device(rows, self.device, torch.long)]
             return logits
-        assert gather is None or not step.prefills, \
-            "token ids are gathered on the device for decode steps only"
-        if self.mixed_graphs is not None and gather is None and self.mixed_graphs.bucket_for(
-                len(step.input_ids)):
+        if self.mixed_graphs is not None and self.mixed_graphs.bucket_for(len(step.input_ids)):
             hidden = self.mixed_graphs.run(step.input_ids, step.positions, step.slots,
-                                           lambda slots: self.attention_batch(step, slots))
+                                           lambda slots: self.attention_batch(step, slots), gather)
             return self._sampled_logits(hidden, step.sample_rows)
-        ids = gather[1] if gather is not None else step.input_ids
-        ids, positions, slots, sample_rows = lists_to_device(
-            [ids, step.positions, step.slots, step.sample_rows], self.device, torch.long)
-        input_ids = gather[0].index_select(0, ids) if gather is not None else ids
+        gathered = gather[1] if gather is not None else []
+        input_ids, positions, slots, sample_rows, gather_rows = lists_to_device(
+            [step.input_ids, step.positions, step.slots, step.sample_rows, gathered], self.device, torch.long)
+        if gather is not None:
+            input_ids[:len(gathered)] = gather[0].index_select(0, gather_rows)
         hidden = self.model(input_ids, positions, self.attention_batch(step, slots))
         return self._sampled_logits(hidden, sample_rows)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reference_engine.host_copy import to_device
 from reference_engine.kernels.attention import AttentionBatch
 from reference_engine.model import LlamaModel
 
@@ -133,10 +134,13 @@ class PiecewiseGraphRunner:
         return next((size for size in self.sizes if size >= num_tokens and size in self.graphs), None)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int],
-            batch_for: Callable[[torch.Tensor], AttentionBatch]) -> torch.Tensor:
+            batch_for: Callable[[torch.Tensor], AttentionBatch],
+            gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Hidden states [n, hidden] of a step of n tokens (a view, valid until the next replay):
         `batch_for(slot_mapping)` gives its attention batch (the rows' paging), built once for every
-        layer."""
+        layer. With `gather` (tokens on the device, and a row of them for each of the first k input rows),
+        those rows' token ids are taken from there on the device (decodes queued behind the step in
+        flight)."""
         n = len(input_ids)
         size = self.bucket_for(n)
         assert size is not None, f"no piecewise bucket holds {n} tokens"
@@ -144,6 +148,9 @@ class PiecewiseGraphRunner:
         host = torch.tensor([*input_ids, *[0] * pad, *positions, *[0] * pad, *slots, *[-1] * pad],
                             dtype=torch.long, pin_memory=self.device.type == "cuda")
         self.flat_inputs[:3 * size].copy_(host, non_blocking=True)  # pinned: the caching allocator waits
+        if gather is not None:
+            rows = to_device(gather[1], self.device, torch.long)
+            torch.index_select(gather[0], 0, rows, out=self.inputs(size)[0][:len(gather[1])])
         batch = batch_for(self.inputs(size)[2][:n])
         graphs = self.graphs[size]
         graphs[0].replay()

@@ -40,13 +40,15 @@ class Sampler:
         picked = chosen.index_select(0, index)
         return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
 
-    def choose(self, logits: torch.Tensor, seqs: list[Sequence], pending: int = 0) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, seqs: list[Sequence], pending: list[int] | None = None
+               ) -> torch.Tensor:
         """The chosen tokens as a tensor on the logits' device, so that a caller can use them there
-        without waiting for the device (overlapped decode feeds them to the next step). `pending`: tokens
-        already chosen for every row but not yet appended to its sequence (1 for a step queued behind the
-        one in flight), so that min_tokens bans stop tokens up to the right position."""
-        bans = [(row, banned) for row, seq in enumerate(seqs)
-                if seq.num_output_tokens + pending < seq.params.min_tokens and (banned := self.stop_ids(seq))]
+        without waiting for the device (overlapped decode feeds them to the next step). `pending`: per row,
+        tokens already chosen but not yet appended to its sequence (1 for a decode queued behind the step in
+        flight), so that min_tokens bans stop tokens up to the right position."""
+        pending = pending or [0] * len(seqs)
+        bans = [(row, banned) for row, (seq, ahead) in enumerate(zip(seqs, pending, strict=True))
+                if seq.num_output_tokens + ahead < seq.params.min_tokens and (banned := self.stop_ids(seq))]
         if bans:
             logits = logits.clone()  # the caller's logits stay raw, for logprobs
             for row, banned in bans:

@@ -99,6 +99,13 @@ class Scheduler:
             self._admit(batch, min(budget, prompt_budget))
         return batch
 
+    def admit_beside_decodes(self, num_decodes: int) -> list[tuple[Sequence, int]]:
+        """Admissions for a step queued behind the one in flight whose rows are a decode of every running
+        sequence (`num_decodes` tokens): what `schedule` would admit after those decodes, never preempting."""
+        batch = ScheduledBatch()
+        self._admit(batch, min(self.max_num_batched_tokens - num_decodes, self._prompt_budget()))
+        return batch.items
+
     def _prompt_budget(self) -> int:
         """Prompt tokens this step may carry: the whole budget when nothing decodes (module docstring)."""
         decoders = sum(map(decoding, self.running))

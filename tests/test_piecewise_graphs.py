@@ -123,3 +123,40 @@ def test_mixed_graph_sizes_and_option():
     assert engine_config(args).mixed_cuda_graph_sizes == [64, 512]
     assert engine_config(parse_args(["--model", "random:tiny", "--mixed-cudagraph-sizes"])
                          ).mixed_cuda_graph_sizes == []
+
+
+def test_arrivals_join_an_overlapped_step_through_the_pieces(llama_dir):
+    """With overlap, a request that arrives while a step is in flight joins the step queued behind it: its
+    prompt beside the decodes, whose token ids are gathered on the device into the pieces' buffers (and into
+    the eager step's above the buckets). Short random prompts, one arriving every other step: the same greedy
+    tokens as an engine that runs every step eagerly and synchronously."""
+    rng = random.Random()
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(3, 20))] for _ in range(12)]
+    params = [SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True)
+              for _ in prompts]
+    config = dict(model=str(llama_dir), device="cpu", kernels="torch", block_size=4, max_model_len=128,
+                  max_num_batched_tokens=40, mixed_prefill_tokens=24)
+
+    def staggered(engine: Engine) -> dict[str, list[int]]:
+        outs: dict[str, list[int]] = {}
+        pending = list(zip(prompts, params, strict=True))
+        for first in range(3):
+            engine.add_request(*pending.pop(0), request_id=f"first {first}")
+        steps = 0
+        while pending or engine.has_unfinished_requests():
+            if pending and steps % 2 == 1:
+                engine.add_request(*pending.pop(0), request_id=f"before step {steps}")
+            for o in engine.step():
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+            steps += 1
+        return outs
+
+    expected = staggered(Engine(EngineConfig(**config, async_scheduling=False)))
+    overlapped = Engine(EngineConfig(**config, async_scheduling=True))
+    replayed = with_stand_in_pieces(overlapped, [8, 16])
+    pieces, gathered = overlapped.runner.mixed_graphs, []
+    plain_run = pieces.run
+    pieces.run = lambda *args, **kwargs: gathered.append(len(args) > 4 and args[4] is not None) or \
+        plain_run(*args, **kwargs)
+    assert staggered(overlapped) == expected
+    assert overlapped.num_overlapped_admissions > 0 and replayed and any(gathered)
