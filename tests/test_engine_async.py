@@ -377,3 +377,36 @@ def test_a_cached_prompt_joins_a_graph_decode_step(llama_dir):
             assert engine.num_overlapped_admissions == 2
     assert runs[True] == runs[False]
     assert runs[False]["repeat 3"] == runs[False]["first"]
+
+
+def test_random_arrivals_aborts_and_a_small_cache(llama_dir):
+    """Fresh random scripts: arrivals at random steps (some repeating an earlier prompt, so the prefix cache
+    answers part of it), random lengths, stop tokens, min_tokens, aborts, and a KV cache small enough that
+    admissions beside an overlapped step run short of blocks and decodes are preempted. The overlapped engine
+    gives the synchronous engine's tokens (an aborted request's up to where either was cut: with preemptions
+    the two engines' timings can drift by more than a step)."""
+    rng = random.Random()
+    prompts = random_prompts(14, VOCAB, 2, 30, seed=rng.randrange(1 << 20))
+    prompts += [prompts[rng.randrange(len(prompts))] for _ in range(4)]
+    eos = common_token(llama_dir, prompts[:6])
+    script = Script()
+    for i, prompt in enumerate(prompts):
+        at = 0 if i < 3 else rng.randint(1, 40)
+        max_tokens = rng.randint(2, 30)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=rng.random() < 0.5,
+                                min_tokens=min(max_tokens, rng.choice([0, 0, 3])))
+        script.adds.setdefault(at, []).append((f"r{i}", prompt, params))
+    aborted = {f"r{rng.randrange(len(prompts))}" for _ in range(3)}
+    for rid in aborted:
+        script.aborts.setdefault(rng.randint(2, 45), []).append(rid)
+    config = dict(eos={eos}, block_size=4, num_kv_blocks=48, max_num_seqs=8, max_num_batched_tokens=48)
+    sync = drive(llama_dir, script, overlap=False, **config)
+    overlapped = drive(llama_dir, script, overlap=True, **config)
+    assert overlapped.engine.num_overlapped_steps > 0
+    for rid, tokens in sync.tokens.items():
+        got = overlapped.tokens.get(rid, [])
+        if rid in aborted:  # cut wherever the abort found it: the tokens before agree
+            shorter = min(len(got), len(tokens))
+            assert got[:shorter] == tokens[:shorter], rid
+        else:
+            assert got == tokens and overlapped.reasons[rid] == sync.reasons[rid], rid
