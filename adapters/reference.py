@@ -89,6 +89,11 @@ REFERENCE_CONFIG = [
 ]
 
 
+#: a named Docker volume for the CUDA image's /cache, where Triton keeps the kernels it compiled: a container
+#: started on a host that ran one before loads them instead of compiling (docker/reference-cuda.Dockerfile)
+REFERENCE_CACHE_VOLUME = "llm-compare-reference-cache"
+
+
 class _ReferenceLaunch:
     server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
     declared_defaults = REFERENCE_DEFAULTS
@@ -99,6 +104,7 @@ class _ReferenceLaunch:
                     executable: str | None = None) -> LaunchSpec:
         flags = ["--served-model-name", model.served_name, "--shutdown-timeout", "5",
                  *reference_flags(model, variant)]
+        cache = {REFERENCE_CACHE_VOLUME: {"bind": "/cache", "mode": "rw"}} if gpu else {}
         return LaunchSpec(
             cls.name,
             [executable or sys.executable, "-m", "reference_engine.server", "--model", model.model,
@@ -110,7 +116,7 @@ class _ReferenceLaunch:
             env={"HF_HUB_OFFLINE": "1"} if model.local else {},
             gpus=gpu,
             shm_size="16g" if gpu else "1g",
-            volumes=model.volumes(),
+            volumes={**model.volumes(), **cache},
         )
 
 

@@ -132,6 +132,22 @@ def test_reference_flags_are_ones_our_server_accepts():
     assert spec("reference", gpu=False).container_error is None  # our CPU image runs anywhere
 
 
+def test_reference_containers_keep_their_compiled_kernels(tmp_path):
+    """On a GPU our container's /cache (where its image points Triton's cache) is a named volume, so a second
+    start on the host loads the kernels the first compiled; the checkpoint stays mounted read-only."""
+    from adapters.reference import REFERENCE_CACHE_VOLUME
+
+    s = spec("reference", gpu=True, model=ModelSource(str(tmp_path), "m"))
+    assert s.volumes == {str(tmp_path.resolve()): {"bind": "/models", "mode": "ro"},
+                         REFERENCE_CACHE_VOLUME: {"bind": "/cache", "mode": "rw"}}
+    assert REFERENCE_CACHE_VOLUME not in spec("reference", gpu=False).volumes
+    dockerfile = (ROOT / "docker" / "reference-cuda.Dockerfile").read_text()
+    assert "TRITON_CACHE_DIR=/cache/triton" in dockerfile
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    assert "reference-cache:/cache" in compose["services"]["reference"]["volumes"]
+    assert "reference-cache" in compose["volumes"]
+
+
 def test_servers_that_are_not_ours_to_start_say_so():
     for backend in ("openai", "openai-chat", "trtllm-triton"):
         with pytest.raises(LaunchSpecError, match="--endpoint"):
