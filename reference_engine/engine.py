@@ -54,7 +54,8 @@ DEFAULT_CPU_KV_BUDGET = 1024**3
 
 @dataclass
 class InFlightStep:
-    """A decode step queued on the device whose sampled tokens the host has not read yet."""
+    """A step queued on the device whose sampled tokens the host has not read yet: one row per sequence that
+    samples (decodes, and prompts whose last chunk it carries)."""
 
     seqs: list[Sequence]  # one per row, in row order
     tokens: torch.Tensor  # the sampled token ids, on the device

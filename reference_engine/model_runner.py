@@ -74,7 +74,7 @@ def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInput
 
 
 def lookahead_inputs(seqs: list[Sequence], block_size: int,
-                     admitted: list[tuple[Sequence, int]] = ()) -> StepInputs:
+                     admitted: list[tuple[Sequence, int]] | None = None) -> StepInputs:
     """A decode step for sequences whose next token is still being sampled on the device: each feeds the
     token at position `num_computed_tokens`, whose id the device fills in (overlapped decode); positions,
     slots and block tables do not depend on it. `admitted`: requests admitted beside them with their number
@@ -91,7 +91,7 @@ def lookahead_inputs(seqs: list[Sequence], block_size: int,
         step.decode_lens.append(pos + 1)
         step.sample_rows.append(row)
         step.sample_seqs.append(seq)
-    for seq, n in sorted(admitted, key=lambda item: item[1] > 1):
+    for seq, n in sorted(admitted or [], key=lambda item: item[1] > 1):
         start = seq.num_computed_tokens
         last = step.add(seq.token_ids[start:start + n], start, seq.block_table, bs)
         if start + n == len(seq):
