@@ -312,7 +312,11 @@ async def engine_core_state(args: argparse.Namespace, link: FrontLink, process: 
         early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
     connecting = asyncio.ensure_future(connect_engine_core(link, process, args.max_waiting))
     if early_load is not None:
-        await asyncio.wait([early_load, connecting], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait([early_load, connecting], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled while starting: the connection's wait goes too
+            connecting.cancel()
+            raise
         if not connecting.done():  # the heap's bulk (modules, tokenizer) swept while the core builds
             freeze_heap()
     client = await connecting
