@@ -1,5 +1,7 @@
 """The statistics every comparison rests on, in one place and on `scipy.stats`: summary figures, percentile
-bootstrap intervals (`scipy.stats.bootstrap`) and the Mann-Whitney U test (`scipy.stats.mannwhitneyu`).
+bootstrap intervals (`scipy.stats.bootstrap`), distribution-free order-statistic intervals for quantiles
+(`scipy.stats.quantile_test`: a tail's interval never ends inside the data when the data cannot bound it) and
+the Mann-Whitney U test (`scipy.stats.mannwhitneyu`).
 
 The one thing scipy does not do for us is the cluster bootstrap: inter-token gaps of one request are not
 independent, so their intervals resample whole requests (`bootstrap_ci` with `clusters`), which scipy's
@@ -33,6 +35,55 @@ def describe(values: np.ndarray) -> dict[str, float]:
         for q, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
             out[f"p{q}"] = float(v)
     return out
+
+
+def quantile_ci(values: np.ndarray, q: float, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Distribution-free two-sided interval for the `q`-quantile (0 < q < 1) of the population `values`
+    were drawn from, from their order statistics (`scipy.stats.quantile_test`). A bound the sample is too
+    small to give is infinite: below about 3.7 / (1 - q) values (367 for p99 at 95 %) the upper bound of a
+    high quantile is +inf, which is the honest answer, not the sample maximum."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return -math.inf, math.inf
+    ci = stats.quantile_test(x, q=float(np.quantile(x, q)), p=q).confidence_interval(level)
+    lo, hi = float(ci.low), float(ci.high)
+    return (lo if np.isfinite(lo) else -math.inf), (hi if np.isfinite(hi) else math.inf)
+
+
+def quantile_bound(values: np.ndarray, q: float, side: str, level: float = CI_LEVEL) -> float:
+    """One-sided distribution-free bound for the `q`-quantile: `side="upper"`, a value the quantile is below
+    with probability `level` (+inf when the sample is too small: fewer than log(1 - level) / log(q) values);
+    `"lower"`, one it is above (-inf when too small)."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return math.inf if side == "upper" else -math.inf
+    alternative = "less" if side == "upper" else "greater"
+    ci = stats.quantile_test(x, q=float(np.quantile(x, q)), p=q, alternative=alternative).confidence_interval(
+        level
+    )
+    value = float(ci.high if side == "upper" else ci.low)
+    if np.isfinite(value):
+        return value
+    return math.inf if side == "upper" else -math.inf
+
+
+def min_n_for_bound(q: float, level: float = CI_LEVEL) -> int:
+    """The fewest values whose largest gives a one-sided `level` upper bound for the `q`-quantile: below
+    this many, no sample can show that a tail holds (299 for p99 at 95 %, 59 for p95, 29 for p90)."""
+    return math.ceil(math.log(1 - level) / math.log(q))
+
+
+def slo_verdict(values: np.ndarray, q: float, limit: float, level: float = CI_LEVEL) -> str:
+    """Does the `q`-quantile of the population meet `limit`? "holds" when its one-sided upper bound is
+    within it, "misses" when its one-sided lower bound is beyond it, else "undetermined" (too few values,
+    or the quantile too close to the limit to tell)."""
+    if quantile_bound(values, q, "upper", level) <= limit:
+        return "holds"
+    if quantile_bound(values, q, "lower", level) > limit:
+        return "misses"
+    return "undetermined"
 
 
 def _mean_and_percentiles(x: np.ndarray, axis: int = -1) -> np.ndarray:
