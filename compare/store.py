@@ -212,7 +212,8 @@ class RunDir:
     # -- what the comparator reads ---------------------------------------------------------------------
 
     def records(self) -> list[RequestRecord]:
-        out = read_records(self.requests_path) if self.requests_path.exists() else []
+        path = _plain_or_xz(self.requests_path)
+        out = read_records(path) if path.exists() else []
         imported = self.path / IMPORTED
         if imported.is_dir():
             for file in sorted(imported.glob("*.jsonl")):
@@ -224,7 +225,7 @@ class RunDir:
 
     def telemetry(self) -> pd.DataFrame:
         """Every GPU sample of the run, one row each (empty without telemetry)."""
-        return read_samples(self.telemetry_path)
+        return read_samples(_plain_or_xz(self.telemetry_path))
 
     def setups(self) -> list[SetupReport]:
         return [SetupReport.from_dict(s) for s in self.manifest.get("setups", [])]
@@ -259,6 +260,13 @@ class RunDir:
     def write_summary(self, summary: pd.DataFrame) -> None:
         summary.to_csv(self.path / SUMMARY_CSV, index=False, float_format="%.6g")
         summary.to_parquet(self.path / SUMMARY_PARQUET, index=False)
+
+
+def _plain_or_xz(path: Path) -> Path:
+    """`path`, or its `.xz` beside it when only that exists (a committed run directory keeps its large files
+    compressed, and `compare report` reads them as they are)."""
+    packed = path.with_name(path.name + ".xz")
+    return packed if not path.exists() and packed.exists() else path
 
 
 def _point(workload: str, sched: dict[str, Any], summary: RunSummary | None, repeat: int = 0) -> PointInfo:

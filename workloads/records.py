@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import lzma
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
@@ -171,8 +172,14 @@ def append_record(path: str | Path, record: BaseModel) -> None:
 
 def read_json_lines(path: str | Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) of each JSON line of a file appended to as things happen; a partial last line
-    (a write cut short by a crash) is skipped with a warning, any other bad line is an error."""
-    text = Path(path).read_text(encoding="utf-8")
+    (a write cut short by a crash) is skipped with a warning, any other bad line is an error. A `.xz` file
+    (a committed run directory keeps its records compressed) is read through lzma."""
+    path = Path(path)
+    if path.suffix == ".xz":
+        with lzma.open(path, "rt", encoding="utf-8") as stream:
+            text = stream.read()
+    else:
+        text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
