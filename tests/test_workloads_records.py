@@ -53,6 +53,26 @@ def test_json_round_trip_and_append(tmp_path):
     assert RequestRecord.model_validate_json(records[3].model_dump_json()) == records[3]
 
 
+def test_compressed_records_read_as_written(tmp_path):
+    """A committed run directory keeps requests.jsonl as .xz: the run directory reads it in place."""
+    import lzma
+
+    from compare.store import RunDir
+
+    rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**32))
+    records = [random_record(rng, f"r{i}") for i in range(int(rng.integers(5, 30)))]
+    path = tmp_path / "requests.jsonl"
+    for record in records:
+        append_record(path, record)
+    packed = tmp_path / "requests.jsonl.xz"
+    packed.write_bytes(lzma.compress(path.read_bytes()))
+    assert read_records(packed) == records
+    path.unlink()
+    run = RunDir.create(tmp_path / "run", {}, ["compare", "run"])
+    (run.path / "requests.jsonl.xz").write_bytes(packed.read_bytes())
+    assert run.records() == records
+
+
 def test_warmup_filter_and_partial_last_line(tmp_path):
     rng = np.random.default_rng(12)
     path = tmp_path / "requests.jsonl"
