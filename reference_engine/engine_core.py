@@ -1,12 +1,12 @@
 """The engine core: an `Engine` in a process of its own, stepping as fast as it can while it has work.
 
 The HTTP server starts it (spawn context: CUDA cannot be forked) with two one-way pipes per front-end process
-(a `CoreLink`). In: lists of commands, `("add", request_id, prompt, params)`, `("abort", request_id)`,
-`("shutdown",)`. Out: one `("ready", EngineInfo)` or `("failed", exception)` at start-up, then a
-`("step", StepReport)` after each step that changed something for that front end (its requests' new tokens,
-refusals, adds taken, or the engine going idle; at least every `STATS_EVERY_S` while it runs, so every front
-end's /metrics stays current), and `("dead", message)` if a step or a command raises. Between steps the core
-takes whatever commands have arrived without waiting; with no work it blocks until the next one comes.
+(a `CoreLink`), carrying the typed messages of `core_messages.py`. In: lists of commands (`AddRequest`,
+`AbortRequest`, `Shutdown`). Out: one `Ready` or `Failed` at start-up, then a `Step` after each step that
+changed something for that front end (its requests' new tokens, refusals, adds taken, or the engine going
+idle; at least every `STATS_EVERY_S` while it runs, so every front end's /metrics stays current), and `Dead`
+if a step or a command raises. Between steps the core takes whatever commands have arrived without waiting;
+with no work it blocks until the next one comes.
 
 Each request's outputs go to the front end that added it. The first front end owns the core: its shutdown
 command or its going away stops it. Another front end going away only aborts its own requests.
@@ -29,7 +29,18 @@ import torch
 
 from reference_engine.config import EngineConfig
 from reference_engine.config import cpu_threads as default_threads
-from reference_engine.core_messages import CoreOutput, StepReport
+from reference_engine.core_messages import (
+    AbortRequest,
+    AddRequest,
+    Command,
+    CoreOutput,
+    Dead,
+    Failed,
+    Ready,
+    Shutdown,
+    Step,
+    StepReport,
+)
 from reference_engine.engine import Engine
 from reference_engine.engine_info import EngineInfo
 from reference_engine.heap import freeze_startup_heap
@@ -72,14 +83,14 @@ def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connecti
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         for link in links:
             with contextlib.suppress(OSError):
-                link.results.send(("failed", exc))
+                link.results.send(Failed(exc))
         return
     freeze_startup_heap("engine core")  # modules, weights, graphs, kernels: out of the collector's sweeps
     core = EngineCore(engine, links)
     try:
         info = EngineInfo.of(engine)
         for link in links:
-            link.results.send(("ready", info))
+            link.results.send(Ready(info))
         core.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("engine core: the front end went away; stopping")
@@ -87,7 +98,7 @@ def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connecti
         log.exception("engine core failed; it stops")
         for link in core.links.values():
             with contextlib.suppress(OSError):
-                link.results.send(("dead", f"{type(exc).__name__}: {exc}"))
+                link.results.send(Dead(f"{type(exc).__name__}: {exc}"))
 
 
 class EngineCore:
@@ -141,22 +152,23 @@ class EngineCore:
                 raise EOFError from None
             self._drop(index)
 
-    def _apply(self, index: int, command: tuple, rejected: dict[int, list[tuple[str, str]]]) -> None:
-        kind = command[0]
-        if kind == "add":
-            _, request_id, prompt, params = command
-            self.num_added[index] += 1
-            try:
-                self.engine.add_request(prompt, params, request_id=request_id)
-                self.owner[request_id] = index
-            # validated by the front end; only a race with engine state lands here
-            except ValueError as exc:
-                rejected.setdefault(index, []).append((request_id, str(exc)))
-        elif kind == "abort":
-            if self.owner.pop(command[1], None) is not None:
-                self.engine.abort(command[1])
-        elif kind == "shutdown":
-            self.stopping = True
+    def _apply(self, index: int, command: Command, rejected: dict[int, list[tuple[str, str]]]) -> None:
+        match command:
+            case AddRequest(request_id, prompt, params):
+                self.num_added[index] += 1
+                try:
+                    self.engine.add_request(prompt, params, request_id=request_id)
+                    self.owner[request_id] = index
+                # validated by the front end; only a race with engine state lands here
+                except ValueError as exc:
+                    rejected.setdefault(index, []).append((request_id, str(exc)))
+            case AbortRequest(request_id):
+                if self.owner.pop(request_id, None) is not None:
+                    self.engine.abort(request_id)
+            case Shutdown():
+                self.stopping = True
+            case _:
+                raise TypeError(f"not a command of the engine core: {command!r}")
 
     def _drop(self, index: int) -> None:
         """A front end has gone away: abort its requests, stop writing to it."""
@@ -195,7 +207,7 @@ class EngineCore:
             report = StepReport(outputs, stats, self.num_added[index], self.num_steps, self.step_seconds,
                                 refused)
             try:
-                link.results.send(("step", report))
+                link.results.send(Step(report))
             except OSError:
                 if index == 0:
                     raise

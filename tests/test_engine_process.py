@@ -208,3 +208,37 @@ def test_both_server_paths_stream_the_same_greedy_tokens(llama_dir, tmp_path):
         assert "server stopped" in server.log()
         texts[flag] = resp.json()["choices"][0]["text"]
     assert texts["--engine-process"] == texts["--no-engine-process"] and texts["--engine-process"]
+
+
+def test_every_pipe_message_is_typed_and_survives_the_pipe():
+    """Each kind of message crosses a real pipe as itself, and the core refuses what is not a command (a
+    front end that sent the old tuples would be told, not ignored)."""
+    import multiprocessing
+    import random
+
+    from reference_engine.core_messages import (
+        AbortRequest,
+        AddRequest,
+        Dead,
+        Exited,
+        Failed,
+        MessageKind,
+        Shutdown,
+    )
+    from reference_engine.engine_core import EngineCore
+
+    rng = random.Random()
+    prompt = [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 40))]
+    params = SamplingParams(max_tokens=rng.randrange(1, 64), temperature=0.0)
+    messages = [AddRequest(f"r{rng.random()}", prompt, params), AbortRequest("a"), Shutdown(),
+                Failed(ValueError("bad config")), Dead("step failed"), Exited(rng.choice([None, 1, -9]))]
+    receive, send = multiprocessing.Pipe(duplex=False)
+    send.send(messages)
+    back = receive.recv()
+    assert [type(m) for m in back] == [type(m) for m in messages]
+    assert back[0] == messages[0] and back[1:3] == messages[1:3] and back[4:] == messages[4:]
+    assert str(back[3].error) == "bad config"
+    assert {m.kind for m in messages} | {MessageKind.READY, MessageKind.STEP} == set(MessageKind)
+    core = EngineCore.__new__(EngineCore)
+    with pytest.raises(TypeError, match="not a command"):
+        core._apply(0, ("add", "r1", prompt, params), {})  # type: ignore[arg-type]

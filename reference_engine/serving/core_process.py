@@ -42,7 +42,7 @@ class StartedCore:
 
 def start_engine_core(config: EngineConfig, threads: int | None, log_level: str, log_format: str = LOG_FORMAT,
                       num_frontends: int = 1) -> StartedCore:
-    """Spawn the engine core; it reports ("ready", EngineInfo) or ("failed", exception) on every link."""
+    """Spawn the engine core; it reports `Ready` or `Failed` (`core_messages.py`) on every link."""
     ctx = multiprocessing.get_context("spawn")
     core_ends, front_ends = [], []
     for _ in range(num_frontends):

@@ -16,7 +16,19 @@ import threading
 from multiprocessing.process import BaseProcess
 
 from reference_engine.config import EngineConfig, SamplingParams
-from reference_engine.core_messages import CoreOutput, StepReport
+from reference_engine.core_messages import (
+    AbortRequest,
+    AddRequest,
+    Command,
+    CoreOutput,
+    Dead,
+    Exited,
+    Failed,
+    Ready,
+    Reply,
+    Shutdown,
+    Step,
+)
 from reference_engine.engine_info import EngineInfo, EngineStats
 from reference_engine.serving.core_process import FrontLink, start_engine_core
 from reference_engine.serving.request_streams import EngineDeadError, RequestStreams
@@ -42,20 +54,22 @@ async def connect_engine_core(link: FrontLink, process: BaseProcess | None, max_
     exception it raised in the core (ValueError for a bad config, FileNotFoundError for a missing model,
     ...)."""
     try:
-        kind, payload = await asyncio.to_thread(link.results.recv)
+        reply: Reply = await asyncio.to_thread(link.results.recv)
     except EOFError:
         if process is None:
             raise RuntimeError("the engine core exited before it was ready") from None
         await asyncio.to_thread(process.join)
         raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready"
                            ) from None
-    if kind == "failed":
+    if isinstance(reply, Failed):
         if process is not None:
             await asyncio.to_thread(process.join)
-        raise payload
+        raise reply.error
+    if not isinstance(reply, Ready):
+        raise RuntimeError(f"the engine core sent {reply.kind} before it was ready")
     if process is not None:
         log.info("engine core running in process %d", process.pid)
-    return EngineClient(process, link, payload, max_waiting)
+    return EngineClient(process, link, reply.info, max_waiting)
 
 
 class EngineClient(RequestStreams):
@@ -65,7 +79,7 @@ class EngineClient(RequestStreams):
         self.process = process  # None: the core belongs to another front end
         self.info = info
         self._link = link
-        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._num_sent = 0  # add commands sent; the core reports how many it has taken
         self._num_taken = 0
         self._stats = EngineStats(0, 0, info.limits.num_kv_blocks, 0, info.limits.num_kv_blocks, 0, 0, 0)
@@ -92,10 +106,10 @@ class EngineClient(RequestStreams):
 
     def _send(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         self._num_sent += 1
-        self._outbox.put(("add", request_id, prompt, params))
+        self._outbox.put(AddRequest(request_id, prompt, params))
 
     def _cancel(self, request_id: str) -> None:
-        self._outbox.put(("abort", request_id))
+        self._outbox.put(AbortRequest(request_id))
 
     # ---- the pipes' threads -----------------------------------------------------------------------------
 
@@ -118,6 +132,7 @@ class EngineClient(RequestStreams):
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand each message of the core to the event loop; report the core's end when its pipe closes."""
         while True:
+            message: Reply
             try:
                 message = self._link.results.recv()
             except (EOFError, OSError):
@@ -125,37 +140,39 @@ class EngineClient(RequestStreams):
                 if self.process is not None:
                     self.process.join(5.0)
                     exitcode = self.process.exitcode
-                message = ("exited", exitcode)
+                message = Exited(exitcode)
             try:
                 loop.call_soon_threadsafe(self._on_message, message)
             except RuntimeError:  # the loop is closed: the server has stopped
                 return
-            if message[0] in ("exited", "dead"):
+            if isinstance(message, Exited | Dead):
                 return
 
     # ---- on the event loop ------------------------------------------------------------------------------
 
-    def _on_message(self, message: tuple) -> None:
-        kind, payload = message
-        if kind == "step":
-            report: StepReport = payload
-            self._stats, self._num_taken = report.stats, report.num_added
-            self.num_steps, self.step_seconds = report.num_steps, report.step_seconds
-            for request_id, why in report.rejected:
-                self._refuse(request_id, ValueError(why))
-            self._deliver(CoreOutput(*row) for row in report.outputs)
-        elif kind == "dead":
-            self._fail_all(EngineDeadError(f"an engine step failed: {payload}"))
-        elif not self._closing:
-            log.error("the engine core process ended unexpectedly (exit code %s)", payload)
-            self._fail_all(EngineDeadError(f"the engine core process ended (exit code {payload})"))
+    def _on_message(self, message: Reply) -> None:
+        match message:
+            case Step(report):
+                self._stats, self._num_taken = report.stats, report.num_added
+                self.num_steps, self.step_seconds = report.num_steps, report.step_seconds
+                for request_id, why in report.rejected:
+                    self._refuse(request_id, ValueError(why))
+                self._deliver(CoreOutput(*row) for row in report.outputs)
+            case Dead(reason):
+                self._fail_all(EngineDeadError(f"an engine step failed: {reason}"))
+            case Exited(exitcode):
+                if not self._closing:
+                    log.error("the engine core process ended unexpectedly (exit code %s)", exitcode)
+                    self._fail_all(EngineDeadError(f"the engine core process ended (exit code {exitcode})"))
+            case _:
+                log.error("unexpected message from the engine core: %r", message)
 
     async def close(self) -> None:
         """Ask the core to stop, wait for it (then kill it if it does not), and end the pipe threads. An
         extra front end only closes its link: the core drops its requests and goes on serving the others."""
         self._closing = True
         if self.process is not None:
-            self._outbox.put(("shutdown",))
+            self._outbox.put(Shutdown())
         self._outbox.put(None)
         if not self._threads:  # never started: send it ourselves
             self._write()
