@@ -164,8 +164,15 @@ def _parameter(option: RunOption) -> inspect.Parameter:
     )
 
 
+def reflowed(doc: str | None) -> str:
+    """A docstring as help text whose paragraphs wrap at the terminal's width: typer's rich help keeps the
+    line breaks of every paragraph after the first, which at 80 columns leaves lines cut in two."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
 run.__signature__ = inspect.Signature([_parameter(o) for o in RUN_OPTIONS])  # type: ignore[attr-defined]
-app.command(cls=RunCommand)(run)
+app.command(cls=RunCommand, help=reflowed(run.__doc__))(run)
 
 
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
@@ -341,7 +348,7 @@ def import_(
     fmt: str = typer.Option("auto", "--format", help="auto | vllm-bench | aiperf"),
     into: Annotated[Path | None, typer.Option(help="an existing run directory to add the results to")] = None,
     out: Annotated[Path | None, typer.Option(help="a new run directory for the results")] = None,
-    backend: str | None = typer.Option(None, help="backend label [default: vllm-bench / aiperf]"),
+    backend: str | None = typer.Option(None, help=escape("backend label [default: vllm-bench / aiperf]")),
     variant: str | None = typer.Option(None, help="variant label"),
     workload: str = typer.Option("", help="workload label (match ours to sit in the same tables)"),
     load_point: str | None = typer.Option(None, help="load point label, e.g. c=8"),
