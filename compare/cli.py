@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Collection, Iterator
@@ -27,8 +29,10 @@ from typing import Annotated, Any
 import click
 import numpy as np
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperCommand
@@ -44,7 +48,8 @@ APP_HELP = (
     "(demo). `compare COMMAND --help` says more; `compare run --help` lists the run's options by topic."
 )
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=APP_HELP, rich_markup_mode="rich")
-console = Console(width=None if sys.stdout.isatty() else 160)
+# piped output is wide unless COLUMNS says otherwise; a terminal's own width is read from it
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -225,8 +230,67 @@ def _ms(value: Any) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:,.1f}"
 
 
+#: the summary's measured columns: (header, summary.csv column), headers in two lines to stay narrow
+LATENCY_COLUMNS = [
+    ("TTFT\np50", "ttft_p50_ms"),
+    ("TTFT\np99", "ttft_p99_ms"),
+    ("TPOT\np50", "tpot_p50_ms"),
+    ("TPOT\np99", "tpot_p99_ms"),
+    ("E2E\np50", "e2e_p50_ms"),
+]
+RATE_COLUMNS = [("out\ntok/s", "output_tok_s"), ("goodput\nreq/s", "goodput_rps")]
+
+
+def _short(value: Any) -> str:
+    """A number in the fewest characters that keep three significant digits (summary.csv has them all)."""
+    if value is None or not np.isfinite(value):
+        return "–"
+    size = abs(value)
+    return f"{value:,.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.2f}"
+
+
+def summary_tables(summary: Any, width: int) -> list[Table]:
+    """The summary as tables that fit `width` columns without cutting a cell: one per workload (named in its
+    title), a row per backend and load point, labelled `backend:variant load` (wrapped at the space when
+    narrow); where latencies and rates do not fit side by side, a latency table and a rate table. Columns
+    with no value in a workload (goodput without --slo) are left out."""
+    tables: list[Table] = []
+    for workload, rows in summary.groupby("workload", sort=False):
+        name = workload or "summary"
+        shown = [(h, c) for h, c in LATENCY_COLUMNS + RATE_COLUMNS if c in rows and rows[c].notna().any()]
+        latency = [m for m in shown if m in LATENCY_COLUMNS]
+        rates = [m for m in shown if m in RATE_COLUMNS]
+        whole = _summary_table(f"{name} (ms; n = ok requests)", rows, shown)
+        if _min_width(whole) <= width or not (latency and rates):
+            tables.append(whole)
+        else:
+            tables.append(_summary_table(f"{name}: latency (ms; n = ok requests)", rows, latency))
+            tables.append(_summary_table(f"{name}: rates", rows, rates))
+    return tables
+
+
+def _summary_table(title: str, rows: Any, measured: list[tuple[str, str]]) -> Table:
+    keys = [f"{r.backend}:{r.variant}" if r.variant else str(r.backend) for r in rows.itertuples()]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    # the label wraps at the space between backend and load point; a backend's name folds only past 24
+    table.add_column("backend load", overflow="fold", min_width=min(24, max(map(len, keys))))
+    table.add_column("ok/fail\n/canc", justify="right", no_wrap=True)
+    for header, _ in measured:
+        table.add_column(header, justify="right", no_wrap=True)
+    for key, (_, r) in zip(keys, rows.iterrows(), strict=True):
+        counts = f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}"
+        table.add_row(f"{key} {r['load_point']}", counts, *(_short(r[column]) for _, column in measured))
+    return table
+
+
+def _min_width(table: Table) -> int:
+    """The fewest columns `table` needs without cutting a cell."""
+    wide = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(wide, wide.options, table).minimum
+
+
 def print_summary(results: Any, shown: Collection[str] = ()) -> None:
-    """The summary table, the picks and the warnings (but not those in `shown`, printed already)."""
+    """The summary tables, the picks and the warnings (but not those in `shown`, printed already)."""
     warnings = [w for w in results.warnings if w not in shown]
     s = results.summary
     if s.empty:
@@ -234,36 +298,8 @@ def print_summary(results: Any, shown: Collection[str] = ()) -> None:
         for w in warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
         return
-    table = Table(
-        "backend",
-        "workload",
-        "load",
-        "ok/fail/canc",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99",
-        "E2E p50",
-        "out tok/s",
-        "goodput/s",
-        title="summary (ms; n = ok requests)",
-    )
-    for _, r in s.iterrows():
-        key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
-        table.add_row(
-            key,
-            r["workload"],
-            r["load_point"],
-            f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
-            _ms(r["ttft_p50_ms"]),
-            _ms(r["ttft_p99_ms"]),
-            _ms(r["tpot_p50_ms"]),
-            _ms(r["tpot_p99_ms"]),
-            _ms(r["e2e_p50_ms"]),
-            _ms(r["output_tok_s"]),
-            _ms(r["goodput_rps"]),
-        )
-    console.print(table)
+    for table in summary_tables(s, console.width):
+        console.print(table)
     for pick in results.picks:
         for sentence in pick.sentences:
             console.print(sentence.replace("**", ""), highlight=False)

@@ -3,14 +3,20 @@ for the waits of a run (checkpoint preparation, server start-up, warm-up, a refu
 
 from __future__ import annotations
 
+import io
 import re
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 import typer
+from rich.console import Console
 from rich.text import Text
 from typer.testing import CliRunner
 
+import compare.cli as cli
 from compare.cli import app
 
 runner = CliRunner()
@@ -63,3 +69,88 @@ def test_run_help_paragraphs_are_reflowed_not_broken_at_the_source_lines():
     assert len(paragraph) >= 3
     for line in paragraph[:-1]:
         assert len(line) >= 60, paragraph
+
+
+# -- the summary table ---------------------------------------------------------------------------------------
+
+BACKENDS = [
+    ("reference", "eager"),
+    ("reference", ""),
+    ("vllm", "tp2"),
+    ("llama.cpp", ""),
+    ("trtllm-triton", "fp8"),
+    ("sglang", ""),
+]
+LOADS = ["c=1", "c=64", "r=12.5", "r=inf", "trace=burst.jsonl"]
+MEASURED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "output_tok_s"]
+
+
+def _summary(seed: int) -> pd.DataFrame:
+    """A summary of random backends, load points and magnitudes (0.01 ms to 100 s, up to 10,000 requests)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for workload in rng.choice(
+        ["random-128x16", "sharegpt-ShareGPT_V3_unfiltered", "prefix-4x256+128x16"],
+        size=rng.integers(1, 3),
+        replace=False,
+    ):
+        for b in rng.choice(len(BACKENDS), size=rng.integers(1, len(BACKENDS) + 1), replace=False):
+            for load in rng.choice(LOADS, size=rng.integers(1, 4), replace=False):
+                rows.append(
+                    {
+                        "backend": BACKENDS[b][0],
+                        "variant": BACKENDS[b][1],
+                        "workload": workload,
+                        "load_point": load,
+                        "requests_ok": int(rng.integers(0, 10_000)),
+                        "requests_failed": int(rng.integers(0, 100)),
+                        "requests_cancelled": int(rng.integers(0, 10)),
+                        "goodput_rps": np.nan if seed % 2 else float(rng.uniform(0, 500)),
+                    }
+                    | {m: float(10 ** rng.uniform(-2, 5)) for m in MEASURED}
+                )
+    return pd.DataFrame(rows)
+
+
+def _labelled(lines: list[str], key: str, load: str) -> bool:
+    """Whether a row starts with the backend `key` whole and then `load` whole, on its line or the next."""
+    words = [line.split() for line in lines] + [[]]
+    return any(
+        w[:1] == [key] and (w[1:2] == [load] or words[i + 1][:1] == [load]) for i, w in enumerate(words[:-1])
+    )
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_summary_fits_the_terminal_with_every_name_whole(monkeypatch, seed, width):
+    """At 80 columns and more: no cell cut with an ellipsis, no line wider than the terminal, every backend
+    name and load point readable whole, every workload named, every row's TTFT p50 shown."""
+    summary = _summary(seed)
+    shown = Console(width=width, record=True, file=io.StringIO())
+    monkeypatch.setattr(cli, "console", shown)
+    cli.print_summary(SimpleNamespace(summary=summary, picks=[], warnings=["a warning"]))
+    text = shown.export_text()
+    lines = text.splitlines()
+    assert "…" not in text
+    assert max(map(len, lines)) <= width
+    for _, r in summary.iterrows():
+        key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
+        assert _labelled(lines, key, r["load_point"]), (key, r["load_point"])
+        assert cli._short(r["ttft_p50_ms"]) in text
+    for workload in summary["workload"].unique():
+        assert workload in flat(text)
+    assert ("goodput" in text) == bool(summary["goodput_rps"].notna().any())
+    assert "warning: a warning" in text
+
+
+def test_short_numbers_keep_three_significant_digits():
+    for value, shown in [
+        (0.0123, "0.01"),
+        (4.126, "4.13"),
+        (45.66, "45.7"),
+        (123.4, "123"),
+        (12345.6, "12,346"),
+        (float("nan"), "–"),
+        (None, "–"),
+    ]:
+        assert cli._short(value) == shown
