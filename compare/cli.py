@@ -33,12 +33,19 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from typer.core import TyperCommand
 
 from compare.exit_codes import EXIT_USAGE
-from compare.measure import ShowProgress, Watcher
+from compare.measure import ShowProgress, ShowStatus, Watcher
 from compare.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
 from compare.text import plural
 
@@ -192,7 +199,8 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
 
 def _console_watcher() -> Watcher:
-    """Messages printed, and each load point a progress bar: requests done, output tok/s, errors."""
+    """Messages printed; each load point a progress bar (requests done, output tok/s, errors; the warm-up
+    named while it runs); each longer wait a spinner with its state and the time elapsed."""
 
     @contextlib.contextmanager
     def point(title: str, total: int | None) -> Iterator[ShowProgress]:
@@ -206,13 +214,22 @@ def _console_watcher() -> Watcher:
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task(title, total=total, rate="–", errors=0)
 
-            def show(done: int, rate: float, errors: int) -> None:
+            def show(done: int, rate: float, errors: int, phase: str = "") -> None:
                 shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
-                progress.update(task, completed=done, rate=shown, errors=errors)
+                description = f"{title} ({phase})" if phase else title
+                progress.update(task, description=description, completed=done, rate=shown, errors=errors)
 
             yield show
 
-    return Watcher(say=lambda message: console.print(message), point=point)
+    @contextlib.contextmanager
+    def wait(title: str) -> Iterator[ShowStatus]:
+        """A spinner with `title`, what the wait is at now and the time elapsed, gone when the wait ends."""
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(title, total=None)
+            yield lambda state: progress.update(task, description=f"{title}: {escape(state)}")
+
+    return Watcher(say=lambda message: console.print(message), point=point, wait=wait)
 
 
 def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:

@@ -3,8 +3,15 @@ for the waits of a run (checkpoint preparation, server start-up, warm-up, a refu
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
 import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,10 +21,13 @@ import pytest
 import typer
 from rich.console import Console
 from rich.text import Text
+from test_compare_report import requests_for
 from typer.testing import CliRunner
 
 import compare.cli as cli
+from compare import launch, measure
 from compare.cli import app
+from compare.store import RunDir
 
 runner = CliRunner()
 BOX = re.compile(r"[\u2500-\u257f]")  # box-drawing characters of rich's panels
@@ -154,3 +164,209 @@ def test_short_numbers_keep_three_significant_digits():
         (None, "–"),
     ]:
         assert cli._short(value) == shown
+
+
+# -- waits: a refused connection, a server's start-up, the checkpoint, the warm-up ---------------------------
+
+
+class Heard:
+    """A Watcher that keeps what it is told: messages, each wait's title and states, each point's phases."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.waits: list[tuple[str, list[str]]] = []
+        self.phases: list[str] = []
+
+    @contextlib.contextmanager
+    def _wait(self, title: str) -> Iterator[Any]:
+        states: list[str] = []
+        self.waits.append((title, states))
+        yield states.append
+
+    @contextlib.contextmanager
+    def _point(self, _title: str, _total: int | None) -> Iterator[Any]:
+        yield lambda _done, _rate, _errors, phase: self.phases.append(phase)
+
+    def watcher(self) -> measure.Watcher:
+        return measure.Watcher(say=self.said.append, point=self._point, wait=self._wait)
+
+
+def test_a_refused_endpoint_fails_at_once_naming_the_url(monkeypatch):
+    """Nothing listens at the endpoint: the error says "connection refused" and the URL after a few checks
+    within `REFUSED_GRACE_S`, not after the 60 s health timeout (bound: 10 s, for a busy machine)."""
+    url = f"http://127.0.0.1:{launch.free_port()}"  # bound once, then closed: nothing listens there
+    checks = []
+    real = launch.check_health
+    monkeypatch.setattr(launch, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError) as info:
+        launch.endpoint_report("vllm", "", url, "/health", timeout=60.0)
+    assert time.monotonic() - started < 10.0
+    assert "connection refused" in str(info.value) and f"{url}/health" in str(info.value)
+    assert 1 <= len(checks) <= 1 + launch.REFUSED_GRACE_S / 0.1 + 1
+
+
+@contextlib.contextmanager
+def _answering(status: int) -> Iterator[str]:
+    """A server on loopback whose every GET answers `status`."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_endpoint_that_answers_but_not_healthy_is_waited_for_and_says_how_it_answered():
+    unhealthy = pytest.raises(launch.LaunchError, match=r"no healthy answer .* within 1 s \(last: HTTP 503\)")
+    with _answering(503) as url, unhealthy:
+        launch.endpoint_report("vllm", "", url, "/health", timeout=1.0)
+    with _answering(200) as url:
+        assert launch.endpoint_report("vllm", "", url, "/health", timeout=5.0).url == url
+
+
+SLOW_SERVER = """
+import http.server, logging, sys, time
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+log = logging.getLogger("reference_engine")
+log.info("tokenizer loaded in 0.01 s")
+log.info("weights loaded: 0.5 GiB, float32 on cpu in 0.02 s")
+time.sleep(1.5)  # still starting: nothing listens yet
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+log.info("server ready at http://127.0.0.1:%s in 1.6 s", sys.argv[1])
+server.serve_forever()
+"""
+
+
+def test_a_launched_server_is_polled_through_refusals_and_its_state_is_shown(tmp_path):
+    """Refused connections are expected while a launched server starts: polling goes on, and the state
+    heard says it is not listening yet and which start-up phase its log reports."""
+    port = launch.free_port()
+    launcher = launch.ProcessLauncher(
+        "reference",
+        "",
+        launch.ServerProcess([sys.executable, "-c", SLOW_SERVER, str(port)]),
+        f"http://127.0.0.1:{port}",
+        "/health",
+        tmp_path / "server.log",
+        startup_timeout=60,
+    )
+    states: list[str] = []
+    with launcher:
+        report = launcher.start(on_wait=states.append)
+    assert report.ready_s is not None and report.ready_s >= 1.5
+    assert any("not listening yet" in s for s in states), states
+    assert any(s.startswith("weights done") for s in states), states
+
+
+def test_a_launched_server_that_exits_stops_the_wait_at_once(tmp_path):
+    """The process exited while refused: the error comes then, not after the start-up timeout (600 s;
+    bound: 30 s for a busy machine)."""
+    cmd = [
+        sys.executable,
+        "-c",
+        "import time, sys; print('no GPU', flush=True); time.sleep(0.3); sys.exit(4)",
+    ]
+    port = launch.free_port()
+    launcher = launch.ProcessLauncher(
+        "reference",
+        "",
+        launch.ServerProcess(cmd),
+        f"http://127.0.0.1:{port}",
+        "/health",
+        tmp_path / "x.log",
+        startup_timeout=600,
+    )
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError, match="exited with code 4"):
+        launcher.start(on_wait=lambda _state: None)
+    assert time.monotonic() - started < 30
+
+
+def test_preparing_the_builtin_checkpoint_is_a_wait_with_a_status(monkeypatch, tmp_path):
+    from reference_engine import builtin_models
+
+    heard = Heard()
+    monkeypatch.setattr(builtin_models, "builtin_checkpoint", lambda name: tmp_path / name)
+    name = next(iter(builtin_models.BUILTIN_MODELS))
+    assert measure._resolve_model(name, heard.watcher()) == str(tmp_path / name)
+    assert [title for title, _ in heard.waits] == [
+        f"built-in model {name}: preparing the checkpoint (converted once, then cached)"
+    ]
+    assert heard.said and heard.said[-1].startswith(f"built-in model {name}: checkpoint ready in ")
+    assert measure._resolve_model("/some/dir", heard.watcher()) == "/some/dir" and len(heard.waits) == 1
+
+
+def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
+    heard = Heard()
+
+    class Launcher:
+        served_as = None
+        log_path = "server.log"
+        ready_at = None  # no cold first token to time
+        report = SimpleNamespace(repeat=None)
+
+        def start(self, on_wait):
+            on_wait("weights done; health check: not listening yet")
+            return SimpleNamespace(ready_s=2.5, cold_first_token_s=0.01)
+
+    plan = SimpleNamespace(launch="process", request_timeout=10)
+    backend = SimpleNamespace(name="reference", key="reference")
+    launch_ = measure._Launch(plan, None, backend, 0, heard.watcher(), None)
+    launch_._start(Launcher(), None, None)
+    assert heard.waits == [
+        ("reference: starting the server", ["weights done; health check: not listening yet"])
+    ]
+    assert any("ready in 2.5 s" in s for s in heard.said)
+
+
+@pytest.mark.parametrize("warm_n", [0, 1, 4])
+def test_the_warm_up_is_named_in_the_progress_until_measured_requests_finish(tmp_path, warm_n):
+    """The progress phase reads "warm-up k/n" while warm-up requests run and nothing measured has finished,
+    then "" (measuring); a point without warm-up never names one."""
+    heard = Heard()
+    made = requests_for("b", "", "wl", "c=1", warm_n + 3, 0.05, np.random.default_rng(warm_n), concurrency=1)
+    warm = [r.model_copy(update={"warmup": True}) for r in made[:warm_n]]
+    measured = made[warm_n:]
+
+    def fake_load(job):
+        assert len(job.warmup_specs) == warm_n
+        for k in range(warm_n + 1):
+            job.progress(warm[:k])
+        job.progress(warm + measured[:1])
+        job.progress(warm + measured)
+        Path(job.summary_path).touch()
+
+    run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
+    plan = SimpleNamespace(
+        warmup_count=lambda s: warm_n,
+        num_requests=3,
+        repeats=1,
+        request_timeout=10,
+        duration=None,
+        busy_poll=False,
+    )
+    schedule = SimpleNamespace(label="c=1", describe=lambda: {"kind": "closed", "concurrency": 1})
+    backend = SimpleNamespace(name="b", variant="", key="b")
+    workload = SimpleNamespace(label="wl", sessions=False)
+    point = measure._Point(plan, backend, None, "http://x", workload, schedule)
+    point.run(run, [], [object()] * warm_n, fake_load, None, heard.watcher())
+    expected = [f"warm-up {k}/{warm_n}" for k in range(warm_n)] + ["", "", ""]
+    assert heard.phases == expected[-len(heard.phases) :] and len(heard.phases) == warm_n + 3
