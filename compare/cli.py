@@ -235,7 +235,9 @@ def _console_watcher() -> Watcher:
 def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:
     from compare.runner import write_report
 
-    _print_report(write_report(run_dir, n_boot, seed), run_dir.path)
+    with _console_watcher().wait("analysing the run and writing its reports"):
+        results = write_report(run_dir, n_boot, seed)
+    _print_report(results, run_dir.path)
 
 
 def _print_report(results: Any, path: Path, shown: Collection[str] = ()) -> None:

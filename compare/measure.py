@@ -426,9 +426,9 @@ def _model_and_tokenizer(plan: RunPlan, watcher: Watcher) -> tuple[str, Any]:
     launched = any(b.launched for b in plan.backends)
     model_path = _resolve_model(plan.model, watcher) if (launched or plan.tokenizer is None) else plan.model
     tok_name = plan.tokenizer or model_path
-    return model_path, _load_tokenizer(
-        _resolve_model(tok_name, watcher) if tok_name == plan.model else tok_name
-    )
+    tok_name = _resolve_model(tok_name, watcher) if tok_name == plan.model else tok_name
+    with watcher.wait(f"loading the tokenizer ({tok_name})"):
+        return model_path, _load_tokenizer(tok_name)
 
 
 def _resolve_model(model: str, watcher: Watcher) -> str:

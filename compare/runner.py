@@ -34,7 +34,8 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     taken."""
     from compare.store import RunDir
 
-    run_dir = RunDir.create(out, plan.describe(), command)
+    with watcher.wait("creating the run directory (recording the machine: CPUs, GPUs, library versions)"):
+        run_dir = RunDir.create(out, plan.describe(), command)
     watcher.say(f"run directory: [bold]{run_dir.path}[/bold]")
     if plan.candidates_reason:
         watcher.say(plan.candidates_reason)
@@ -59,7 +60,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     if outcome.code == EXIT_INTERRUPTED:
         watcher.say("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
     try:
-        with _sigint_ignored():
+        with _sigint_ignored(), watcher.wait("analysing the run and writing its reports"):
             outcome.results = write_report(run_dir, n_boot, plan.seed)
     except Exception as exc:
         watcher.say(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")

@@ -370,3 +370,26 @@ def test_the_warm_up_is_named_in_the_progress_until_measured_requests_finish(tmp
     point.run(run, [], [object()] * warm_n, fake_load, None, heard.watcher())
     expected = [f"warm-up {k}/{warm_n}" for k in range(warm_n)] + ["", "", ""]
     assert heard.phases == expected[-len(heard.phases) :] and len(heard.phases) == warm_n + 3
+
+
+def test_a_run_against_a_refused_endpoint_says_so_with_every_wait_shown(monkeypatch, llama_dir, tmp_path):
+    """The whole command: each longer wait is shown (run directory, tokenizer, reports), the refused endpoint
+    is named with its URL, and the run exits 1 after the few health checks of `REFUSED_GRACE_S`, not the
+    checks of a 10 s health timeout."""
+    heard = Heard()
+    monkeypatch.setattr(cli, "_console_watcher", heard.watcher)
+    url = f"http://127.0.0.1:{launch.free_port()}"
+    checks = []
+    real = launch.check_health
+    monkeypatch.setattr(launch, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
+    args = ["run", "--backends", "vllm", "--endpoint", f"vllm={url}", "--model", "scripted-model"]
+    args += ["--tokenizer", str(llama_dir), "--n-boot", "10", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 1, result.output
+    titles = [title for title, _ in heard.waits]
+    assert titles[0].startswith("creating the run directory")
+    assert titles[1] == f"loading the tokenizer ({llama_dir})"
+    assert titles[-1] == "analysing the run and writing its reports"
+    refusals = [s for s in heard.said if "connection refused" in s]
+    assert len(refusals) == 1 and f"{url}/health" in refusals[0]
+    assert len(checks) <= 1 + launch.REFUSED_GRACE_S / 0.1 + 1
