@@ -41,7 +41,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 from typer.core import TyperCommand
 
 from compare.exit_codes import EXIT_USAGE
@@ -205,13 +205,13 @@ def _console_watcher() -> Watcher:
     @contextlib.contextmanager
     def point(title: str, total: int | None) -> Iterator[ShowProgress]:
         columns = [
-            TextColumn("{task.description}"),
-            BarColumn(),
+            TextColumn("{task.description}", table_column=Column(overflow="fold", ratio=3)),
+            BarColumn(bar_width=None, table_column=Column(ratio=1)),
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
             TimeElapsedColumn(),
         ]
-        with Progress(*columns, console=console, transient=False) as progress:
+        with Progress(*columns, console=console, transient=False, expand=True) as progress:
             task = progress.add_task(title, total=total, rate="–", errors=0)
 
             def show(done: int, rate: float, errors: int, phase: str = "") -> None:
@@ -224,7 +224,11 @@ def _console_watcher() -> Watcher:
     @contextlib.contextmanager
     def wait(title: str) -> Iterator[ShowStatus]:
         """A spinner with `title`, what the wait is at now and the time elapsed, gone when the wait ends."""
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+        columns = [
+            SpinnerColumn(),
+            TextColumn("{task.description}", table_column=Column(overflow="fold")),
+            TimeElapsedColumn(),
+        ]
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task(title, total=None)
             yield lambda state: progress.update(task, description=f"{title}: {escape(state)}")

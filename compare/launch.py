@@ -240,13 +240,10 @@ class Launcher:
     def _waiting_on(self, health: Health) -> str:
         """What a start-up is at: the last phase the server logged, and what its health route answered."""
         parsed = parse_log(self.report.backend, self.log_text(), near=self.report.spawned_at)
-        logged = (
-            "HTTP server listening"
-            if parsed.server_ready_s is not None
-            else f"{parsed.phases[-1].name} done" if parsed.phases else "no start-up phase logged yet"
-        )
-        waiting = "not listening yet" if health.refused else health.state
-        return f"{logged}; health check: {waiting}"
+        logged = f"{parsed.phases[-1].name} done" if parsed.phases else "no start-up phase logged yet"
+        if parsed.server_ready_s is not None:
+            logged = "HTTP server listening"
+        return f"{logged}; {'not listening yet' if health.refused else 'health check: ' + health.state}"
 
     def _device_memory(self) -> None:
         at_ready = devices.gpu_memory_used()

@@ -335,7 +335,6 @@ class _Point:
             specs = []
         total = session_requests(sessions) if sessions and plan.num_requests else plan.num_requests
         with watcher.point(title, total) as show:
-
             warm_n = len(warm_specs[: plan.warmup_count(schedule)])
 
             def update(records: list) -> None:

@@ -34,7 +34,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     taken."""
     from compare.store import RunDir
 
-    with watcher.wait("creating the run directory (recording the machine: CPUs, GPUs, library versions)"):
+    with watcher.wait("creating the run directory (recording the machine, GPUs and library versions)"):
         run_dir = RunDir.create(out, plan.describe(), command)
     watcher.say(f"run directory: [bold]{run_dir.path}[/bold]")
     if plan.candidates_reason:

@@ -324,7 +324,7 @@ def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
         report = SimpleNamespace(repeat=None)
 
         def start(self, on_wait):
-            on_wait("weights done; health check: not listening yet")
+            on_wait("weights done; not listening yet")
             return SimpleNamespace(ready_s=2.5, cold_first_token_s=0.01)
 
     plan = SimpleNamespace(launch="process", request_timeout=10)
@@ -332,7 +332,7 @@ def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
     launch_ = measure._Launch(plan, None, backend, 0, heard.watcher(), None)
     launch_._start(Launcher(), None, None)
     assert heard.waits == [
-        ("reference: starting the server", ["weights done; health check: not listening yet"])
+        ("reference: starting the server", ["weights done; not listening yet"])
     ]
     assert any("ready in 2.5 s" in s for s in heard.said)
 
@@ -393,3 +393,22 @@ def test_a_run_against_a_refused_endpoint_says_so_with_every_wait_shown(monkeypa
     refusals = [s for s in heard.said if "connection refused" in s]
     assert len(refusals) == 1 and f"{url}/health" in refusals[0]
     assert len(checks) <= 1 + launch.REFUSED_GRACE_S / 0.1 + 1
+
+
+def test_progress_and_spinner_lines_wrap_rather_than_cut_at_80_columns(monkeypatch):
+    """A point's title with its warm-up phase, and a wait's title with its state, are shown whole (wrapped
+    at their spaces) on an 80-column terminal."""
+    shown = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
+    monkeypatch.setattr(cli, "console", shown)
+    watcher = cli._console_watcher()
+    title = "vllm:tp2-fp8 sharegpt-ShareGPT_V3_unfiltered r=12.5 (launch 2)"
+    with watcher.point(title, 40) as show:
+        show(0, float("nan"), 0, "warm-up 3/8")
+    state = "kv_cache done; health check: no answer within 1 s (the server is busy compiling)"
+    with watcher.wait("trtllm-triton:fp8: starting the server") as status:
+        status(state)
+    text = shown.export_text()
+    assert "…" not in text
+    words = set(text.split())  # every word whole: wrapped between words, never cut or folded inside one
+    for line in (f"{title} (warm-up 3/8)", f"trtllm-triton:fp8: starting the server: {state}"):
+        assert set(line.split()) <= words, set(line.split()) - words
