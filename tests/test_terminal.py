@@ -331,9 +331,7 @@ def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
     backend = SimpleNamespace(name="reference", key="reference")
     launch_ = measure._Launch(plan, None, backend, 0, heard.watcher(), None)
     launch_._start(Launcher(), None, None)
-    assert heard.waits == [
-        ("reference: starting the server", ["weights done; not listening yet"])
-    ]
+    assert heard.waits == [("reference: starting the server", ["weights done; not listening yet"])]
     assert any("ready in 2.5 s" in s for s in heard.said)
 
 
