@@ -25,7 +25,7 @@ from test_compare_report import requests_for
 from typer.testing import CliRunner
 
 import compare.cli as cli
-from compare import launch, measure
+from compare import launch, measure, terminal
 from compare.cli import app
 from compare.store import RunDir
 
@@ -146,7 +146,7 @@ def test_the_summary_fits_the_terminal_with_every_name_whole(monkeypatch, seed, 
     for _, r in summary.iterrows():
         key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
         assert _labelled(lines, key, r["load_point"]), (key, r["load_point"])
-        assert cli._short(r["ttft_p50_ms"]) in text
+        assert terminal._short(r["ttft_p50_ms"]) in text
     for workload in summary["workload"].unique():
         assert workload in flat(text)
     assert ("goodput" in text) == bool(summary["goodput_rps"].notna().any())
@@ -163,7 +163,7 @@ def test_short_numbers_keep_three_significant_digits():
         (float("nan"), "–"),
         (None, "–"),
     ]:
-        assert cli._short(value) == shown
+        assert terminal._short(value) == shown
 
 
 # -- waits: a refused connection, a server's start-up, the checkpoint, the warm-up ---------------------------
