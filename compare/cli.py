@@ -138,12 +138,12 @@ def run(**given: Any) -> None:
         plan = build_plan(given, config)
         out = out or run_file_out(config)
     except PlanError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     try:
         code = execute(plan, out, n_boot)
     except FileExistsError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         code = EXIT_USAGE
     raise typer.Exit(code)
 
@@ -229,7 +229,7 @@ def report(
     try:
         run = RunDir.open(run_dir)
     except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     _report(run, n_boot, (run.manifest.get("config") or {}).get("seed", 0))
 
@@ -250,7 +250,7 @@ def diff(
         a, b = RunDir.open(run_a), RunDir.open(run_b)
         table = diff_runs(a, b, alpha)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     show = Table(
         "point (A -> B)",
@@ -328,7 +328,7 @@ def import_(
                 f"{imported.load_point}"
             )
     except (FileNotFoundError, FileExistsError, ImportFormatError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     _report(run, 1000)
 

@@ -164,6 +164,8 @@ class _Launch:
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
     ) -> bool:
         """False when the backend could not be started or reached (the note says why)."""
+        from rich.markup import escape
+
         from adapters import get_adapter
         from compare.launch import LaunchError
 
@@ -203,9 +205,9 @@ class _Launch:
                         raise KeyboardInterrupt
             return True
         except LaunchError as exc:
-            say(
-                f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:[/red] {exc}"
-            )
+            why = escape(str(exc).removeprefix(f"{backend.key}: "))  # a log's own [brackets] are no markup
+            verb = "started" if backend.launched else "reached"
+            say(f"[red]{backend.key} could not be {verb}:[/red] {why}")
             self.run_dir.manifest["notes"].append(
                 str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
             )

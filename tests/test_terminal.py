@@ -410,3 +410,26 @@ def test_progress_and_spinner_lines_wrap_rather_than_cut_at_80_columns(monkeypat
     words = set(text.split())  # every word whole: wrapped between words, never cut or folded inside one
     for line in (f"{title} (warm-up 3/8)", f"trtllm-triton:fp8: starting the server: {state}"):
         assert set(line.split()) <= words, set(line.split()) - words
+
+
+def test_a_backend_that_cannot_be_reached_is_said_once_by_name_with_its_log_verbatim(monkeypatch):
+    """The error names the backend once (not "vllm could not be reached: vllm: ..."), and a log's own
+    brackets ("[core.py:12]", even a stray "[/]") are printed as written, not read as markup."""
+    heard = Heard()
+    problem = "log: INFO [core.py:12] boom [/] [bold]"
+
+    def refused(*_args, **_kwargs):
+        raise launch.LaunchError(f"vllm: {problem}")
+
+    monkeypatch.setattr(launch, "endpoint_report", refused)
+    plan = SimpleNamespace(served_model=None, model="m")
+    backend = SimpleNamespace(name="vllm", variant="", key="vllm", launched=False, endpoint="http://x")
+    run_dir = SimpleNamespace(manifest={"notes": []})
+    assert (
+        measure._Launch(plan, run_dir, backend, 0, heard.watcher(), None).run("m", None, None, None, None)
+        is False
+    )
+    shown = Console(width=200, record=True, file=io.StringIO())
+    shown.print(heard.said[-1])
+    assert shown.export_text().strip() == f"vllm could not be reached: {problem}"
+    assert run_dir.manifest["notes"] == [f"vllm: {problem}"]
