@@ -14,13 +14,13 @@ succeeded; 2 the options are wrong; 130 interrupted (Ctrl-C or SIGTERM; a partia
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import math
+import os
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,13 +29,14 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperCommand
 
+from compare import terminal
 from compare.exit_codes import EXIT_USAGE
-from compare.measure import ShowProgress, Watcher
+from compare.measure import Watcher
 from compare.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
+from compare.terminal import console_watcher
 from compare.text import plural
 
 APP_HELP = (
@@ -44,7 +45,8 @@ APP_HELP = (
     "(demo). `compare COMMAND --help` says more; `compare run --help` lists the run's options by topic."
 )
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=APP_HELP, rich_markup_mode="rich")
-console = Console(width=None if sys.stdout.isatty() else 160)
+# piped output is wide unless COLUMNS says otherwise; a terminal's own width is read from it
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -136,12 +138,12 @@ def run(**given: Any) -> None:
         plan = build_plan(given, config)
         out = out or run_file_out(config)
     except PlanError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     try:
         code = execute(plan, out, n_boot)
     except FileExistsError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         code = EXIT_USAGE
     raise typer.Exit(code)
 
@@ -164,8 +166,15 @@ def _parameter(option: RunOption) -> inspect.Parameter:
     )
 
 
+def reflowed(doc: str | None) -> str:
+    """A docstring as help text whose paragraphs wrap at the terminal's width: typer's rich help keeps the
+    line breaks of every paragraph after the first, which at 80 columns leaves lines cut in two."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
 run.__signature__ = inspect.Signature([_parameter(o) for o in RUN_OPTIONS])  # type: ignore[attr-defined]
-app.command(cls=RunCommand)(run)
+app.command(cls=RunCommand, help=reflowed(run.__doc__))(run)
 
 
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
@@ -180,33 +189,16 @@ def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
 
 
 def _console_watcher() -> Watcher:
-    """Messages printed, and each load point a progress bar: requests done, output tok/s, errors."""
-
-    @contextlib.contextmanager
-    def point(title: str, total: int | None) -> Iterator[ShowProgress]:
-        columns = [
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]} tok/s  errors {task.fields[errors]}"),
-            TimeElapsedColumn(),
-        ]
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task(title, total=total, rate="–", errors=0)
-
-            def show(done: int, rate: float, errors: int) -> None:
-                shown = f"{rate:,.1f}" if np.isfinite(rate) else "–"
-                progress.update(task, completed=done, rate=shown, errors=errors)
-
-            yield show
-
-    return Watcher(say=lambda message: console.print(message), point=point)
+    """The run's messages, progress bars and spinners on this module's console."""
+    return console_watcher(console)
 
 
 def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:
     from compare.runner import write_report
 
-    _print_report(write_report(run_dir, n_boot, seed), run_dir.path)
+    with _console_watcher().wait("analysing the run and writing its reports"):
+        results = write_report(run_dir, n_boot, seed)
+    _print_report(results, run_dir.path)
 
 
 def _print_report(results: Any, path: Path, shown: Collection[str] = ()) -> None:
@@ -219,49 +211,8 @@ def _ms(value: Any) -> str:
 
 
 def print_summary(results: Any, shown: Collection[str] = ()) -> None:
-    """The summary table, the picks and the warnings (but not those in `shown`, printed already)."""
-    warnings = [w for w in results.warnings if w not in shown]
-    s = results.summary
-    if s.empty:
-        console.print("no measured requests")
-        for w in warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
-        return
-    table = Table(
-        "backend",
-        "workload",
-        "load",
-        "ok/fail/canc",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99",
-        "E2E p50",
-        "out tok/s",
-        "goodput/s",
-        title="summary (ms; n = ok requests)",
-    )
-    for _, r in s.iterrows():
-        key = f"{r['backend']}:{r['variant']}" if r["variant"] else r["backend"]
-        table.add_row(
-            key,
-            r["workload"],
-            r["load_point"],
-            f"{int(r['requests_ok'])}/{int(r['requests_failed'])}/{int(r['requests_cancelled'])}",
-            _ms(r["ttft_p50_ms"]),
-            _ms(r["ttft_p99_ms"]),
-            _ms(r["tpot_p50_ms"]),
-            _ms(r["tpot_p99_ms"]),
-            _ms(r["e2e_p50_ms"]),
-            _ms(r["output_tok_s"]),
-            _ms(r["goodput_rps"]),
-        )
-    console.print(table)
-    for pick in results.picks:
-        for sentence in pick.sentences:
-            console.print(sentence.replace("**", ""), highlight=False)
-    for w in warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    """The summary tables, the picks and the warnings (but not those in `shown`, printed already)."""
+    terminal.print_summary(console, results, shown)
 
 
 # -- compare report / diff / import ------------------------------------------------------------------------
@@ -278,7 +229,7 @@ def report(
     try:
         run = RunDir.open(run_dir)
     except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     _report(run, n_boot, (run.manifest.get("config") or {}).get("seed", 0))
 
@@ -299,7 +250,7 @@ def diff(
         a, b = RunDir.open(run_a), RunDir.open(run_b)
         table = diff_runs(a, b, alpha)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     show = Table(
         "point (A -> B)",
@@ -341,7 +292,7 @@ def import_(
     fmt: str = typer.Option("auto", "--format", help="auto | vllm-bench | aiperf"),
     into: Annotated[Path | None, typer.Option(help="an existing run directory to add the results to")] = None,
     out: Annotated[Path | None, typer.Option(help="a new run directory for the results")] = None,
-    backend: str | None = typer.Option(None, help="backend label [default: vllm-bench / aiperf]"),
+    backend: str | None = typer.Option(None, help=escape("backend label [default: vllm-bench / aiperf]")),
     variant: str | None = typer.Option(None, help="variant label"),
     workload: str = typer.Option("", help="workload label (match ours to sit in the same tables)"),
     load_point: str | None = typer.Option(None, help="load point label, e.g. c=8"),
@@ -377,7 +328,7 @@ def import_(
                 f"{imported.load_point}"
             )
     except (FileNotFoundError, FileExistsError, ImportFormatError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     _report(run, 1000)
 

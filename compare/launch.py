@@ -20,6 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ from compare.datatypes import SetupReport
 from compare.setup_log import apply_log, parse_log
 
 __all__ = [
+    "Health",
     "LaunchError",
     "Launcher",
     "ProcessLauncher",
     "ServerProcess",
     "SetupReport",  # re-exported for compare/ray_matrix.py; new code imports it from compare.datatypes
+    "check_health",
     "endpoint_report",
     "free_port",
     "healthy",
@@ -49,12 +52,43 @@ class LaunchError(RuntimeError):
 # -- health -------------------------------------------------------------------------------------------------
 
 
-def healthy(url: str, timeout: float = 1.0) -> bool:
+#: how long a running endpoint may refuse connections before we say so: long enough for a server that is
+#: just restarting its listener, far below a start-up timeout (nothing listening will not start to)
+REFUSED_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Health:
+    """One health check: `ok` when the route answered 200, else `state` says what happened instead."""
+
+    ok: bool
+    state: str  # "HTTP 200", "HTTP 503", "connection refused", "no answer within 1 s", "unreachable: ..."
+    refused: bool = False  # nothing listens at the address
+
+
+def check_health(url: str, timeout: float = 1.0) -> Health:
+    """Ask `url` once, and say how it answered (or why it did not)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
+            return Health(resp.status == 200, f"HTTP {resp.status}")
+    except urllib.error.HTTPError as exc:
+        return Health(False, f"HTTP {exc.code}")
+    except urllib.error.URLError as exc:
+        return _failed(exc.reason if isinstance(exc.reason, BaseException) else exc, timeout)
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        return _failed(exc, timeout)
+
+
+def _failed(exc: BaseException, timeout: float) -> Health:
+    if isinstance(exc, ConnectionRefusedError):
+        return Health(False, "connection refused", refused=True)
+    if isinstance(exc, TimeoutError):
+        return Health(False, f"no answer within {timeout:g} s")
+    return Health(False, f"unreachable: {exc}")
+
+
+def healthy(url: str, timeout: float = 1.0) -> bool:
+    return check_health(url, timeout).ok
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -157,7 +191,11 @@ class Launcher:
 
     # -- shared -------------------------------------------------------------------------------------------
 
-    def start(self) -> SetupReport:
+    def start(self, on_wait: Callable[[str], None] | None = None) -> SetupReport:
+        """Spawn the server and poll its health route until it answers 200; `on_wait(state)` hears, about
+        twice a second, what the health check answered and the last start-up phase the server logged
+        (refused connections are expected until it listens). LaunchError when it exits first or the
+        start-up timeout passes."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._gpu_before = devices.gpu_memory_used()
         self.report.spawned_at = time.time()
@@ -169,6 +207,7 @@ class Launcher:
             self.stop()
             raise
         deadline = started + self.startup_timeout
+        told = 0.0
         while True:
             code = self._exit_code()
             if code is not None:
@@ -178,13 +217,18 @@ class Launcher:
                     f"{self.report.key} exited with code {code} before it was ready "
                     f"(log: {self.log_path}):\n{self.log_tail()}"
                 )
-            if healthy(self.health_url, timeout=1.0):
+            health = check_health(self.health_url, timeout=1.0)
+            if health.ok:
                 break
+            if on_wait is not None and time.perf_counter() - told >= 0.5:
+                told = time.perf_counter()
+                on_wait(self._waiting_on(health))
             if time.perf_counter() > deadline:
                 self.stop()
                 raise LaunchError(
                     f"{self.report.key} not healthy at {self.health_url} after "
-                    f"{self.startup_timeout:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
+                    f"{self.startup_timeout:.0f} s (last health check: {health.state}; log: {self.log_path}):"
+                    f"\n{self.log_tail()}"
                 )
             time.sleep(0.1)
         self.ready_at = time.perf_counter()
@@ -192,6 +236,14 @@ class Launcher:
         self._device_memory()
         self.refresh()
         return self.report
+
+    def _waiting_on(self, health: Health) -> str:
+        """What a start-up is at: the last phase the server logged, and what its health route answered."""
+        parsed = parse_log(self.report.backend, self.log_text(), near=self.report.spawned_at)
+        logged = f"{parsed.phases[-1].name} done" if parsed.phases else "no start-up phase logged yet"
+        if parsed.server_ready_s is not None:
+            logged = "HTTP server listening"
+        return f"{logged}; {'not listening yet' if health.refused else 'health check: ' + health.state}"
 
     def _device_memory(self) -> None:
         at_ready = devices.gpu_memory_used()
@@ -335,7 +387,9 @@ def package_env() -> dict[str, str]:
 def endpoint_report(
     backend: str, variant: str, url: str, health_path: str, timeout: float = 10.0
 ) -> SetupReport:
-    """A running server: check that it answers; its set-up cost is not ours to know."""
+    """A running server: check that it answers; its set-up cost is not ours to know. A refused connection
+    fails within `REFUSED_GRACE_S` (nothing listens, and waiting will not change that); other failures are
+    retried until `timeout`."""
     report = SetupReport(
         backend,
         variant,
@@ -343,11 +397,23 @@ def endpoint_report(
         url.rstrip("/"),
         notes=["running endpoint, not launched by llm-compare: set-up cost not measured"],
     )
+    url = report.url + health_path
     deadline = time.monotonic() + timeout
-    while not healthy(report.url + health_path, timeout=2.0):
-        if time.monotonic() > deadline:
+    refused_since: float | None = None
+    while not (health := check_health(url, timeout=2.0)).ok:
+        now = time.monotonic()
+        if health.refused:
+            refused_since = now if refused_since is None else refused_since
+            if now - refused_since >= REFUSED_GRACE_S:
+                raise LaunchError(
+                    f"{report.key}: connection refused at {url}: nothing listens there "
+                    "(is the server running, and is the address right?)"
+                )
+        else:
+            refused_since = None
+        if now > deadline:
             raise LaunchError(
-                f"{report.key}: no healthy answer from {report.url + health_path} within {timeout:.0f} s"
+                f"{report.key}: no healthy answer from {url} within {timeout:.0f} s (last: {health.state})"
             )
-        time.sleep(0.2)
+        time.sleep(0.1 if health.refused else 0.2)
     return report

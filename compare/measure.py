@@ -21,8 +21,11 @@ from compare.run_options import BackendSpec, RunPlan, WorkloadSpec
 from compare.text import plural
 from workloads.schedule import Schedule
 
-#: shows a point's progress: (measured requests so far, output tokens/s or nan, failed requests)
-ShowProgress = Callable[[int, float, int], None]
+#: shows a point's progress: (measured requests so far, output tokens/s or nan, failed requests, phase): the
+#: phase is "" while measuring, "warm-up 2/4" (warm-up requests done of those sent first) before
+ShowProgress = Callable[[int, float, int, str], None]
+#: updates the status line of a wait (`Watcher.wait`) with what it is at now
+ShowStatus = Callable[[str], None]
 #: prompts per load point when only a duration bounds it (there is no request count to size them by)
 DURATION_BOUND_PROMPTS = 256
 PREFIX_SEEDS = 1_000_003  # seeds of a workload's slices: seed * PREFIX_SEEDS + slice
@@ -34,16 +37,24 @@ def _silent(_message: str) -> None:
 
 @contextlib.contextmanager
 def _no_progress(_title: str, _total: int | None) -> Iterator[ShowProgress]:
-    yield lambda _done, _rate, _errors: None
+    yield lambda _done, _rate, _errors, _phase: None
+
+
+@contextlib.contextmanager
+def _no_wait(_title: str) -> Iterator[ShowStatus]:
+    yield _silent
 
 
 @dataclass(frozen=True)
 class Watcher:
-    """Who watches a run: `say(message)` (rich markup) for what happens, and `point(title, total)`, a context
-    manager around one load point yielding the function that shows its progress. Silent by default."""
+    """Who watches a run: `say(message)` (rich markup) for what happens; `point(title, total)`, a context
+    manager around one load point yielding the function that shows its progress; and `wait(title)`, one
+    around any wait that may pass 2 s (checkpoint preparation, server start-up) yielding the function that
+    updates its status (the console shows a spinner and the time elapsed). Silent by default."""
 
     say: Callable[[str], None] = _silent
     point: Callable[[str, int | None], AbstractContextManager[ShowProgress]] = _no_progress
+    wait: Callable[[str], AbstractContextManager[ShowStatus]] = _no_wait
 
 
 def measure(
@@ -153,6 +164,8 @@ class _Launch:
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
     ) -> bool:
         """False when the backend could not be started or reached (the note says why)."""
+        from rich.markup import escape
+
         from adapters import get_adapter
         from compare.launch import LaunchError
 
@@ -192,9 +205,9 @@ class _Launch:
                         raise KeyboardInterrupt
             return True
         except LaunchError as exc:
-            say(
-                f"[red]{backend.key} could not be {'started' if backend.launched else 'reached'}:[/red] {exc}"
-            )
+            why = escape(str(exc).removeprefix(f"{backend.key}: "))  # a log's own [brackets] are no markup
+            verb = "started" if backend.launched else "reached"
+            say(f"[red]{backend.key} could not be {verb}:[/red] {why}")
             self.run_dir.manifest["notes"].append(
                 str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
             )
@@ -214,7 +227,8 @@ class _Launch:
         if launcher.served_as:
             adapter = get_adapter(backend.name, model=launcher.served_as)
         say(f"[bold]{backend.key}[/bold]: starting the server ({plan.launch}; log: {launcher.log_path})")
-        setup = launcher.start()
+        with self.watcher.wait(f"{backend.key}: starting the server") as status:
+            setup = launcher.start(on_wait=status)
         launcher.report.repeat = self.repeat
         measure_cold_first_token(launcher, adapter, cold_spec, plan.request_timeout)
         say(
@@ -323,11 +337,14 @@ class _Point:
             specs = []
         total = session_requests(sessions) if sessions and plan.num_requests else plan.num_requests
         with watcher.point(title, total) as show:
+            warm_n = len(warm_specs[: plan.warmup_count(schedule)])
 
             def update(records: list) -> None:
                 measured = [r for r in records if not r.warmup]
                 rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
-                show(len(measured), rate, sum(1 for r in measured if r.error_kind is not None))
+                warm = len(records) - len(measured)
+                phase = f"warm-up {warm}/{warm_n}" if warm < warm_n and not measured else ""
+                show(len(measured), rate, sum(1 for r in measured if r.error_kind is not None), phase)
 
             job = PointJob(
                 self.url,
@@ -410,17 +427,20 @@ def _model_and_tokenizer(plan: RunPlan, watcher: Watcher) -> tuple[str, Any]:
     launched = any(b.launched for b in plan.backends)
     model_path = _resolve_model(plan.model, watcher) if (launched or plan.tokenizer is None) else plan.model
     tok_name = plan.tokenizer or model_path
-    return model_path, _load_tokenizer(
-        _resolve_model(tok_name, watcher) if tok_name == plan.model else tok_name
-    )
+    tok_name = _resolve_model(tok_name, watcher) if tok_name == plan.model else tok_name
+    with watcher.wait(f"loading the tokenizer ({tok_name})"):
+        return model_path, _load_tokenizer(tok_name)
 
 
 def _resolve_model(model: str, watcher: Watcher) -> str:
     from reference_engine.builtin_models import BUILTIN_MODELS, builtin_checkpoint
 
     if model in BUILTIN_MODELS:
-        watcher.say(f"built-in model {model}: preparing the checkpoint (converted once, then cached)")
-        return str(builtin_checkpoint(model))
+        started = time.perf_counter()
+        with watcher.wait(f"built-in model {model}: preparing the checkpoint (converted once, then cached)"):
+            path = str(builtin_checkpoint(model))
+        watcher.say(f"built-in model {model}: checkpoint ready in {time.perf_counter() - started:.1f} s")
+        return path
     return model
 
 

@@ -449,7 +449,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         False,
         help="per backend, choose the load points: concurrency 1 and a saturating closed loop "
         "(--sweep-concurrency), then open-loop rates between their throughputs, stopping once the backend "
-        "saturates; replaces --concurrency/--rate/--trace",
+        "saturates; replaces --concurrency, --rate and --trace",
         panel=LOAD,
         metavar="",
         flags=("--sweep",),

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from compare.measure import Watcher, measure
 from compare.run_options import RunPlan
@@ -34,8 +36,9 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     taken."""
     from compare.store import RunDir
 
-    run_dir = RunDir.create(out, plan.describe(), command)
-    watcher.say(f"run directory: [bold]{run_dir.path}[/bold]")
+    with watcher.wait("creating the run directory (recording the machine, GPUs and library versions)"):
+        run_dir = RunDir.create(out, plan.describe(), command)
+    watcher.say(f"run directory: [bold]{escape(str(run_dir.path))}[/bold]")
     if plan.candidates_reason:
         watcher.say(plan.candidates_reason)
     outcome = Outcome(run_dir, EXIT_OK)
@@ -50,7 +53,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
             note = f"failed: {type(exc).__name__}: {exc}"
             run_dir.manifest["notes"].append(note)
             outcome.shown.add(note)
-            watcher.say(f"[red]error:[/red] {exc}")
+            watcher.say(f"[red]error:[/red] {escape(str(exc))}")
             outcome.code = EXIT_FAILED
     run_dir.manifest["status"] = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted"}.get(
         outcome.code, "failed"
@@ -59,10 +62,10 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     if outcome.code == EXIT_INTERRUPTED:
         watcher.say("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
     try:
-        with _sigint_ignored():
+        with _sigint_ignored(), watcher.wait("analysing the run and writing its reports"):
             outcome.results = write_report(run_dir, n_boot, plan.seed)
     except Exception as exc:
-        watcher.say(f"[red]could not write the report:[/red] {type(exc).__name__}: {exc}")
+        watcher.say(f"[red]could not write the report:[/red] {type(exc).__name__}: {escape(str(exc))}")
         outcome.code = EXIT_FAILED
         return outcome
     summary = outcome.results.summary
