@@ -17,19 +17,23 @@ The tokenizer is any Hugging Face tokenizer (`encode(text, add_special_tokens=Fa
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
 from adapters.request_spec import RequestSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 LENGTH_FORMS = "N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
@@ -180,14 +184,17 @@ def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.G
 
 
 def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
-                   output_len: LengthDist | str | int, seed: int = 0, id_prefix: str = "random"
-                   ) -> list[RequestSpec]:
-    """`n` random token-exact prompts with drawn input and output lengths."""
+                   output_len: LengthDist | str | int, seed: int | Sequence[int] = 0,
+                   id_prefix: str = "random", allowed: np.ndarray | None = None,
+                   first_index: int = 0) -> list[RequestSpec]:
+    """`n` random token-exact prompts with drawn input and output lengths, numbered from `first_index`
+    (`allowed`: `ordinary_token_ids(tokenizer)` when already known; it takes a pass over the vocabulary)."""
     rng = np.random.default_rng(seed)
     ins = LengthDist.parse(input_len).sample(rng, n)
     outs = LengthDist.parse(output_len).sample(rng, n)
-    prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, ordinary_token_ids(tokenizer))
-    return [RequestSpec(f"{id_prefix}-{i}", tuple(ids), text, int(outs[i]))
+    pool = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, pool)
+    return [RequestSpec(f"{id_prefix}-{first_index + i}", tuple(ids), text, int(outs[i]))
             for i, (ids, text) in enumerate(prompts)]
 
 
@@ -315,22 +322,29 @@ JOIN_ATTEMPTS = 100  # fresh suffixes tried per request before a prefix is given
 
 
 def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int,
-                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int, seed: int = 0,
-                   id_prefix: str = "prefix") -> list[RequestSpec]:
+                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int,
+                   seed: int | Sequence[int] = 0, id_prefix: str = "prefix",
+                   allowed: np.ndarray | None = None, prefixes: Sequence[Sequence[int]] | None = None,
+                   first_member: int = 0) -> list[RequestSpec]:
     """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
-    exactly (the join with each suffix is checked not to merge tokens), interleaved group by group."""
+    exactly (the join with each suffix is checked not to merge tokens), interleaved group by group.
+    `prefixes` (from `group_prefixes`): the groups' prefixes, drawn elsewhere so that later requests of the
+    same groups (members numbered from `first_member`) can be made apart from the first."""
     if n_groups < 1 or per_group < 1:
         raise ValueError("n_groups and per_group must be >= 1")
     rng = np.random.default_rng(seed)
-    allowed = ordinary_token_ids(tokenizer)
+    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
     suffixes = LengthDist.parse(suffix_len).sample(rng, n_groups * per_group)
     outs = LengthDist.parse(output_len).sample(rng, n_groups * per_group)
     groups = []
     for g in range(n_groups):
-        prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        if prefixes is None:
+            prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        else:
+            prefix_ids = list(prefixes[g])
         members = []
-        for j in range(per_group):
-            k = g * per_group + j
+        for j in range(first_member, first_member + per_group):
+            k = g * per_group + j - first_member
             for _ in range(JOIN_ATTEMPTS):
                 suffix_ids, _ = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
                 text = _decode(tokenizer, prefix_ids + suffix_ids)
@@ -344,6 +358,14 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
                                        group=f"g{g}"))
         groups.append(members)
     return [members[j] for j in range(per_group) for members in groups]
+
+
+def group_prefixes(tokenizer: Any, n_groups: int, prefix_len: int, seed: int | Sequence[int],
+                   allowed: np.ndarray | None = None) -> list[list[int]]:
+    """`n_groups` random token-exact prefixes of `prefix_len` tokens, for `prefix_dataset(prefixes=...)`."""
+    rng = np.random.default_rng(seed)
+    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    return [ids for ids, _ in token_exact_prompts(tokenizer, [prefix_len] * n_groups, rng, allowed)]
 
 
 DATASETS: dict[str, Callable[..., list[RequestSpec]]] = {
@@ -362,3 +384,124 @@ def make_dataset(name: str, *args: Any, **options: Any) -> list[RequestSpec]:
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
     return build(*args, **options)
+
+
+#: requests per chunk of a `PromptStream` made for a duration-bound point: about 0.1-0.5 s of generation for
+#: 128-512-token prompts on a busy 2-core machine, and a chunk or two of requests ahead covers any rate the
+#: generation keeps up with (the waits are counted when it does not: `Supply.stats`)
+STREAM_CHUNK = 256
+
+
+class PromptStream(Generic[T]):
+    """A lazily extended, deterministic sequence of requests (or sessions): chunk k is `make_chunk(k)`, a
+    list of `chunk_size`, made from a seed of its own (the caller's `make_chunk` derives it from k), so item
+    i is the same whoever reads it, whenever, and however far the sequence was read before: every backend
+    gets the same prompts in the same order at a point, however many it gets through. Items are not kept
+    (a long point needs more than memory should hold); reading a chunk twice makes it twice.
+
+    `first(n)` makes the first n items at once (a point whose count is known); `supply()` hands them out
+    one by one for a point bounded only by its duration, made ahead in a background thread (`Supply`).
+    `supplied` holds each finished supply's `stats()`, for the run directory."""
+
+    def __init__(self, make_chunk: Callable[[int], Sequence[T]], chunk_size: int = STREAM_CHUNK,
+                 limit: int | None = None) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.make_chunk, self.chunk_size, self.limit = make_chunk, chunk_size, limit
+        self.supplied: list[dict[str, Any]] = []
+        self._head: list[T] | None = None  # chunk 0 as last made, until a supply takes it
+
+    def chunk(self, k: int) -> list[T]:
+        if k == 0 and self._head is not None:
+            return list(self._head)
+        items = list(self.make_chunk(k))
+        if len(items) != self.chunk_size:
+            raise ValueError(f"chunk {k} has {len(items)} items, not {self.chunk_size}")
+        if k == 0:
+            self._head = items
+        return items
+
+    def first(self, n: int) -> list[T]:
+        """The first `n` items (at most `limit`)."""
+        n = n if self.limit is None else min(n, self.limit)
+        out: list[T] = []
+        k = 0
+        while len(out) < n:
+            out += self.chunk(k)[: n - len(out)]
+            k += 1
+        return out
+
+    def supply(self, prepare: Callable[[T], Any] | None = None, ahead: int = 2) -> Supply:
+        """The items one by one, each through `prepare` (e.g. building its HTTP request): see `Supply`."""
+        return Supply(self, prepare or (lambda item: item), ahead)
+
+
+class Supply(Iterator[Any]):
+    """A `PromptStream`'s items, prepared chunk by chunk ahead of need: chunk 0 now (before anything is
+    sent), and while chunk k is handed out, chunks k+1 .. k+`ahead` in a background thread. Why not all of
+    them first: a duration-bound closed loop has no bound on its request count but the server's speed
+    (hundreds of requests a second on a GPU, each prompt a few hundred token ids), and a worst case made in
+    advance would cost more time and memory than the point itself. The thread's work is mostly the
+    tokenizer's batch calls, which release the GIL; a chunk that is not ready when its first item is needed
+    is waited for, and counted (`stats`: waits, and seconds waited), so a run directory says whether
+    generation ever held a send back."""
+
+    def __init__(self, stream: PromptStream, prepare: Callable[[Any], Any], ahead: int) -> None:
+        self.stream, self.prepare = stream, prepare
+        self.handed = self.waits = 0
+        self.wait_s = 0.0
+        self._made = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-supply")
+        self._current: collections.deque = collections.deque(self._make(0))
+        stream._head = None  # not kept for the whole run: a later reader makes it again
+        self._pending: collections.deque[Future] = collections.deque()
+        self._next = 1
+        for _ in range(max(ahead, 1)):
+            self._submit()
+        self._closed = False
+
+    def _make(self, k: int) -> list:
+        self._made += 1
+        return [self.prepare(item) for item in self.stream.chunk(k)]
+
+    def _submit(self) -> None:
+        limit = self.stream.limit
+        if limit is None or self._next * self.stream.chunk_size < limit:
+            self._pending.append(self._pool.submit(self._make, self._next))
+            self._next += 1
+
+    def __next__(self) -> Any:
+        limit = self.stream.limit
+        if limit is not None and self.handed >= limit:
+            self.close()
+            raise StopIteration
+        if not self._current:
+            if not self._pending:
+                self.close()
+                raise StopIteration
+            future = self._pending.popleft()
+            if not future.done():
+                self.waits += 1
+                start = time.perf_counter()
+                wait([future])
+                self.wait_s += time.perf_counter() - start
+            self._current = collections.deque(future.result())
+            self._submit()
+        self.handed += 1
+        return self._current.popleft()
+
+    def stats(self) -> dict[str, Any]:
+        """What it handed out (a closed loop's workers each take one they do not send when the duration is
+        over) and whether generation kept up: JSON-ready."""
+        return {"handed": self.handed, "chunk": self.stream.chunk_size, "chunks_made": self._made,
+                "waits": self.waits, "wait_s": round(self.wait_s, 6)}
+
+    def close(self) -> None:
+        """Stop making chunks (one under way finishes in the background); record the stats once."""
+        if self._closed:
+            return
+        self._closed = True
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.stream.supplied.append(self.stats())
