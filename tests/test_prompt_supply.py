@@ -247,3 +247,27 @@ def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeyp
                               "random-0~2", "random-1~2"])
     warnings = repeated_prompt_warnings(records)
     assert len(warnings) == 2 and all("5 of 8 requests" in w for w in warnings)
+
+
+@pytest.mark.live
+def test_duration_bound_multi_turn_sessions_each_get_their_own(tmp_path, tok_dir, monkeypatch):
+    """A multi-turn workload bound by its duration takes new sessions from the stream as it goes (chunks
+    of 3 sessions here): every session and turn id distinct, turns in order."""
+    monkeypatch.setattr(measure, "SESSION_CHUNK", 3)
+    schedule = ScriptedSchedule(ttft_s=0.005, itl_s=0.002)
+    with scripted_server(default_schedule=schedule) as server:
+        plan = build_plan({
+            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "scripted-model",
+            "tokenizer": str(tok_dir), "dataset": "multi-turn", "turns": 2, "input_len": "6",
+            "output_len": "3", "warmup": 0, "concurrency": "2", "num_requests": 0, "duration": "1s",
+        })  # fmt: skip
+        run_dir = RunDir.create(tmp_path / "run", plan.describe(), ["compare", "run"])
+        assert measure.measure(plan, run_dir) == 0
+    records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
+    sessions = {r.session_id for r in records}
+    assert len(sessions) > 3  # beyond the first chunk
+    assert len({r.request_id for r in records}) == len(records)
+    assert not any("~" in r.request_id for r in records)
+    assert all(r.ok for r in records)
+    (point,) = run_dir.manifest["points"]
+    assert point["prompts"]["kind"] == "per_request" and point["prompts"]["handed"] >= len(sessions)
