@@ -8,6 +8,7 @@ command line shows progress bars and a Ray cell, measuring on another node, stay
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import uuid
@@ -28,6 +29,8 @@ ShowProgress = Callable[[int, float, int], None]
 DURATION_BOUND_PROMPTS = 256
 #: sessions per chunk of a duration-bound multi-turn point (a session is several requests)
 SESSION_CHUNK = 64
+#: the most prompts made before a duration-bound open-loop point starts (`expected_sends`)
+MAX_RESERVE = 20_000
 
 
 def _silent(_message: str) -> None:
@@ -499,7 +502,26 @@ class _Point:
         if plan.ray is not None and not plan.ray_cells:
             specs = source.first(DURATION_BOUND_PROMPTS)
             return specs, None, {"kind": "pool", "prompts": len(specs), "why": "Ray load generators"}
-        return source.chunk(0), source, {"kind": "per_request", "prompts": None, "made": "as needed"}
+        duration = block_budget(plan, self.block[0])[1] if self.block else plan.duration
+        stream = source.with_reserve(expected_sends(self.schedule, duration))
+        return stream.chunk(0), stream, {"kind": "per_request", "prompts": None, "made": "as needed"}
+
+
+def expected_sends(schedule: Schedule, duration: float | None) -> int:
+    """How many prompts to make before a duration-bound point starts: an open loop's (or a trace's) sends
+    within the duration, counted from its own seeded arrivals, with a margin of a few standard deviations
+    of a Poisson count (nothing then is made while it runs); a closed loop's count depends on the server,
+    so only the first chunk (0). At most MAX_RESERVE: beyond, the rest is made as the point goes."""
+    from workloads.schedule import OpenLoop, TraceReplay
+
+    if duration is None or not isinstance(schedule, OpenLoop | TraceReplay):
+        return 0
+    count = 0
+    for offset in schedule.iter_offsets():
+        if offset >= duration or count >= MAX_RESERVE:
+            break
+        count += 1
+    return min(count + 3 * math.isqrt(count) + 8, MAX_RESERVE)
 
 
 class _Allowed:

@@ -271,3 +271,24 @@ def test_duration_bound_multi_turn_sessions_each_get_their_own(tmp_path, tok_dir
     assert all(r.ok for r in records)
     (point,) = run_dir.manifest["points"]
     assert point["prompts"]["kind"] == "per_request" and point["prompts"]["handed"] >= len(sessions)
+
+
+@pytest.mark.live
+def test_an_open_loop_point_makes_its_prompts_before_it_starts(tmp_path, tok_dir, monkeypatch):
+    """A duration-bound open loop knows its sends: they are made before the point starts (with a margin),
+    and nothing is made while it runs."""
+    monkeypatch.setattr(datasets, "STREAM_CHUNK", 16)
+    with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.005, itl_s=0.002)) as server:
+        plan = build_plan({
+            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "scripted-model",
+            "tokenizer": str(tok_dir), "input_len": "6", "output_len": "3", "warmup": 0, "rate": "30",
+            "arrival": "constant", "num_requests": 0, "duration": "1s",
+        })  # fmt: skip
+        run_dir = RunDir.create(tmp_path / "run", plan.describe(), ["compare", "run"])
+        assert measure.measure(plan, run_dir) == 0
+    records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
+    (point,) = run_dir.manifest["points"]
+    made = point["prompts"]
+    assert 25 <= len(records) <= 31 and len({r.request_id for r in records}) == len(records)
+    assert made["reserve"] >= len(records) and made["waits"] == 0
+    assert made["chunks_made"] == -(-made["reserve"] // 16)  # the reserve's chunks, none while it ran

@@ -386,9 +386,10 @@ def make_dataset(name: str, *args: Any, **options: Any) -> list[RequestSpec]:
     return build(*args, **options)
 
 
-#: requests per chunk of a `PromptStream` made for a duration-bound point: about 0.1-0.5 s of generation for
-#: 128-512-token prompts on a busy 2-core machine, and a chunk or two of requests ahead covers any rate the
-#: generation keeps up with (the waits are counted when it does not: `Supply.stats`)
+#: requests per chunk of a `PromptStream` made for a duration-bound point. Measured on a busy 2-core machine
+#: with a 49k-token vocabulary, token-exact random prompts take 3.5 ms each at 128 tokens and 18 ms at 512
+#: (most of it the tokenizer's batch encode), so a chunk is 1-5 s of work there and far less on a many-core
+#: GPU host
 STREAM_CHUNK = 256
 
 
@@ -400,16 +401,20 @@ class PromptStream(Generic[T]):
     (a long point needs more than memory should hold); reading a chunk twice makes it twice.
 
     `first(n)` makes the first n items at once (a point whose count is known); `supply()` hands them out
-    one by one for a point bounded only by its duration, made ahead in a background thread (`Supply`).
-    `supplied` holds each finished supply's `stats()`, for the run directory."""
+    one by one for a point bounded only by its duration (`Supply`), the first `reserve` made before the
+    point starts. `supplied` holds each finished supply's `stats()`, for the run directory."""
 
     def __init__(self, make_chunk: Callable[[int], Sequence[T]], chunk_size: int = STREAM_CHUNK,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, reserve: int = 0) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.make_chunk, self.chunk_size, self.limit = make_chunk, chunk_size, limit
+        self.make_chunk, self.chunk_size, self.limit, self.reserve = make_chunk, chunk_size, limit, reserve
         self.supplied: list[dict[str, Any]] = []
         self._head: list[T] | None = None  # chunk 0 as last made, until a supply takes it
+
+    def with_reserve(self, reserve: int) -> PromptStream[T]:
+        """The same sequence, `reserve` items of it made before a supply hands out the first."""
+        return PromptStream(self.make_chunk, self.chunk_size, self.limit, reserve)
 
     def chunk(self, k: int) -> list[T]:
         if k == 0 and self._head is not None:
@@ -437,36 +442,53 @@ class PromptStream(Generic[T]):
 
 
 class Supply(Iterator[Any]):
-    """A `PromptStream`'s items, prepared chunk by chunk ahead of need: chunk 0 now (before anything is
-    sent), and while chunk k is handed out, chunks k+1 .. k+`ahead` in a background thread. Why not all of
-    them first: a duration-bound closed loop has no bound on its request count but the server's speed
-    (hundreds of requests a second on a GPU, each prompt a few hundred token ids), and a worst case made in
-    advance would cost more time and memory than the point itself. The thread's work is mostly the
-    tokenizer's batch calls, which release the GIL; a chunk that is not ready when its first item is needed
-    is waited for, and counted (`stats`: waits, and seconds waited), so a run directory says whether
-    generation ever held a send back."""
+    """A `PromptStream`'s items, prepared chunk by chunk: the stream's `reserve` (at least one chunk) now,
+    before anything is sent, and from then on, whenever fewer than `ahead` chunks are left ready, the next
+    one in a background thread.
+
+    Why not all first: a closed loop bounded by its duration has no bound on its request count but the
+    server's speed (hundreds of requests a second on a GPU), and a worst case made in advance would cost
+    more time and memory than the point itself. Where the count is known ahead (an open loop's arrivals
+    within the duration), the caller makes it the reserve, and nothing is made while the point runs unless
+    the estimate falls short. While the point runs, the thread competes with the load generator for the
+    CPU (its tokenizer calls release the GIL); a chunk not ready when its first item is needed is waited
+    for, and counted (`stats`: waits, seconds waited), so a run directory says whether generation ever
+    held a send back."""
 
     def __init__(self, stream: PromptStream, prepare: Callable[[Any], Any], ahead: int) -> None:
-        self.stream, self.prepare = stream, prepare
+        self.stream, self.prepare, self.ahead = stream, prepare, max(ahead, 1)
         self.handed = self.waits = 0
         self.wait_s = 0.0
         self._made = 0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-supply")
-        self._current: collections.deque = collections.deque(self._make(0))
-        stream._head = None  # not kept for the whole run: a later reader makes it again
-        self._pending: collections.deque[Future] = collections.deque()
-        self._next = 1
-        for _ in range(max(ahead, 1)):
-            self._submit()
         self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-supply")
+        self._current: collections.deque = collections.deque()
+        self._pending: collections.deque[Future] = collections.deque()
+        self._next = 0
+        reserve = max(stream.reserve, 1)
+        if stream.limit is not None:
+            reserve = min(reserve, stream.limit)
+        while len(self._current) < reserve and self._more():
+            self._current.extend(self._make(self._next))
+            self._next += 1
+        stream._head = None  # not kept for the whole run: a later reader makes it again
+        self._top_up()
+
+    def _more(self) -> bool:
+        limit = self.stream.limit
+        return limit is None or self._next * self.stream.chunk_size < limit
 
     def _make(self, k: int) -> list:
         self._made += 1
         return [self.prepare(item) for item in self.stream.chunk(k)]
 
-    def _submit(self) -> None:
-        limit = self.stream.limit
-        if limit is None or self._next * self.stream.chunk_size < limit:
+    def _top_up(self) -> None:
+        """Start the next chunks while fewer than `ahead` chunks are ready or under way, once the reserve
+        (what the point was expected to need) is handed out."""
+        if self.handed < self.stream.reserve:
+            return
+        size = self.stream.chunk_size
+        while len(self._current) + len(self._pending) * size < self.ahead * size and self._more():
             self._pending.append(self._pool.submit(self._make, self._next))
             self._next += 1
 
@@ -486,15 +508,16 @@ class Supply(Iterator[Any]):
                 wait([future])
                 self.wait_s += time.perf_counter() - start
             self._current = collections.deque(future.result())
-            self._submit()
         self.handed += 1
-        return self._current.popleft()
+        item = self._current.popleft()
+        self._top_up()
+        return item
 
     def stats(self) -> dict[str, Any]:
         """What it handed out (a closed loop's workers each take one they do not send when the duration is
         over) and whether generation kept up: JSON-ready."""
-        return {"handed": self.handed, "chunk": self.stream.chunk_size, "chunks_made": self._made,
-                "waits": self.waits, "wait_s": round(self.wait_s, 6)}
+        return {"handed": self.handed, "chunk": self.stream.chunk_size, "reserve": self.stream.reserve,
+                "chunks_made": self._made, "waits": self.waits, "wait_s": round(self.wait_s, 6)}
 
     def close(self) -> None:
         """Stop making chunks (one under way finishes in the background); record the stats once."""
