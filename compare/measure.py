@@ -430,8 +430,9 @@ class _Point:
         entry = run_dir.manifest["points"][-1]
         requests, duration = block_budget(plan, self.block[0]) if self.block else (plan.num_requests,
                                                                                     plan.duration)
-        if self.block:
+        if self.block:  # and its own bounds, a share of the point's (block_budget)
             entry["block"], entry["blocks"] = self.block
+            entry["num_requests"], entry["duration_s"] = requests, duration
         specs, stream, entry["prompts"] = self._prompts(source)
         run_dir.save()
         launch = self.repeat // self.block[1] if self.block else self.repeat
