@@ -512,10 +512,13 @@ def expected_sends(schedule: Schedule, duration: float | None) -> int:
     """How many prompts to make before a duration-bound point starts: an open loop's (or a trace's) sends
     within the duration, counted from its own seeded arrivals, with a margin of a few standard deviations
     of a Poisson count (nothing then is made while it runs); a closed loop's count depends on the server,
-    so only the first chunk (0). At most MAX_RESERVE: beyond, the rest is made as the point goes."""
+    and a burst (rate inf) has none, so only the first chunk (0). At most MAX_RESERVE: beyond, the rest is
+    made as the point goes."""
     from workloads.schedule import OpenLoop, TraceReplay
 
     if duration is None or not isinstance(schedule, OpenLoop | TraceReplay):
+        return 0
+    if isinstance(schedule, OpenLoop) and not math.isfinite(schedule.rate):
         return 0
     count = 0
     for offset in schedule.iter_offsets():

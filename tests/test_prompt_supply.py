@@ -292,3 +292,17 @@ def test_an_open_loop_point_makes_its_prompts_before_it_starts(tmp_path, tok_dir
     assert 25 <= len(records) <= 31 and len({r.request_id for r in records}) == len(records)
     assert made["reserve"] >= len(records) and made["waits"] == 0
     assert made["chunks_made"] == -(-made["reserve"] // 16)  # the reserve's chunks, none while it ran
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 5])
+def test_an_open_loop_reserve_covers_its_sends(seed):
+    """The reserve is at least the sends within the duration of the schedule's own arrivals; a closed loop
+    and a burst get none (their counts are not known ahead)."""
+    from workloads.schedule import ClosedLoop, OpenLoop
+
+    for rate, duration in ((5.0, 3.0), (40.0, 10.0)):
+        schedule = OpenLoop(rate, "poisson", seed=seed)
+        sends = int(np.sum(schedule.offsets(int(rate * duration * 3) + 50) < duration))
+        assert sends <= measure.expected_sends(schedule, duration) <= sends + 3 * np.sqrt(sends) + 8
+    assert measure.expected_sends(ClosedLoop(4), 10.0) == 0
+    assert measure.expected_sends(OpenLoop(float("inf")), 10.0) == 0
