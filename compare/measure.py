@@ -8,6 +8,7 @@ command line shows progress bars and a Ray cell, measuring on another node, stay
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import uuid
@@ -26,9 +27,13 @@ from workloads.schedule import Schedule
 ShowProgress = Callable[[int, float, int, str], None]
 #: updates the status line of a wait (`Watcher.wait`) with what it is at now
 ShowStatus = Callable[[str], None]
-#: prompts per load point when only a duration bounds it (there is no request count to size them by)
+#: prompts per load point of a file dataset (sharegpt, jsonl, sharegpt-turns) when only a duration bounds it,
+#: and of any dataset measured by Ray load generators (which cannot make prompts as they go): cycled, ids `~k`
 DURATION_BOUND_PROMPTS = 256
-PREFIX_SEEDS = 1_000_003  # seeds of a workload's slices: seed * PREFIX_SEEDS + slice
+#: sessions per chunk of a duration-bound multi-turn point (a session is several requests)
+SESSION_CHUNK = 64
+#: the most prompts made before a duration-bound open-loop point starts (`expected_sends`)
+MAX_RESERVE = 20_000
 
 
 def _silent(_message: str) -> None:
@@ -79,10 +84,13 @@ def measure(
         os.sched_setaffinity(0, client_cpus)
     code = EXIT_OK
     try:
-        for repeat, backend in launch_order(plan.backends, plan.repeats):
-            launch = _Launch(plan, run_dir, backend, repeat, watcher, telemetry)
-            if not launch.run(model_path, server_cpus, prompts, load or run_load_sync, tokenizer):
-                code = EXIT_FAILED
+        if (plan.blocks or 1) > 1:
+            code = _Blocks(plan, run_dir, watcher, telemetry).run(prompts, load or run_load_sync, tokenizer)
+        else:
+            for repeat, backend in launch_order(plan.backends, plan.repeats):
+                launch = _Launch(plan, run_dir, backend, repeat, watcher, telemetry)
+                if not launch.run(model_path, server_cpus, prompts, load or run_load_sync, tokenizer):
+                    code = EXIT_FAILED
     finally:
         telemetry.close()
         if saved_affinity:
@@ -96,21 +104,57 @@ def launch_order(backends: list, repeats: int) -> list[tuple[int, Any]]:
     return [(r, b) for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
 
 
+def block_order(backends: list, blocks: int, repeat: int = 0) -> list[tuple[int, Any]]:
+    """(block, backend) in the order one point measures them: the backends in each block, every other block
+    in reverse and the alternation carried on from one repeat to the next (A B, B A, A B, ...), so that drift
+    within a point's turn favours neither."""
+    flip = [(repeat * blocks + b) % 2 == 1 for b in range(blocks)]
+    return [(b, x) for b in range(blocks) for x in (backends[::-1] if flip[b] else backends)]
+
+
+def block_budget(plan: RunPlan, block: int) -> tuple[int | None, float | None]:
+    """(requests, duration) of one block: 1/`plan.blocks` of the point's, so that blocks do not lengthen the
+    run (requests that do not divide go to the first blocks)."""
+    blocks = plan.blocks or 1
+    n = plan.num_requests
+    share = None if n is None else n // blocks + (1 if block < n % blocks else 0)
+    return (max(share, 1) if share is not None else None), (
+        None if plan.duration is None else plan.duration / blocks
+    )
+
+
 class _Prompts:
-    """The requests of every point. Each load point gets prompts of its own (one backend's server would
-    otherwise answer a later point from its prefix cache), and every backend gets the same prompts at the
-    same point."""
+    """The requests of every point. Each load point (and block) gets prompts of its own (one backend's
+    server would otherwise answer a later point from its prefix cache), and every backend gets the same
+    prompts at the same point, in the same order.
+
+    Every request gets a prompt of its own by default: a generated workload (random, fixed, prefix,
+    multi-turn) is a `workloads.datasets.PromptStream` per point, seeded by the run's seed, the workload,
+    the point and the block, and nothing else, so that the sequence is the same for every backend however
+    many requests each gets through. A point of known size (--num-requests) makes its prompts before it
+    starts; a duration-bound one makes them as it goes, chunk by chunk ahead of need (`Supply`, whose
+    waits the manifest's point entry records). `--prompt-pool N` sends N prompts per point (and block),
+    cycled. File datasets hold what the file holds (up to --num-requests, or DURATION_BOUND_PROMPTS),
+    cycled beyond that."""
 
     def __init__(self, plan: RunPlan, tokenizer: Any) -> None:
         from workloads.datasets import make_dataset
 
-        n = plan.num_requests or DURATION_BOUND_PROMPTS
         self.points = points_per_launch(plan)
-        slices = self.points * plan.repeats  # a running endpoint keeps its prefix cache between repeats
-        self.workloads = [
-            (w, _slices(make_dataset, w, tokenizer, n, slices, plan.seed + i))
-            for i, w in enumerate(plan.workloads)
-        ]
+        self.blocks = plan.blocks or 1
+        # a running endpoint keeps its prefix cache between repeats and blocks: each has its own slice
+        slices = self.points * plan.repeats * self.blocks
+        allowed = _Allowed(tokenizer)
+        self.workloads = []
+        for i, w in enumerate(plan.workloads):
+            if _generated(w):
+                sizes = [plan.prompt_pool or block_budget(plan, s // self.points % self.blocks)[0]
+                         for s in range(slices)]
+                streams = [_stream(w, tokenizer, allowed, plan.seed + i, k, sizes[k]) for k in range(slices)]
+                self.workloads.append((w, streams))
+            else:
+                n = plan.prompt_pool or plan.num_requests or DURATION_BOUND_PROMPTS
+                self.workloads.append((w, _slices(make_dataset, w, tokenizer, n, slices, plan.seed + i)))
         warm_n = max(plan.warmup_count(s) for s in plan.load_points)
         warm_all = (
             make_dataset(
@@ -164,15 +208,10 @@ class _Launch:
         self, model_path: str, server_cpus: set[int] | None, prompts: _Prompts, load: Callable, tokenizer: Any
     ) -> bool:
         """False when the backend could not be started or reached (the note says why)."""
-        from rich.markup import escape
-
-        from adapters import get_adapter
         from compare.launch import LaunchError
 
         plan, backend, say = self.plan, self.backend, self.watcher.say
-        served = plan.served_model or plan.model
-        options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
-        adapter = get_adapter(backend.name, **options)
+        adapter = self.adapter()
         launcher = None
         try:
             if backend.launched:
@@ -183,10 +222,7 @@ class _Launch:
                 )
                 adapter, setup = self._start(launcher, adapter, prompts.cold[self.repeat])
             else:
-                from compare.launch import endpoint_report
-
-                setup = endpoint_report(backend.name, backend.variant, backend.endpoint, adapter.health_path)
-                setup.repeat = self.repeat
+                setup = self._reach(adapter)
             from compare.declared import collect
 
             collect(setup, model_path if backend.launched else None)  # for the parity audit
@@ -197,7 +233,7 @@ class _Launch:
                     _SweepRun(self, adapter, setup.url, w, tokenizer, gpu).run(per_point, prompts.warm, load)
                     continue
                 for k, schedule in enumerate(plan.load_points):
-                    index = self.repeat * prompts.points + k
+                    index = self.repeat * prompts.points + k  # the slice of launch and point
                     point = _Point(plan, backend, adapter, setup.url, w, schedule, self.repeat, gpu=gpu)
                     if point.run(
                         self.run_dir, per_point[index], prompts.warm[index], load, tokenizer, self.watcher
@@ -205,17 +241,55 @@ class _Launch:
                         raise KeyboardInterrupt
             return True
         except LaunchError as exc:
-            why = escape(str(exc).removeprefix(f"{backend.key}: "))  # a log's own [brackets] are no markup
-            verb = "started" if backend.launched else "reached"
-            say(f"[red]{backend.key} could not be {verb}:[/red] {why}")
-            self.run_dir.manifest["notes"].append(
-                str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
-            )
+            self._failed(exc)
             return False
         finally:
             if launcher is not None:
                 launcher.stop()
                 self.run_dir.set_setup(launcher.report)
+
+    def adapter(self) -> Any:
+        from adapters import get_adapter
+
+        plan, backend = self.plan, self.backend
+        served = plan.served_model or plan.model
+        options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
+        return get_adapter(backend.name, **options)
+
+    def reach(self) -> tuple[Any, str, Any] | None:
+        """A running endpoint's (adapter, URL, GPU watch), its set-up recorded; None when it could not be
+        reached (the note says why)."""
+        from compare.declared import collect
+        from compare.launch import LaunchError
+
+        adapter = self.adapter()
+        try:
+            setup = self._reach(adapter)
+        except LaunchError as exc:
+            self._failed(exc)
+            return None
+        collect(setup, None)  # for the parity audit
+        self.run_dir.set_setup(setup)
+        return adapter, setup.url, self.telemetry.watch(self.backend.key, None, self.backend.endpoint)
+
+    def _reach(self, adapter: Any) -> Any:
+        from compare.launch import endpoint_report
+
+        backend = self.backend
+        setup = endpoint_report(backend.name, backend.variant, backend.endpoint, adapter.health_path)
+        setup.repeat = self.repeat
+        return setup
+
+    def _failed(self, exc: Exception) -> None:
+        from rich.markup import escape
+
+        backend = self.backend
+        why = escape(str(exc).removeprefix(f"{backend.key}: "))  # a log's own [brackets] are no markup
+        verb = "started" if backend.launched else "reached"
+        self.watcher.say(f"[red]{backend.key} could not be {verb}:[/red] {why}")
+        self.run_dir.manifest["notes"].append(
+            str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
+        )
 
     def _start(self, launcher: Any, adapter: Any, cold_spec: Any) -> tuple[Any, Any]:
         """Start the server, time it, measure its cold first token: (the adapter for it, its set-up
@@ -236,6 +310,45 @@ class _Launch:
             f"{setup.cold_first_token_s * 1e3:.0f} ms later"
         )
         return adapter, setup
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """Running endpoints measured point by point in alternating blocks (`block_order`: A B, B A, ...), each
+    block 1/N of the point's requests or duration (`block_budget`), so that what drifts on the machine
+    between one backend's turn and the next is spread over both instead of taken for a difference. Each
+    block is a run of its own in the run directory, labelled like a launch of `--repeats`: `repeat` =
+    repeat x blocks + block (so the verdicts check a winner block by block as they do launch by launch),
+    and the manifest's point entry says `block` and `blocks`."""
+
+    plan: RunPlan
+    run_dir: Any
+    watcher: Watcher
+    telemetry: Any
+
+    def run(self, prompts: _Prompts, load: Callable, tokenizer: Any) -> int:
+        """The exit code. Raises KeyboardInterrupt when a point was interrupted."""
+        plan, blocks, code = self.plan, self.plan.blocks or 1, EXIT_OK
+        for repeat in range(plan.repeats):
+            reached = []
+            for backend in plan.backends:
+                launch = _Launch(plan, self.run_dir, backend, repeat, self.watcher, self.telemetry)
+                opened = launch.reach()
+                if opened is None:
+                    code = EXIT_FAILED
+                else:
+                    reached.append((launch, opened))
+            for w, per_point in prompts.workloads:
+                for k, schedule in enumerate(plan.load_points):
+                    for b, (launch, (adapter, url, gpu)) in block_order(reached, blocks, repeat):
+                        label = repeat * blocks + b
+                        index = label * prompts.points + k
+                        point = _Point(plan, launch.backend, adapter, url, w, schedule, label, gpu=gpu,
+                                       block=(b, blocks))
+                        if point.run(self.run_dir, per_point[index], prompts.warm[index], load, tokenizer,
+                                     self.watcher):
+                            raise KeyboardInterrupt
+        return code
 
 
 @dataclass(frozen=True)
@@ -306,11 +419,13 @@ class _Point:
     repeat: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     gpu: Any = None  # compare.gpu_telemetry.GpuWatch: sampled from before the load starts to after it ends
+    block: tuple[int, int] | None = None  # (block, blocks) when the point is measured in blocks (_Blocks)
 
     def run(
-        self, run_dir: Any, specs: list, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
+        self, run_dir: Any, source: Any, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
     ) -> bool:
-        """Run the point with its progress shown; True when it was interrupted."""
+        """Run the point with its progress shown; True when it was interrupted. `source`: its prompts, a list
+        or a `PromptStream` (`_Prompts`)."""
         from compare.metrics import running_output_rate
         from workloads.loadgen import PointJob, Timeouts
         from workloads.records import read_run_summaries
@@ -326,16 +441,25 @@ class _Point:
             schedule.describe(),
             self.repeat,
         )
+        entry = run_dir.manifest["points"][-1]
+        requests, duration = block_budget(plan, self.block[0]) if self.block else (plan.num_requests,
+                                                                                    plan.duration)
+        if self.block:  # and its own bounds, a share of the point's (block_budget)
+            entry["block"], entry["blocks"] = self.block
+            entry["num_requests"], entry["duration_s"] = requests, duration
+        specs, stream, entry["prompts"] = self._prompts(source)
+        run_dir.save()
+        launch = self.repeat // self.block[1] if self.block else self.repeat
         title = f"{backend.key} {self.workload.label} {schedule.label}" + (
-            f" (launch {self.repeat + 1})" if plan.repeats > 1 else ""
-        )
+            f" (launch {launch + 1})" if plan.repeats > 1 else ""
+        ) + (f" block {self.block[0] + 1}/{self.block[1]}" if self.block else "")
         sessions = specs if self.workload.sessions else []  # multi-turn: Sessions, one request per turn
         if sessions:
             from workloads.sessions import session_requests
 
-            sessions = sessions[: plan.num_requests] if plan.num_requests else sessions
+            sessions = sessions[:requests] if requests else sessions
             specs = []
-        total = session_requests(sessions) if sessions and plan.num_requests else plan.num_requests
+        total = session_requests(sessions) if sessions and requests else requests
         with watcher.point(title, total) as show:
             warm_n = len(warm_specs[: plan.warmup_count(schedule)])
 
@@ -354,8 +478,8 @@ class _Point:
                 output_path=run_dir.requests_path,
                 summary_path=run_dir.runs_path,
                 warmup_specs=warm_specs[: plan.warmup_count(schedule)],
-                max_requests=plan.num_requests,
-                max_duration_s=plan.duration,
+                max_requests=requests,
+                max_duration_s=duration,
                 backend=backend.name,
                 variant=backend.variant,
                 load_point=schedule.label,
@@ -366,57 +490,142 @@ class _Point:
                 progress=update,
                 progress_interval_s=0.5,
                 sessions=sessions,
+                spec_stream=stream,
             )
             sampling = self.gpu.sample(run_dir, run_id) if self.gpu is not None else contextlib.nullcontext()
             with sampling:  # the GPUs are sampled from before the load starts to after it ends
                 load(job)
+        if stream is not None and stream.supplied:
+            entry["prompts"].update(stream.supplied[-1])
+            run_dir.save()
         summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
         return bool(summaries and summaries[-1].interrupted)
 
+    def _prompts(self, source: Any) -> tuple[list, Any, dict[str, Any]]:
+        """(the specs or sessions to hand the load generator, the stream that continues them or None, the
+        manifest's note of what the point sends). A stream bounded only by the duration goes to the load
+        generator, which makes its prompts as it goes; but Ray load generators, which cannot, get
+        DURATION_BOUND_PROMPTS of them, cycled."""
+        from workloads.datasets import PromptStream
+
+        plan = self.plan
+        if not isinstance(source, PromptStream):  # a file's prompts, cycled if a point needs more
+            kind = "pool" if plan.prompt_pool else "file"
+            return source, None, {"kind": kind, "prompts": len(source)}
+        if plan.prompt_pool:
+            specs = source.first(plan.prompt_pool)
+            return specs, None, {"kind": "pool", "prompts": len(specs)}
+        if source.limit is not None:
+            return source.first(source.limit), None, {"kind": "per_request", "prompts": source.limit}
+        if plan.ray is not None and not plan.ray_cells:
+            specs = source.first(DURATION_BOUND_PROMPTS)
+            return specs, None, {"kind": "pool", "prompts": len(specs), "why": "Ray load generators"}
+        duration = block_budget(plan, self.block[0])[1] if self.block else plan.duration
+        stream = source.with_reserve(expected_sends(self.schedule, duration))
+        return stream.chunk(0), stream, {"kind": "per_request", "prompts": None, "made": "as needed"}
+
+
+def expected_sends(schedule: Schedule, duration: float | None) -> int:
+    """How many prompts to make before a duration-bound point starts: an open loop's (or a trace's) sends
+    within the duration, counted from its own seeded arrivals, with a margin of a few standard deviations
+    of a Poisson count (nothing then is made while it runs); a closed loop's count depends on the server,
+    and a burst (rate inf) has none, so only the first chunk (0). At most MAX_RESERVE: beyond, the rest is
+    made as the point goes."""
+    from workloads.schedule import OpenLoop, TraceReplay
+
+    if duration is None or not isinstance(schedule, OpenLoop | TraceReplay):
+        return 0
+    if isinstance(schedule, OpenLoop) and not math.isfinite(schedule.rate):
+        return 0
+    count = 0
+    for offset in schedule.iter_offsets():
+        if offset >= duration or count >= MAX_RESERVE:
+            break
+        count += 1
+    return min(count + 3 * math.isqrt(count) + 8, MAX_RESERVE)
+
+
+class _Allowed:
+    """The tokenizer's ordinary token ids (`workloads.datasets.ordinary_token_ids`, a pass over the
+    vocabulary), found once for every stream of the run and only if one needs them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.ids = tokenizer, None
+
+    def __call__(self) -> Any:
+        if self.ids is None:
+            from workloads.datasets import ordinary_token_ids
+
+            self.ids = ordinary_token_ids(self.tokenizer)
+        return self.ids
+
+
+def _generated(w: WorkloadSpec) -> bool:
+    """Whether the workload's prompts are made here (as many as a point needs), not read from a file."""
+    return w.dataset in ("random", "fixed", "prefix", "multi-turn")
+
+
+def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: int, n: int | None) -> Any:
+    """The prompts of slice `k` (a point, launch and block) of a generated workload: `n` of them, or as many
+    as its duration needs (None). Chunk c is seeded by (seed, k, c) alone. A shared-prefix workload keeps its
+    groups' prefixes, drawn per slice, so that no point is served from the prefix cache another filled."""
+    from workloads.datasets import (
+        STREAM_CHUNK,
+        PromptStream,
+        group_prefixes,
+        prefix_dataset,
+        random_dataset,
+    )
+
+    size = STREAM_CHUNK if n is None else min(STREAM_CHUNK, n)
+    make: Callable[[int], list]
+    if w.dataset in ("random", "fixed"):
+        ins, outs = (w.input_len, w.output_len) if w.dataset == "random" else (512, 128)
+
+        def make(c: int) -> list:
+            return random_dataset(tokenizer, size, ins, outs, seed=[seed, k, c], id_prefix=w.dataset,
+                                  allowed=allowed(), first_index=c * size)
+
+    elif w.dataset == "prefix":
+        assert w.prefix_groups is not None and w.prefix_len is not None
+        groups = w.prefix_groups
+        per = -(-size // groups)
+        size = per * groups  # whole groups per chunk (`n` cuts the last)
+        prefixes = group_prefixes(tokenizer, groups, w.prefix_len, [seed, k], allowed())
+
+        def make(c: int) -> list:
+            return prefix_dataset(tokenizer, groups, per, w.prefix_len, w.input_len, w.output_len,
+                                  seed=[seed, k, c], id_prefix=f"prefix{k}", allowed=allowed(),
+                                  prefixes=prefixes, first_member=c * per)
+
+    else:  # multi-turn: sessions
+        from workloads.sessions import synthetic_sessions
+
+        assert w.turns is not None
+        size = SESSION_CHUNK if n is None else min(SESSION_CHUNK, n)
+
+        def make(c: int) -> list:
+            return synthetic_sessions(tokenizer, size, w.turns or 1, w.input_len, w.output_len,
+                                      w.think_time or 0.0, seed=[seed, k, c], allowed=allowed(),
+                                      first_index=c * size)
+
+    return PromptStream(make, size, limit=n)
+
 
 def _slices(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, slices: int, seed: int) -> list[list]:
-    """`slices` lists of `n` requests, one per load point and launch. A shared-prefix workload gets prefixes
-    of its own in each, so that no point is served from the prefix cache another point filled."""
-    if w.dataset == "prefix":
-        return [
-            _prefix_dataset(make_dataset, w, tokenizer, n, seed * PREFIX_SEEDS + k, k) for k in range(slices)
-        ]
+    """`slices` lists of `n` requests of a file dataset, one per load point, launch and block (a file
+    shorter than that: its requests in each)."""
     specs = _dataset(make_dataset, w, tokenizer, n * slices, seed)
     return [specs[k * n : (k + 1) * n] or specs for k in range(slices)]
 
 
-def _prefix_dataset(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, seed: int, k: int) -> list:
-    """`n` requests in `w.prefix_groups` groups (the last ones cut off when the groups do not divide `n`)."""
-    assert w.prefix_groups is not None
-    per_group = -(-n // w.prefix_groups)
-    specs = make_dataset(
-        "prefix",
-        tokenizer,
-        w.prefix_groups,
-        per_group,
-        w.prefix_len,
-        w.input_len,
-        w.output_len,
-        seed=seed,
-        id_prefix=f"prefix{k}",
-    )
-    return specs[:n]
-
-
 def _dataset(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, seed: int) -> list:
-    """`n` requests of the workload (multi-turn workloads: `n` sessions)."""
+    """`n` requests of a file dataset (sharegpt-turns: `n` sessions)."""
     if w.sessions:
-        from workloads.sessions import sharegpt_sessions, synthetic_sessions
+        from workloads.sessions import sharegpt_sessions
 
         think = w.think_time or 0.0
-        if w.dataset == "multi-turn":
-            assert w.turns is not None
-            return synthetic_sessions(tokenizer, n, w.turns, w.input_len, w.output_len, think, seed=seed)
         return sharegpt_sessions(w.path, tokenizer, n=n, turns=w.turns, think_time=think, seed=seed)
-    if w.dataset == "random":
-        return make_dataset("random", tokenizer, n, input_len=w.input_len, output_len=w.output_len, seed=seed)
-    if w.dataset == "fixed":
-        return make_dataset("fixed", tokenizer, n, seed=seed)
     if w.dataset == "sharegpt":
         return make_dataset("sharegpt", w.path, tokenizer, n=n, seed=seed)
     return make_dataset("jsonl", w.path, tokenizer, output_tokens=int(w.output_len))

@@ -173,8 +173,25 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     if any(b.launched for b in backends) or values["tokenizer"] is None:  # the model is read here
         _check_local_path(values["model"], "model")
     _check_local_path(values["tokenizer"], "tokenizer")
+    values["blocks"] = _blocks(values, backends)
     sweep_open = sweep[1] if sweep else None
     return RunPlan(backends, workloads, schedules, **values, sweep_open=sweep_open, candidates_reason=reason)
+
+
+def _blocks(values: dict[str, Any], backends: list[BackendSpec]) -> int:
+    """Blocks per point: 2 by default where two or more running endpoints take turns (launched backends are
+    alternated by --repeats instead, each launch measuring its points in one go)."""
+    asked, endpoints = values["blocks"], [b for b in backends if not b.launched]
+    alone = values["sweep"] or values["ray_cells"]
+    if asked is None:
+        return 2 if len(endpoints) == len(backends) >= 2 and not alone else 1
+    if asked > 1 and len(endpoints) < len(backends):
+        raise PlanError("--blocks alternates running endpoints within a point; launched backends alternate "
+                        "by --repeats")
+    if asked > 1 and alone:
+        raise PlanError("--blocks does not apply with --sweep or --ray-cells (each point is chosen or run "
+                        "on its own)")
+    return asked
 
 
 def _check_sessions(workloads: list[WorkloadSpec], schedules: list[Schedule], ray: bool) -> None:

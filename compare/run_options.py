@@ -507,6 +507,30 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         read=_duration,
         manifest="duration_s",
     ),
+    # -- prompts and blocks (a prompt of its own for every request; running endpoints in alternating blocks)
+    RunOption(
+        "prompt_pool",
+        int,
+        None,
+        help="send only N prompts per load point, cycled (ids suffixed ~k): a server with a prefix cache "
+        "answers the repeats from it [default: a prompt of its own for every request]",
+        panel=LOAD,
+        metavar="N",
+        read=optional(whole(minimum=1)),
+        manifest="prompt_pool",
+    ),
+    RunOption(
+        "blocks",
+        int,
+        None,
+        help="measure each point in N alternating blocks (A B B A ...), each 1/N of its requests or "
+        "duration, so that drift of the machine is not taken for a difference; running endpoints only "
+        "[default: 2 for two or more running endpoints, else 1]",
+        panel=LOAD,
+        metavar="N",
+        read=optional(whole(minimum=1)),
+        manifest="blocks",
+    ),
     RunOption(
         "warmup",
         int,
@@ -845,6 +869,9 @@ class RunPlan:
     gpu_telemetry_interval: float = 0.1  # seconds between samples
     sweep_open: OpenLoop | None = None  # the sweep's open-loop points: arrival and seed (rate replaced)
     candidates_reason: str = ""  # why these backends, when the tool chose them (no backend given)
+    # prompts and blocks
+    prompt_pool: int | None = None  # None: a prompt of its own for every request; N: N prompts cycled
+    blocks: int | None = 1  # alternating blocks per point (running endpoints); None until planned
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:

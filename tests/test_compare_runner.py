@@ -54,6 +54,7 @@ def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
         request_timeout=10,
         duration=None,
         busy_poll=False,
+        prompt_pool=None,
     )
     schedule = SimpleNamespace(label="c=4", describe=lambda: {"kind": "closed", "concurrency": 4})
     backend = SimpleNamespace(name="b", variant="", key="b")

@@ -17,19 +17,23 @@ The tokenizer is any Hugging Face tokenizer (`encode(text, add_special_tokens=Fa
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
 from adapters.request_spec import RequestSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 LENGTH_FORMS = "N, fixed:N, uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
@@ -91,9 +95,22 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return _encode_batch(tokenizer, [text])[0]
 
 
+def _backend(tokenizer: Any) -> Any:
+    """A fast Hugging Face tokenizer's own `tokenizers.Tokenizer`, when calling it directly gives what the
+    wrapper gives (no truncation or padding set): its batch calls skip the wrapper's per-token Python (a
+    fifth of a prompt's making) and release the GIL, which matters when prompts are made while a point
+    runs (`Supply`)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    return backend
+
+
 def _decode_batch(tokenizer: Any, batch: list[list[int]]) -> list[str]:
     if not batch:
         return []
+    if (backend := _backend(tokenizer)) is not None:
+        return backend.decode_batch(batch, skip_special_tokens=False)
     if hasattr(tokenizer, "batch_decode"):
         return tokenizer.batch_decode(batch, clean_up_tokenization_spaces=False)
     return tokenizer.decode_batch(batch)  # a `tokenizers.Tokenizer`
@@ -102,6 +119,8 @@ def _decode_batch(tokenizer: Any, batch: list[list[int]]) -> list[str]:
 def _encode_batch(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
+    if (backend := _backend(tokenizer)) is not None:
+        return [list(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False)]
     if hasattr(tokenizer, "encode_batch"):  # a `tokenizers.Tokenizer`
         return [list(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -180,14 +199,17 @@ def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.G
 
 
 def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
-                   output_len: LengthDist | str | int, seed: int = 0, id_prefix: str = "random"
-                   ) -> list[RequestSpec]:
-    """`n` random token-exact prompts with drawn input and output lengths."""
+                   output_len: LengthDist | str | int, seed: int | Sequence[int] = 0,
+                   id_prefix: str = "random", allowed: np.ndarray | None = None,
+                   first_index: int = 0) -> list[RequestSpec]:
+    """`n` random token-exact prompts with drawn input and output lengths, numbered from `first_index`
+    (`allowed`: `ordinary_token_ids(tokenizer)` when already known; it takes a pass over the vocabulary)."""
     rng = np.random.default_rng(seed)
     ins = LengthDist.parse(input_len).sample(rng, n)
     outs = LengthDist.parse(output_len).sample(rng, n)
-    prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, ordinary_token_ids(tokenizer))
-    return [RequestSpec(f"{id_prefix}-{i}", tuple(ids), text, int(outs[i]))
+    pool = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, pool)
+    return [RequestSpec(f"{id_prefix}-{first_index + i}", tuple(ids), text, int(outs[i]))
             for i, (ids, text) in enumerate(prompts)]
 
 
@@ -315,22 +337,29 @@ JOIN_ATTEMPTS = 100  # fresh suffixes tried per request before a prefix is given
 
 
 def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int,
-                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int, seed: int = 0,
-                   id_prefix: str = "prefix") -> list[RequestSpec]:
+                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int,
+                   seed: int | Sequence[int] = 0, id_prefix: str = "prefix",
+                   allowed: np.ndarray | None = None, prefixes: Sequence[Sequence[int]] | None = None,
+                   first_member: int = 0) -> list[RequestSpec]:
     """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
-    exactly (the join with each suffix is checked not to merge tokens), interleaved group by group."""
+    exactly (the join with each suffix is checked not to merge tokens), interleaved group by group.
+    `prefixes` (from `group_prefixes`): the groups' prefixes, drawn elsewhere so that later requests of the
+    same groups (members numbered from `first_member`) can be made apart from the first."""
     if n_groups < 1 or per_group < 1:
         raise ValueError("n_groups and per_group must be >= 1")
     rng = np.random.default_rng(seed)
-    allowed = ordinary_token_ids(tokenizer)
+    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
     suffixes = LengthDist.parse(suffix_len).sample(rng, n_groups * per_group)
     outs = LengthDist.parse(output_len).sample(rng, n_groups * per_group)
     groups = []
     for g in range(n_groups):
-        prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        if prefixes is None:
+            prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
+        else:
+            prefix_ids = list(prefixes[g])
         members = []
-        for j in range(per_group):
-            k = g * per_group + j
+        for j in range(first_member, first_member + per_group):
+            k = g * per_group + j - first_member
             for _ in range(JOIN_ATTEMPTS):
                 suffix_ids, _ = token_exact_prompt(tokenizer, int(suffixes[k]), rng, allowed)
                 text = _decode(tokenizer, prefix_ids + suffix_ids)
@@ -344,6 +373,14 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
                                        group=f"g{g}"))
         groups.append(members)
     return [members[j] for j in range(per_group) for members in groups]
+
+
+def group_prefixes(tokenizer: Any, n_groups: int, prefix_len: int, seed: int | Sequence[int],
+                   allowed: np.ndarray | None = None) -> list[list[int]]:
+    """`n_groups` random token-exact prefixes of `prefix_len` tokens, for `prefix_dataset(prefixes=...)`."""
+    rng = np.random.default_rng(seed)
+    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    return [ids for ids, _ in token_exact_prompts(tokenizer, [prefix_len] * n_groups, rng, allowed)]
 
 
 DATASETS: dict[str, Callable[..., list[RequestSpec]]] = {
@@ -362,3 +399,149 @@ def make_dataset(name: str, *args: Any, **options: Any) -> list[RequestSpec]:
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
     return build(*args, **options)
+
+
+#: requests per chunk of a `PromptStream` made for a duration-bound point. Measured on a busy 2-core machine
+#: with a 49k-token vocabulary, token-exact random prompts take 3.5 ms each at 128 tokens and 18 ms at 512
+#: (most of it the tokenizer's batch encode), so a chunk is 1-5 s of work there and far less on a many-core
+#: GPU host
+STREAM_CHUNK = 256
+
+
+class PromptStream(Generic[T]):
+    """A lazily extended, deterministic sequence of requests (or sessions): chunk k is `make_chunk(k)`, a
+    list of `chunk_size`, made from a seed of its own (the caller's `make_chunk` derives it from k), so item
+    i is the same whoever reads it, whenever, and however far the sequence was read before: every backend
+    gets the same prompts in the same order at a point, however many it gets through. Items are not kept
+    (a long point needs more than memory should hold); reading a chunk twice makes it twice.
+
+    `first(n)` makes the first n items at once (a point whose count is known); `supply()` hands them out
+    one by one for a point bounded only by its duration (`Supply`), the first `reserve` made before the
+    point starts. `supplied` holds each finished supply's `stats()`, for the run directory."""
+
+    def __init__(self, make_chunk: Callable[[int], Sequence[T]], chunk_size: int = STREAM_CHUNK,
+                 limit: int | None = None, reserve: int = 0) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.make_chunk, self.chunk_size, self.limit, self.reserve = make_chunk, chunk_size, limit, reserve
+        self.supplied: list[dict[str, Any]] = []
+        self._head: list[T] | None = None  # chunk 0 as last made, until a supply takes it
+
+    def with_reserve(self, reserve: int) -> PromptStream[T]:
+        """The same sequence, `reserve` items of it made before a supply hands out the first."""
+        return PromptStream(self.make_chunk, self.chunk_size, self.limit, reserve)
+
+    def chunk(self, k: int) -> list[T]:
+        if k == 0 and self._head is not None:
+            return list(self._head)
+        items = list(self.make_chunk(k))
+        if len(items) != self.chunk_size:
+            raise ValueError(f"chunk {k} has {len(items)} items, not {self.chunk_size}")
+        if k == 0:
+            self._head = items
+        return items
+
+    def first(self, n: int) -> list[T]:
+        """The first `n` items (at most `limit`)."""
+        n = n if self.limit is None else min(n, self.limit)
+        out: list[T] = []
+        k = 0
+        while len(out) < n:
+            out += self.chunk(k)[: n - len(out)]
+            k += 1
+        return out
+
+    def supply(self, prepare: Callable[[T], Any] | None = None, ahead: int = 1) -> Supply:
+        """The items one by one, each through `prepare` (e.g. building its HTTP request): see `Supply`."""
+        return Supply(self, prepare or (lambda item: item), ahead)
+
+
+class Supply(Iterator[Any]):
+    """A `PromptStream`'s items, prepared chunk by chunk: the stream's `reserve` (at least one chunk) now,
+    before anything is sent, and from then on, whenever fewer than `ahead` chunks are left ready, the next
+    one in a background thread (`ahead` 1: the next chunk is begun when the last one ready is begun, so
+    that no chunk is made long before it is needed, competing for the CPU for nothing).
+
+    Why not all first: a closed loop bounded by its duration has no bound on its request count but the
+    server's speed (hundreds of requests a second on a GPU), and a worst case made in advance would cost
+    more time and memory than the point itself. Where the count is known ahead (an open loop's arrivals
+    within the duration), the caller makes it the reserve, and nothing is made while the point runs unless
+    the estimate falls short. While the point runs, the thread competes with the load generator for the
+    CPU (its tokenizer calls release the GIL); a chunk not ready when its first item is needed is waited
+    for, and counted (`stats`: waits, seconds waited), so a run directory says whether generation ever
+    held a send back."""
+
+    def __init__(self, stream: PromptStream, prepare: Callable[[Any], Any], ahead: int) -> None:
+        self.stream, self.prepare, self.ahead = stream, prepare, max(ahead, 1)
+        self.handed = self.waits = 0
+        self.wait_s = 0.0
+        self._made = 0
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-supply")
+        self._current: collections.deque = collections.deque()
+        self._pending: collections.deque[Future] = collections.deque()
+        self._next = 0
+        reserve = max(stream.reserve, 1)
+        if stream.limit is not None:
+            reserve = min(reserve, stream.limit)
+        while len(self._current) < reserve and self._more():
+            self._current.extend(self._make(self._next))
+            self._next += 1
+        stream._head = None  # not kept for the whole run: a later reader makes it again
+        self._top_up()
+
+    def _more(self) -> bool:
+        limit = self.stream.limit
+        return limit is None or self._next * self.stream.chunk_size < limit
+
+    def _make(self, k: int) -> list:
+        self._made += 1
+        return [self.prepare(item) for item in self.stream.chunk(k)]
+
+    def _top_up(self) -> None:
+        """Start the next chunks while fewer than `ahead` chunks are ready or under way, once the reserve
+        (what the point was expected to need) is handed out."""
+        if self.handed < self.stream.reserve:
+            return
+        size = self.stream.chunk_size
+        while len(self._current) + len(self._pending) * size < self.ahead * size and self._more():
+            self._pending.append(self._pool.submit(self._make, self._next))
+            self._next += 1
+
+    def __next__(self) -> Any:
+        limit = self.stream.limit
+        if limit is not None and self.handed >= limit:
+            self.close()
+            raise StopIteration
+        if not self._current:
+            if not self._pending:
+                self.close()
+                raise StopIteration
+            future = self._pending.popleft()
+            if not future.done():
+                self.waits += 1
+                start = time.perf_counter()
+                wait([future])
+                self.wait_s += time.perf_counter() - start
+            self._current = collections.deque(future.result())
+        self.handed += 1
+        item = self._current.popleft()
+        self._top_up()
+        return item
+
+    def stats(self) -> dict[str, Any]:
+        """What it handed out (a closed loop's workers each take one they do not send when the duration is
+        over) and whether generation kept up: JSON-ready."""
+        return {"handed": self.handed, "chunk": self.stream.chunk_size, "reserve": self.stream.reserve,
+                "chunks_made": self._made, "waits": self.waits, "wait_s": round(self.wait_s, 6)}
+
+    def close(self) -> None:
+        """Stop making chunks, waiting for one under way (at the end of a point, so that it does not compete
+        with the next); record the stats once."""
+        if self._closed:
+            return
+        self._closed = True
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.stream.supplied.append(self.stats())

@@ -342,7 +342,7 @@ class _Stream:
 
 
 #: what a job may ask of one host's load generator but not of several
-UNSUPPORTED = ("ramp_up_s", "start_at", "busy_poll", "on_record", "on_start")
+UNSUPPORTED = ("ramp_up_s", "start_at", "busy_poll", "on_record", "on_start", "spec_stream")
 
 
 class RayLoad:

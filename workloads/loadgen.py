@@ -149,6 +149,11 @@ class PointJob:
       needed). A failed turn ends its session. `max_requests` bounds the number of sessions (never
       cycled: a replayed conversation would hit the prefix cache); `max_duration_s` starts no new session
       after it, while sessions under way finish.
+    - `spec_stream` (a `workloads.datasets.PromptStream`): the measured requests (with `sessions`: the
+      sessions) come from it instead, each once and never cycled, made chunk by chunk ahead of need in a
+      background thread (`PromptStream.supply`; its stats are appended to `spec_stream.supplied` when the
+      point ends); `specs` (`sessions`) then hold its first chunk, for whoever reads the job without it.
+      `max_requests` still bounds the count.
     """
 
     url: str
@@ -175,6 +180,7 @@ class PointJob:
     on_record: Callable[[RequestRecord], None] | None = None
     on_start: StartHook | None = None
     sessions: Sequence[Session] = ()
+    spec_stream: Any = None
 
     def resolved(self) -> PointJob:
         """The job with its defaults filled in: labels, run id and summary path."""
@@ -547,8 +553,13 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
     count = job.max_requests if job.max_requests is not None else (
         None if job.max_duration_s is not None else len(job.specs))
     items: Iterator[_Prepared] = iter(())
+    supply = units = None
+    if job.spec_stream is not None:  # made as the point needs them (the first chunk now)
+        supply = job.spec_stream.supply(None if job.sessions else (lambda s: run.prepare(s, s.request_id)))
+        units = supply if job.max_requests is None else itertools.islice(supply, job.max_requests)
     if not job.sessions:
-        items = _items(run, job.specs, count)  # builds and checks every request before anything is sent
+        # builds and checks every request before anything is sent (a stream: its first chunk)
+        items = units if units is not None else _items(run, job.specs, count)
         first = next(items)
         items = itertools.chain([first], items)
     warm_items = list(_items(run, job.warmup_specs, len(job.warmup_specs))) if job.warmup_specs else []
@@ -570,7 +581,7 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
                 progress_task = asyncio.create_task(run.report_progress(job.progress_interval_s))
             recorder = asyncio.create_task(run.record_finished())
             try:
-                await _send_all(run, job, warm_items, items)
+                await _send_all(run, job, warm_items, items, units if job.sessions else None)
             except asyncio.CancelledError:
                 interrupted = True
                 task = asyncio.current_task()
@@ -578,6 +589,8 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
                     task.uncancel()
                 log.warning("run %s interrupted: in-flight requests recorded as cancelled", run.run_id)
             finally:
+                if supply is not None:
+                    supply.close()
                 recorder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await recorder
@@ -633,15 +646,16 @@ def _collection_paused() -> Iterator[None]:
 
 
 async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
-                    items: Iterator[_Prepared]) -> None:
-    """The warm-up and the measured requests on the job's schedule."""
+                    items: Iterator[_Prepared], sessions: Iterator[Session] | None = None) -> None:
+    """The warm-up and the measured requests on the job's schedule (`sessions`: from `job.spec_stream`)."""
     schedule = job.schedule
     if isinstance(schedule, ClosedLoop):
         if job.start_at is not None and (delay := job.start_at - perf_counter()) > 0:
             await asyncio.sleep(delay)
         ramp = min(schedule.concurrency * 1e-3, 5.0) if job.ramp_up_s is None else job.ramp_up_s
         if job.sessions:
-            sessions = iter(job.sessions[:job.max_requests] if job.max_requests else job.sessions)
+            if sessions is None:
+                sessions = iter(job.sessions[:job.max_requests] if job.max_requests else job.sessions)
             await run.closed_loop(iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s,
                                   run.run_session)
         else:

@@ -114,18 +114,20 @@ def conversation_turn(session: Session, k: int, previous: RequestSpec | None, an
 
 def synthetic_sessions(tokenizer: Any, n: int, turns: int, input_len: LengthDist | str | int,
                        output_len: LengthDist | str | int, think_time: ThinkTime | str | float = 0.0,
-                       seed: int = 0, id_prefix: str = "session") -> list[Session]:
-    """`n` sessions of `turns` user turns, each of random token-exact ids of a drawn length."""
+                       seed: int | Sequence[int] = 0, id_prefix: str = "session",
+                       allowed: np.ndarray | None = None, first_index: int = 0) -> list[Session]:
+    """`n` sessions of `turns` user turns, each of random token-exact ids of a drawn length, numbered from
+    `first_index` (`allowed`: `ordinary_token_ids(tokenizer)` when already known)."""
     if n < 1 or turns < 1:
         raise ValueError(f"sessions and turns must be >= 1, got {n} and {turns}")
     rng = np.random.default_rng(seed)
     ins = LengthDist.parse(input_len).sample(rng, n * turns)
     outs = LengthDist.parse(output_len).sample(rng, n * turns)
     thinks = ThinkTime.parse(think_time).sample(rng, n * turns)
-    allowed = ordinary_token_ids(tokenizer)
+    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
     sessions = []
     for i in range(n):
-        name = f"{id_prefix}-{i}"
+        name = f"{id_prefix}-{first_index + i}"
         specs = []
         for k in range(turns):
             ids, text = token_exact_prompt(tokenizer, int(ins[i * turns + k]), rng, allowed)
