@@ -571,6 +571,7 @@ def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: in
     groups' prefixes, drawn per slice, so that no point is served from the prefix cache another filled."""
     from workloads.datasets import (
         STREAM_CHUNK,
+        Draw,
         PromptStream,
         group_prefixes,
         prefix_dataset,
@@ -594,9 +595,8 @@ def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: in
         prefixes = group_prefixes(tokenizer, groups, w.prefix_len, [seed, k], allowed())
 
         def make(c: int) -> list:
-            return prefix_dataset(tokenizer, groups, per, w.prefix_len, w.input_len, w.output_len,
-                                  seed=[seed, k, c], id_prefix=f"prefix{k}", allowed=allowed(),
-                                  prefixes=prefixes, first_member=c * per)
+            return prefix_dataset(tokenizer, groups, per, prefixes, w.input_len, w.output_len,
+                                  seed=Draw([seed, k, c], allowed(), first=c * per), id_prefix=f"prefix{k}")
 
     else:  # multi-turn: sessions
         from workloads.sessions import synthetic_sessions
@@ -606,8 +606,7 @@ def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: in
 
         def make(c: int) -> list:
             return synthetic_sessions(tokenizer, size, w.turns or 1, w.input_len, w.output_len,
-                                      w.think_time or 0.0, seed=[seed, k, c], allowed=allowed(),
-                                      first_index=c * size)
+                                      w.think_time or 0.0, seed=Draw([seed, k, c], allowed(), first=c * size))
 
     return PromptStream(make, size, limit=n)
 

@@ -360,6 +360,7 @@ def test_the_warm_up_is_named_in_the_progress_until_measured_requests_finish(tmp
         request_timeout=10,
         duration=None,
         busy_poll=False,
+        prompt_pool=None,
     )
     schedule = SimpleNamespace(label="c=1", describe=lambda: {"kind": "closed", "concurrency": 1})
     backend = SimpleNamespace(name="b", variant="", key="b")

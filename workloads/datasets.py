@@ -336,24 +336,42 @@ def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = 
 JOIN_ATTEMPTS = 100  # fresh suffixes tried per request before a prefix is given up on
 
 
-def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int,
+@dataclass(frozen=True)
+class Draw:
+    """Where one chunk of a stream of generated requests comes from: its seed, the token ids prompts may use
+    (None: the tokenizer's ordinary ones, which takes a pass over the vocabulary) and the number of its first
+    item in the stream (so that ids run on across chunks)."""
+
+    seed: int | Sequence[int] = 0
+    allowed: np.ndarray | None = None
+    first: int = 0
+
+    @staticmethod
+    def of(seed: int | Sequence[int] | Draw) -> Draw:
+        return seed if isinstance(seed, Draw) else Draw(seed)
+
+
+def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int | Sequence[Sequence[int]],
                    suffix_len: LengthDist | str | int, output_len: LengthDist | str | int,
-                   seed: int | Sequence[int] = 0, id_prefix: str = "prefix",
-                   allowed: np.ndarray | None = None, prefixes: Sequence[Sequence[int]] | None = None,
-                   first_member: int = 0) -> list[RequestSpec]:
+                   seed: int | Sequence[int] | Draw = 0, id_prefix: str = "prefix") -> list[RequestSpec]:
     """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
     exactly (the join with each suffix is checked not to merge tokens), interleaved group by group.
-    `prefixes` (from `group_prefixes`): the groups' prefixes, drawn elsewhere so that later requests of the
-    same groups (members numbered from `first_member`) can be made apart from the first."""
+    `prefix_len` may instead be the groups' prefixes (from `group_prefixes`), drawn elsewhere so that later
+    requests of the same groups (members numbered from the `Draw`'s first) can be made apart from the
+    first."""
     if n_groups < 1 or per_group < 1:
         raise ValueError("n_groups and per_group must be >= 1")
-    rng = np.random.default_rng(seed)
-    allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
+    draw = Draw.of(seed)
+    rng = np.random.default_rng(draw.seed)
+    allowed = ordinary_token_ids(tokenizer) if draw.allowed is None else draw.allowed
+    prefixes = None if isinstance(prefix_len, int) else prefix_len
+    first_member = draw.first
     suffixes = LengthDist.parse(suffix_len).sample(rng, n_groups * per_group)
     outs = LengthDist.parse(output_len).sample(rng, n_groups * per_group)
     groups = []
     for g in range(n_groups):
         if prefixes is None:
+            assert isinstance(prefix_len, int)
             prefix_ids, _ = token_exact_prompt(tokenizer, prefix_len, rng, allowed)
         else:
             prefix_ids = list(prefixes[g])
@@ -377,7 +395,8 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
 
 def group_prefixes(tokenizer: Any, n_groups: int, prefix_len: int, seed: int | Sequence[int],
                    allowed: np.ndarray | None = None) -> list[list[int]]:
-    """`n_groups` random token-exact prefixes of `prefix_len` tokens, for `prefix_dataset(prefixes=...)`."""
+    """`n_groups` random token-exact prefixes of `prefix_len` tokens, for `prefix_dataset` in place of a
+    length."""
     rng = np.random.default_rng(seed)
     allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
     return [ids for ids, _ in token_exact_prompts(tokenizer, [prefix_len] * n_groups, rng, allowed)]

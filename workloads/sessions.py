@@ -36,6 +36,7 @@ import numpy as np
 
 from adapters.request_spec import RequestSpec
 from workloads.datasets import (
+    Draw,
     LengthDist,
     encode_text,
     ordinary_token_ids,
@@ -114,13 +115,14 @@ def conversation_turn(session: Session, k: int, previous: RequestSpec | None, an
 
 def synthetic_sessions(tokenizer: Any, n: int, turns: int, input_len: LengthDist | str | int,
                        output_len: LengthDist | str | int, think_time: ThinkTime | str | float = 0.0,
-                       seed: int | Sequence[int] = 0, id_prefix: str = "session",
-                       allowed: np.ndarray | None = None, first_index: int = 0) -> list[Session]:
+                       seed: int | Sequence[int] | Draw = 0, id_prefix: str = "session") -> list[Session]:
     """`n` sessions of `turns` user turns, each of random token-exact ids of a drawn length, numbered from
-    `first_index` (`allowed`: `ordinary_token_ids(tokenizer)` when already known)."""
+    the `Draw`'s first (a plain seed: from 0)."""
     if n < 1 or turns < 1:
         raise ValueError(f"sessions and turns must be >= 1, got {n} and {turns}")
-    rng = np.random.default_rng(seed)
+    draw = Draw.of(seed)
+    allowed, first_index = draw.allowed, draw.first
+    rng = np.random.default_rng(draw.seed)
     ins = LengthDist.parse(input_len).sample(rng, n * turns)
     outs = LengthDist.parse(output_len).sample(rng, n * turns)
     thinks = ThinkTime.parse(think_time).sample(rng, n * turns)
