@@ -27,6 +27,7 @@ from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, capacity_picks, selection
+from compare.serving_match import serving_match_lines
 from compare.store import RunDir
 from compare.turns import turn_table, write_turns
 from workloads import timing
@@ -76,7 +77,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         percentile = int(config.get("capacity_percentile") or 99)
         results.picks = capacity_picks(summary, requests, slo, percentile) + results.picks
     forced = forced_lengths(requests)
-    results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
+    results.declared = {key: declared_settings(st, forced.get(key), run.path) for key, st in setups.items()}
     results.parity = findings(results.declared)
     results.warnings = (
         list(run.manifest.get("notes") or [])
@@ -219,23 +220,27 @@ def _warnings(res: Results) -> list[Block]:
 
 
 def _parity(res: Results) -> list[Block]:
-    """What each backend declares of itself, side by side, with the settings they differ on flagged."""
+    """What each backend declares of itself, side by side, with the settings they differ on flagged, and
+    what the launch could not give every backend alike (`compare.serving_match`)."""
     if not res.declared:
         return []
     header, rows = parity_table(res.declared)
     explained = (
         "What each backend declares of itself, and where it said so (models route: its `GET /v1/models` "
-        "answer; log: its start-up log; command: the flags it was launched with; default: its documented "
-        "default; launch: its tokenizer files' hash, or its name where the files are not on this machine; "
-        "records: whether every forced output came back at the length asked for). Unknown is never "
-        "counted as a difference; ⚠ marks a setting two backends declare differently."
+        "answer; log: its start-up log; metrics: its `/metrics` info gauges; command: the flags it was "
+        "launched with; default: its documented default; launch: its tokenizer files' hash, or its name "
+        "where the files are not on this machine; records: whether every forced output came back at the "
+        "length asked for). Unknown is never counted as a difference (why, where known, in brackets); ⚠ "
+        "marks a setting two backends declare differently."
     )
     verdict: Block = (
         ("ul", [f.sentence() for f in res.parity])
         if res.parity
         else ("p", "No difference among the settings the backends declare.")
     )
-    return [("h2", "Parity of the backends"), ("p", explained), ("table", (header, rows)), verdict]
+    matching = serving_match_lines(res.run.manifest, res.declared)
+    blocks = [("h2", "Parity of the backends"), ("p", explained), ("table", (header, rows)), verdict]
+    return blocks + ([("p", "Serving settings matched at launch:"), ("ul", matching)] if matching else [])
 
 
 def _plots(res: Results) -> list[Block]:
