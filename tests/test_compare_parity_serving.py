@@ -80,8 +80,9 @@ def test_vllm_non_default_args_line_is_read():
 
 def test_launch_flags_are_read_with_their_short_forms():
     flags = ("-tp", "4", "--api-server-count=3", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
-             "--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.75", "--kv-cache-dtype", "fp8_e5m2",
-             "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}', "-pp", "2")
+             "--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.75", "--kv-cache-dtype",
+             "fp8_e5m2", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}',
+             "-pp", "2")
     d = declared_settings(vllm_launch(*flags))
     assert (d.tensor_parallel, d.pipeline_parallel, d.api_servers, d.max_num_seqs) == (4, 2, 3, 16)
     assert (d.max_batched_tokens, d.chunked_prefill, d.gpu_memory_utilization) == (1024, False, 0.75)
@@ -92,6 +93,9 @@ def test_launch_flags_are_read_with_their_short_forms():
     assert d.api_servers == 2 and d.max_num_seqs is None and "default varies" not in d.unknown["max_num_seqs"]
     assert d.unknown["max_num_seqs"] == "no start-up log read, not in its flags"
     # a running endpoint: its flags are not known, so no default is assumed
+    tgi = ["text-generation-launcher", "--max-batch-size", "32", "--num-shard", "2"]
+    d = declared_settings(SetupReport("tgi", "", "process", "http://a", command=tgi))
+    assert (d.max_num_seqs, d.tensor_parallel, d.api_servers) == (32, 2, None)
     endpoint = declared_settings(SetupReport("vllm", "", "endpoint", "http://a"))
     assert endpoint.api_servers is None and endpoint.unknown["api_servers"] == "endpoint: flags not known"
 
@@ -214,9 +218,8 @@ def test_rebuilt_h200_run_shows_the_front_end_difference(tmp_path):
     parity = section((run_path / "report.md").read_text(), "Parity of the backends")
     assert "| HTTP front ends | ⚠ **4** (log) | ⚠ **1** (default) |" in parity
     assert "Unequal HTTP front ends: reference:graphs 4, vllm 1." in parity
-    assert "| max concurrent sequences | 256 (log) | unknown (not in its flags or log; its default varies) |" in (
-        parity
-    )
+    vllm_unknown = "unknown (not in its flags or log; its default varies)"
+    assert f"| max concurrent sequences | 256 (log) | {vllm_unknown} |" in parity
     assert "No difference among" not in parity
 
 
