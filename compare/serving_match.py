@@ -4,8 +4,9 @@ sequences in a batch, and the batch token budget, wherever every launched server
 them (ours and vLLM, whose flags share their names) runs.
 
 The rule, per setting: a value one candidate was given on purpose (its variant or `--server-args`) is never
-changed; where every such value agrees, the others get it too; where they disagree, nothing is matched
-and the report says so. Where none was given:
+changed; where every such value agrees, the other engines' candidates get it too (another variant of the
+engine that set it keeps its default: variants of one engine differ as they say); where they disagree,
+nothing is matched and the report says so. Where none was given:
 
 - HTTP front ends: the largest default on this machine (ours: 4 with an NVIDIA GPU and 16 or more cores,
   else 1; vLLM: 1, one per data-parallel rank). Holding a backend below what it would run with by default
@@ -111,7 +112,8 @@ def plan_match(launches: list[tuple[str, Any, LaunchSpec]], gpu: bool) -> dict[s
             m.value = _reference_batch_defaults(gpu)[setting]
             m.rule = f"the reference engine's default on {'a GPU' if gpu else 'a CPU'}"
         if m.value is not None:  # as a flag even where it is the default: the command then says so
-            m.given = [key for key, _, _ in can if key not in explicit]
+            chosen = {cls.server_family for key, cls, _ in can if key in explicit}
+            m.given = [key for key, cls, _ in can if key not in explicit and cls.server_family not in chosen]
         out[setting] = m
     return out
 

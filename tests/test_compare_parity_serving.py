@@ -172,6 +172,12 @@ def test_matching_keeps_a_value_given_on_purpose(monkeypatch):
     matched = plan_match(_specs(True, vllm_args=("--api-server-count", "2")), True)
     m = matched["api_servers"]
     assert (m.value, m.kept, m.given) == (2, {"vllm": 2}, ["reference:graphs"])
+    # a variant of ours that sets it: vLLM gets it, another variant of ours keeps its default
+    model = ModelSource("/m", "m")
+    eager = ADAPTERS["reference"].launch_spec(model, Variant.parse("eager"), 1, workdir=Path("/w"), gpu=True)
+    launches = [*_specs(True, ("--max-num-seqs", "8")), ("reference:eager", ADAPTERS["reference"], eager)]
+    m = plan_match(launches, True)["max_num_seqs"]
+    assert (m.value, m.kept, m.given) == (8, {"reference:graphs": 8}, ["vllm"])
     matched = plan_match(_specs(True, ("--max-num-seqs", "8"), ("--max-num-seqs", "16")), True)
     m = matched["max_num_seqs"]
     assert m.value is None and m.given == [] and "different values" in m.rule
@@ -269,3 +275,41 @@ def test_model_names_are_compared_by_their_last_part():
     assert same_model("smollm2-135m", "meta-llama/Llama-3.1-70B") is False
     assert same_model("m", "meta-llama/Llama-3.1-70B") is False  # a short name is not found inside another
     assert same_model(None, "m") is None
+
+
+def test_collect_reads_the_models_route_and_the_metrics_info_gauges(tmp_path):
+    """A loopback server answering `/v1/models` and `/metrics` (vLLM's recorded CPU metrics page), read as
+    `compare run` reads a running endpoint."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from compare.declared import collect
+
+    pages = {
+        "/v1/models": json.dumps(models(1024)).encode(),
+        "/metrics": (DATA / "vllm_cpu_metrics.txt").read_bytes(),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        setup = SetupReport("vllm", "", "endpoint", f"http://127.0.0.1:{server.server_address[1]}")
+        collect(setup, None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert setup.metrics_settings["gpu_memory_utilization"] == "0.92"
+    d = declared_settings(setup)
+    assert (d.max_model_len, d.block_size, d.kv_cache_dtype, d.prefix_caching) == (1024, 128, "auto", True)
+    assert d.sources["block_size"] == "metrics" and d.api_servers is None  # an endpoint's flags: unknown
