@@ -94,7 +94,7 @@ def plan_match(launches: list[tuple[str, Any, LaunchSpec]], gpu: bool) -> dict[s
         can = [(key, cls, spec) for key, cls, spec in launches if cls.server_family in MATCHABLE]
         for key, cls, _ in launches:
             if cls.server_family not in MATCHABLE:
-                m.cannot[key] = f"{cls.server_family} has no flag of the same meaning"
+                m.cannot[key] = f"{cls.server_family}: no flag of the same meaning as ours' and vLLM's"
         explicit = {key: v for key, cls, spec in can if (v := _explicit(cls, spec, setting)) is not None}
         m.kept = explicit
         if len(can) < 2:
@@ -153,7 +153,7 @@ def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Any]) -> l
         kept = ", ".join(f"{k} {v}" for k, v in (m.get("kept") or {}).items())
         if m.get("value") is not None:
             given = ", ".join(m.get("given") or []) or "none needed it as a flag"
-            text = f"{label}: {m['value']} for each ({m.get('rule')}); given as a flag to {given}"
+            text = f"{label}: {m['value']} ({m.get('rule')}); given as a flag to {given}"
             text += f"; set by the candidate: {kept}." if kept else "."
         else:
             text = f"{label}: not matched, {m.get('rule')}" + (f" ({kept})." if kept else ".")

@@ -27,7 +27,7 @@ from compare.datatypes import SetupReport
 from compare.declared import declared_settings
 from compare.parity import Declared, findings
 from compare.report import analyze, write_reports
-from compare.serving_match import plan_match
+from compare.serving_match import plan_match, serving_match_lines
 from compare.setup_log import parse_log
 from compare.store import RunDir
 
@@ -138,6 +138,11 @@ def test_findings_name_their_setting():
     declared = {"ours": Declared(api_servers=4, max_num_seqs=256), "vllm": Declared(api_servers=1)}
     [finding] = findings(declared)  # an unknown max_num_seqs is no difference
     assert finding.name == "api_servers" and finding.sentence() == "Unequal HTTP front ends: ours 4, vllm 1."
+    # a run with matching turned off says so where it would have matched
+    assert serving_match_lines({"config": {"match_serving": False}}, declared) == [
+        "Not matched: --no-match-serving was given (HTTP front ends differ)."
+    ]
+    assert serving_match_lines({"config": {}}, declared) == []  # a run from before matching
 
 
 def _specs(gpu: bool, reference_args: tuple[str, ...] = (), vllm_args: tuple[str, ...] = ()) -> list:
@@ -207,6 +212,11 @@ def test_launch_specs_are_matched_at_launch(tmp_path, monkeypatch):
     assert [f.name for f in findings(declared)] == []
     assert declared["vllm"].max_num_seqs == declared["reference:graphs"].max_num_seqs == 256
     assert run.manifest["serving_match"]["api_servers"]["value"] == 4
+    lines = serving_match_lines(run.manifest, declared)
+    assert lines[0] == (
+        "HTTP front ends: 4 (the largest default among them on this machine); given as a flag to "
+        "reference:graphs, vllm."
+    )
     plan.match_serving = False
     launcher = make_launcher(plan, backends[1], run, 0, str(tmp_path))
     assert "--api-server-count" not in launcher.command
