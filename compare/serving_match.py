@@ -149,6 +149,8 @@ def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Any]) -> l
                 lines.append(f"Not matched: --no-match-serving was given ({', '.join(unequal)} differ).")
         return lines
     for name, m in recorded.items():
+        if m.get("value") is None and not m.get("cannot") and "different values" not in str(m.get("rule")):
+            continue  # one launched engine: nothing to match, nothing to say
         label = MATCHED.get(name, name)
         kept = ", ".join(f"{k} {v}" for k, v in (m.get("kept") or {}).items())
         if m.get("value") is not None:
