@@ -323,3 +323,19 @@ def test_collect_reads_the_models_route_and_the_metrics_info_gauges(tmp_path):
     d = declared_settings(setup)
     assert (d.max_model_len, d.block_size, d.kv_cache_dtype, d.prefix_caching) == (1024, 128, "auto", True)
     assert d.sources["block_size"] == "metrics" and d.api_servers is None  # an endpoint's flags: unknown
+
+
+def test_match_serving_option_reaches_the_plan(tmp_path):
+    import typer
+
+    from compare.plan import build_plan
+
+    run = typer.main.get_command(app).commands["run"]
+    assert run.make_context("run", ["--no-match-serving"]).params["match_serving"] is False
+    assert run.make_context("run", ["--match-serving"]).params["match_serving"] is True
+    assert run.make_context("run", []).params["match_serving"] is None  # not given: the run file or on
+    assert build_plan({"backends": "reference,vllm", "match_serving": None}).match_serving is True
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("backends: [reference, vllm]\nmatch_serving: false\n")
+    plan = build_plan({"match_serving": None}, run_file)
+    assert plan.match_serving is False and plan.describe()["match_serving"] is False
