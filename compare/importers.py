@@ -45,11 +45,13 @@ class Imported:
     rate: float | None
     duration_s: float | None
     source: str
-    model: str | None = None  # the model the file says it measured
+    model: str | None = None  # the model the file says it measured (as the server was asked for it)
+    tokenizer: str | None = None  # the tokenizer the file says it counted with
 
     def manifest_entry(self) -> dict[str, Any]:
         return {
             "model": self.model,
+            "tokenizer": self.tokenizer,
             "run_id": self.run_id,
             "backend": self.backend,
             "variant": self.variant,
@@ -230,6 +232,7 @@ def import_vllm_bench(
         float(data["duration"]) if data.get("duration") else None,
         "vllm bench serve",
         str(data.get("model_id") or data.get("model") or "") or None,
+        str(data.get("tokenizer_id") or "") or None,
     )
 
 
@@ -339,6 +342,15 @@ def same_model(a: str | None, b: str | None) -> bool | None:
     return short == long or (len(short) >= 4 and short in long)
 
 
+def _names_agree(theirs: list[str | None], ours: list[str | None]) -> bool | None:
+    """Whether any of an imported file's names (served model, tokenizer) names one of ours (model, served
+    name, tokenizer): a server may be asked for a model by any name, so one agreement is enough; None
+    where no pair of names is known."""
+    verdicts = [same_model(a, b) for a in theirs for b in ours]
+    known = [v for v in verdicts if v is not None]
+    return any(known) if known else None
+
+
 def import_parity(summary: Any, manifest: dict[str, Any]) -> ImportParity:
     """Each imported point (summary rows of mode `imported`) against our points in the same workload: its
     model, mean lengths and load beside ours; a point on another model, or with lengths off by more than
@@ -349,6 +361,7 @@ def import_parity(summary: Any, manifest: dict[str, Any]) -> ImportParity:
         return out
     config = manifest.get("config") or {}
     ours_model = config.get("served_model") or config.get("model")
+    ours_names = [config.get(k) for k in ("model", "served_model", "tokenizer")]
     entries = {
         (e.get("backend"), e.get("variant") or "", e.get("workload") or "", e.get("load_point")): e
         for e in manifest.get("imported") or []
@@ -363,7 +376,7 @@ def import_parity(summary: Any, manifest: dict[str, Any]) -> ImportParity:
         name = f"{row['backend']}{':' + row['variant'] if row['variant'] else ''} {row['load_point']}"
         reasons = []
         model = entry.get("model")
-        if same_model(model, ours_model) is False:
+        if _names_agree([model, entry.get("tokenizer")], ours_names) is False:
             reasons.append(f"its model {model} is not this run's {ours_model}")
         lengths = []
         for column, what in (("input_tokens_mean", "prompts"), ("output_tokens_mean", "outputs")):

@@ -251,8 +251,8 @@ def _bench(path: Path, model: str, prompt: int, n: int = 12) -> Path:
 
 def test_imported_results_of_another_workload_are_never_ranked(tmp_path):
     """A file claiming a 70B model and 2048-token prompts, filed under our workload, sits in the parity
-    table and the warnings but never in the ranking; one that matches ours (same model, prompt lengths
-    within 25 %) is ranked."""
+    table and the warnings but never in the ranking; one that matches ours (the same model by its tokenizer's
+    name, though served under another; prompt lengths within 25 %) is ranked."""
     run = make_run(tmp_path / "run", {"reference": 0.02})  # model m, 100-token prompts, 20 out, c=1 and c=4
     far = _bench(tmp_path / "far.json", "meta-llama/Llama-3.1-70B-Instruct", 2048)
     result = CliRunner().invoke(app, ["import", str(far), "--into", str(run.path), "--workload", "wl"])
@@ -268,7 +268,8 @@ def test_imported_results_of_another_workload_are_never_ranked(tmp_path):
     parity = section(report, "Parity of the backends")
     assert "| vllm-bench c=4 | meta-llama/Llama-3.1-70B-Instruct against m | 2048 against 100 |" in parity
     assert "| no |" in parity
-    near = _bench(tmp_path / "near.json", "m", 110)
+    near = _bench(tmp_path / "near.json", "served-under-another-name", 110)
+    near.write_text(near.read_text().replace('"model_id"', '"tokenizer_id": "m", "model_id"'))
     result = CliRunner().invoke(
         app, ["import", str(near), "--into", str(run.path), "--workload", "wl", "--backend", "other"]
     )
