@@ -100,11 +100,11 @@ def reread_log(setup: SetupReport, run_path: Path | None) -> dict[str, str]:
     """The configuration lines of the launch's start-up log read again with today's patterns, where the
     run directory (or the path recorded) still holds the log; else the settings the manifest recorded."""
     candidates = []
-    if setup.log_path:
+    if setup.log_path:  # the run directory's own copy first: the recorded path may now hold another run's
         recorded = Path(setup.log_path)
-        candidates.append(recorded)
         if run_path is not None:
             candidates += [run_path / "logs" / recorded.name, run_path / recorded.name]
+        candidates.append(recorded)
     for path in candidates:
         if path.is_file():
             settings = parse_log(setup.backend, path.read_text(encoding="utf-8", errors="replace")).settings
