@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,24 @@ def non_default_args(line: str) -> dict[str, str]:
     return out
 
 
-#: vLLM's configuration lines: the API server's non-default arguments, then the engine's (the engine's, the
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+
+
+def chunked_prefill_line(line: str) -> dict[str, str]:
+    """vLLM's scheduler line `Chunked prefill is enabled with max_num_batched_tokens=8192.`: both settings."""
+    match = _CHUNKED.search(line)
+    return {"chunked_prefill": "True", "max_batched_tokens": match.group(1)} if match else {}
+
+
+#: vLLM's configuration lines: the API server's non-default arguments and its scheduler's chunked-prefill
+#: line, then the engine's (the engine's, the
 #: settings as resolved, read last, so they win): `... with config: model='...', speculative_config=None,
 #: tokenizer='...', dtype=torch.float32, max_seq_len=1024, ..., tensor_parallel_size=1,
 #: pipeline_parallel_size=1, data_parallel_size=1, ..., quantization=None, enforce_eager=True, ...,
 #: kv_cache_dtype=auto, ..., enable_prefix_caching=True, enable_chunked_prefill=True, ...`
 VLLM_CONFIG = [
     config_line(r"non-default args: \{", read=non_default_args),
+    config_line(_CHUNKED.pattern, read=chunked_prefill_line),
     config_line(
         r"Initializing a V1 LLM engine .*with config:",
         tokenizer=r"\btokenizer='([^']*)'",

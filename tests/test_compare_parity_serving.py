@@ -62,6 +62,11 @@ def test_vllm_non_default_args_line_is_read():
         "speculative": "ngram",
     }
     assert non_default_args("non-default args: {not a dict") == {}
+    # the scheduler's line (vLLM's API server prints it when chunked prefill is on) gives the token budget
+    chunked = "(APIServer pid=7) INFO 12-01 10:00:00 [scheduler.py:231] Chunked prefill is enabled with " \
+        "max_num_batched_tokens=8192."
+    d = declared_settings(vllm_launch(log=chunked))
+    assert (d.max_batched_tokens, d.chunked_prefill, d.sources["max_batched_tokens"]) == (8192, True, "log")
     d = declared_settings(vllm_launch(log=NON_DEFAULT))
     assert (d.api_servers, d.max_num_seqs, d.max_batched_tokens, d.chunked_prefill) == (2, 8, 4096, False)
     assert (d.gpu_memory_utilization, d.kv_cache_dtype, d.tensor_parallel, d.speculative) == (
