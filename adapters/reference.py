@@ -72,21 +72,45 @@ def reference_flags(model: ModelSource, variant: Variant) -> list[str]:
     return flags
 
 
-#: our engine's defaults, for a log from before it printed its configuration (reference_engine/config.py:
-#: EngineConfig; it has no quantised kernels, and its loader drops a checkpoint's quantization_config)
-REFERENCE_DEFAULTS = {"prefix_caching": True, "quantization": "none"}
-#: `... INFO reference_engine: engine config: model=..., dtype=bfloat16, max_model_len=4096, ...,
-#: enable_prefix_caching=True, enforce_eager=False, quantization=none, device=cuda`
+#: our engine's defaults, for a log from before it printed its configuration, and what it has no option
+#: for (reference_engine/config.py: EngineConfig; it has no quantised kernels, and its loader drops a
+#: checkpoint's quantization_config; its scheduler always splits a prompt over steps by the token budget;
+#: no speculative decoding, no parallelism, a KV cache in the model's dtype)
+REFERENCE_DEFAULTS = {
+    "prefix_caching": True,
+    "quantization": "none",
+    "chunked_prefill": True,
+    "speculative": "none",
+    "kv_cache_dtype": "auto",
+    "tensor_parallel": 1,
+    "pipeline_parallel": 1,
+}
+#: `... INFO reference_engine: engine config: model=..., dtype=bfloat16, max_model_len=4096,
+#: max_num_seqs=256, max_num_batched_tokens=8192, ..., block_size=16, enable_prefix_caching=True,
+#: enforce_eager=False, quantization=none, device=cuda`; with several front ends,
+#: `... INFO reference_engine.server: 4 front-end processes share the port` (one says nothing)
 REFERENCE_CONFIG = [
     config_line(
         r"reference_engine: engine config:",
         dtype=r"\bdtype=(\w+)",
         max_model_len=r"\bmax_model_len=(\d+)",
+        max_num_seqs=r"\bmax_num_seqs=(\d+)",
+        max_batched_tokens=r"\bmax_num_batched_tokens=(\d+)",
+        block_size=r"\bblock_size=(\d+)",
         quantization=r"\bquantization=(\w+)",
         enforce_eager=r"\benforce_eager=(True|False)",
         prefix_caching=r"\benable_prefix_caching=(True|False)",
-    )
+    ),
+    config_line(r"\d+ front-end processes share the port", api_servers=r"(\d+) front-end processes"),
 ]
+#: our server's flags for the audited settings (named as vLLM's)
+REFERENCE_SETTING_FLAGS = {
+    "api_servers": ("--api-server-count",),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_batched_tokens": ("--max-num-batched-tokens",),
+    "gpu_memory_utilization": ("--gpu-memory-utilization",),
+    "block_size": ("--block-size",),
+}
 
 
 #: a named Docker volume for the CUDA image's /cache, where Triton keeps the kernels it compiled: a container
@@ -97,6 +121,8 @@ REFERENCE_CACHE_VOLUME = "llm-compare-reference-cache"
 class _ReferenceLaunch:
     server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
     declared_defaults = REFERENCE_DEFAULTS
+    setting_flags = REFERENCE_SETTING_FLAGS
+    info_metrics: ClassVar[dict] = {}
     config_lines: ClassVar[list] = REFERENCE_CONFIG
 
     @classmethod

@@ -14,7 +14,8 @@ time). A pattern says what its line yields:
 - `ready`: the line says the server is listening (its `seconds`, if any, is the server's own spawn-to-ready).
 
 A server that prints its configuration as `key=value` pairs on one line (vLLM's engine config) declares a
-`ConfigLine`: which line, and a regex for each setting's value in it; `read_config` returns those values as
+`ConfigLine`: which line, and a regex for each setting's value in it, or a function that reads the line's
+settings itself (vLLM's `non-default args: {...}`, a Python dict); `read_config` returns those values as
 the log wrote them, for the comparator's parity audit of the backends.
 
 Repeated lines of one phase (one per worker or shard, or one per capture round) are combined by `repeat`:
@@ -26,6 +27,7 @@ finally show it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -162,10 +164,13 @@ class ConfigLine:
 
     line: re.Pattern[str]
     settings: dict[str, re.Pattern[str]]
+    read: Callable[[str], dict[str, str]] | None = None  # all of the line's settings at once
 
 
-def config_line(line: str, **settings: str) -> ConfigLine:
-    return ConfigLine(re.compile(line), {k: re.compile(v) for k, v in settings.items()})
+def config_line(
+    line: str, read: Callable[[str], dict[str, str]] | None = None, **settings: str
+) -> ConfigLine:
+    return ConfigLine(re.compile(line), {k: re.compile(v) for k, v in settings.items()}, read)
 
 
 def read_config(text: str, lines: list[ConfigLine]) -> dict[str, str]:
@@ -176,6 +181,8 @@ def read_config(text: str, lines: list[ConfigLine]) -> dict[str, str]:
         for config in lines:
             if not config.line.search(line):
                 continue
+            if config.read is not None:
+                found.update(config.read(line))
             for name, regex in config.settings.items():
                 match = regex.search(line)
                 if match:

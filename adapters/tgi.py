@@ -90,8 +90,19 @@ def tgi_flags(model: ModelSource, variant: Variant) -> list[str]:
     return flags
 
 
+#: text-generation-launcher's flags for the audited settings (launcher/src/main.rs): its batch limit, its
+#: prefill token budget per batch, its shard count (tensor parallel), its KV-cache dtype
+TGI_SETTING_FLAGS = {
+    "max_num_seqs": ("--max-batch-size",),
+    "max_batched_tokens": ("--max-batch-prefill-tokens",),
+    "tensor_parallel": ("--num-shard",),
+    "kv_cache_dtype": ("--kv-cache-dtype",),
+}
+
+
 class _TGILaunch:
     server_family = "tgi"
+    setting_flags = TGI_SETTING_FLAGS
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

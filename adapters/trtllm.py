@@ -110,8 +110,19 @@ def trtllm_options(model: ModelSource, variant: Variant) -> dict[str, Any]:
     return options
 
 
+#: trtllm-serve's flags for the audited settings: the most requests in a batch, the tokens a batch may
+#: carry, tensor and pipeline parallel
+TRTLLM_SETTING_FLAGS = {
+    "max_num_seqs": ("--max_batch_size",),
+    "max_batched_tokens": ("--max_num_tokens",),
+    "tensor_parallel": ("--tp_size",),
+    "pipeline_parallel": ("--pp_size",),
+}
+
+
 class _TrtllmLaunch:
     server_family = "trtllm"
+    setting_flags = TRTLLM_SETTING_FLAGS
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

@@ -10,8 +10,10 @@ Shapes: `vllm/entrypoints/openai/protocol.py`, `serving_completion.py`, `serving
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -66,9 +68,64 @@ VLLM_STARTUP = [
             phase="init_engine", detail="profile, KV cache, warm-up"),
     pattern("server_ready", r"Starting vLLM (?:API )?server on|Application startup complete", ready=True),
 ]
-#: the engine's configuration line: `... with config: model='...', tokenizer='...', dtype=torch.float32,
-#: max_seq_len=1024, ..., quantization=None, enforce_eager=True, ..., enable_prefix_caching=True, ...`
+#: the API server's arguments that differ from vLLM's defaults, as common setting names (its start-up line
+#: `non-default args: {'model_tag': ..., 'max_num_seqs': 8, 'api_server_count': 2, ...}`: a Python dict)
+VLLM_ARG_NAMES = {
+    "api_server_count": "api_servers",
+    "data_parallel_size": "data_parallel",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_batched_tokens",
+    "enable_chunked_prefill": "chunked_prefill",
+    "speculative_config": "speculative",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "tensor_parallel_size": "tensor_parallel",
+    "pipeline_parallel_size": "pipeline_parallel",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "quantization": "quantization",
+    "dtype": "dtype",
+    "max_model_len": "max_model_len",
+    "enable_prefix_caching": "prefix_caching",
+    "enforce_eager": "enforce_eager",
+    "block_size": "block_size",
+}
+
+
+def non_default_args(line: str) -> dict[str, str]:
+    """The settings of vLLM's `non-default args: {...}` line, as strings under common names (a speculative
+    config as its method, else `on`); {} where the dict cannot be read."""
+    start = line.find("{", line.find("non-default args:"))
+    try:
+        args = ast.literal_eval(line[start:]) if start >= 0 else None
+    except (ValueError, SyntaxError):
+        return {}
+    out: dict[str, str] = {}
+    for name, value in (args or {}).items() if isinstance(args, dict) else ():
+        common = VLLM_ARG_NAMES.get(name)
+        if common == "speculative" and isinstance(value, dict):
+            value = value.get("method") or ("draft" if value.get("model") else "on")
+        if common is not None and value is not None:
+            out[common] = str(value)
+    return out
+
+
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+
+
+def chunked_prefill_line(line: str) -> dict[str, str]:
+    """vLLM's scheduler line `Chunked prefill is enabled with max_num_batched_tokens=8192.`: both settings."""
+    match = _CHUNKED.search(line)
+    return {"chunked_prefill": "True", "max_batched_tokens": match.group(1)} if match else {}
+
+
+#: vLLM's configuration lines: the API server's non-default arguments and its scheduler's chunked-prefill
+#: line, then the engine's (the engine's, the
+#: settings as resolved, read last, so they win): `... with config: model='...', speculative_config=None,
+#: tokenizer='...', dtype=torch.float32, max_seq_len=1024, ..., tensor_parallel_size=1,
+#: pipeline_parallel_size=1, data_parallel_size=1, ..., quantization=None, enforce_eager=True, ...,
+#: kv_cache_dtype=auto, ..., enable_prefix_caching=True, enable_chunked_prefill=True, ...`
 VLLM_CONFIG = [
+    config_line(r"non-default args: \{", read=non_default_args),
+    config_line(_CHUNKED.pattern, read=chunked_prefill_line),
     config_line(
         r"Initializing a V1 LLM engine .*with config:",
         tokenizer=r"\btokenizer='([^']*)'",
@@ -77,8 +134,48 @@ VLLM_CONFIG = [
         quantization=r"\bquantization=(\w+)",
         enforce_eager=r"\benforce_eager=(True|False)",
         prefix_caching=r"\benable_prefix_caching=(True|False)",
-    )
+        chunked_prefill=r"\benable_chunked_prefill=(True|False)",
+        speculative=r"\bspeculative_config=(?:SpeculativeConfig\((?:method=)?'?)?(\w+)",
+        kv_cache_dtype=r"\bkv_cache_dtype=(\w+)",
+        tensor_parallel=r"\btensor_parallel_size=(\d+)",
+        pipeline_parallel=r"\bpipeline_parallel_size=(\d+)",
+        data_parallel=r"\bdata_parallel_size=(\d+)",
+    ),
 ]
+#: settings in the labels of vLLM's `*_info` gauges on `/metrics` (`vllm:cache_config_info{block_size="16",
+#: cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",...} 1.0`), common names
+VLLM_INFO_METRICS = {
+    "vllm:cache_config_info": {
+        "block_size": "block_size",
+        "cache_dtype": "kv_cache_dtype",
+        "enable_prefix_caching": "prefix_caching",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+    }
+}
+#: vLLM's defaults that have not changed across its versions, for a server we launched (an endpoint's flags
+#: are not known). Not here, because vLLM's own default depends on its version, the GPU or the checkpoint:
+#: max_num_seqs and max_num_batched_tokens (by GPU memory and usage context), chunked prefill, the GPU
+#: memory fraction, quantisation (a checkpoint's quantization_config). The API-server count defaults to the
+#: data-parallel size (`vllm/entrypoints/cli/serve.py`), 1 unless --data-parallel-size says otherwise.
+VLLM_DEFAULTS = {
+    "kv_cache_dtype": "auto",
+    "speculative": "none",
+    "tensor_parallel": 1,
+    "pipeline_parallel": 1,
+}
+#: vLLM's flags for the audited settings (short aliases as its argument parser has them)
+VLLM_SETTING_FLAGS = {
+    "api_servers": ("--api-server-count", "-asc"),
+    "data_parallel": ("--data-parallel-size", "-dp"),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_batched_tokens": ("--max-num-batched-tokens",),
+    "kv_cache_dtype": ("--kv-cache-dtype",),
+    "tensor_parallel": ("--tensor-parallel-size", "-tp"),
+    "pipeline_parallel": ("--pipeline-parallel-size", "-pp"),
+    "gpu_memory_utilization": ("--gpu-memory-utilization",),
+    "speculative": ("--speculative-config",),
+    "block_size": ("--block-size",),
+}
 #: `(APIServer pid=1) INFO 05-12 10:00:01 [file.py:12] ...`: no year, local time
 VLLM_CLOCK = clock(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d-\d\d \d\d:\d\d:\d\d)",
                    "%m-%d %H:%M:%S", year=False)
@@ -131,6 +228,9 @@ def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
 
 class _VLLMLaunch:
     server_family = "vllm"
+    declared_defaults = VLLM_DEFAULTS
+    setting_flags = VLLM_SETTING_FLAGS
+    info_metrics = VLLM_INFO_METRICS
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

@@ -20,6 +20,7 @@ from adapters.launch_spec import LaunchSpecError, ModelSource, Variant
 from compare import devices
 from compare.first_token import FirstTokenError, first_token_s
 from compare.launch import Launcher, LaunchError, ProcessLauncher, ServerProcess, free_port, package_env
+from compare.serving_match import MatchedSetting, apply_match, plan_match, record
 
 
 def safe_name(text: str) -> str:
@@ -46,17 +47,14 @@ def make_launcher(
     model = ModelSource(model_path, plan.served_model or plan.model, plan.dtype, plan.max_model_len)
     port = free_port()
     try:
-        variant = Variant.parse(backend.variant, **dict(backend.options))
-        spec = cls.launch_spec(
-            model,
-            variant,
-            port,
-            workdir=workdir,
-            gpu=gpu,
-            executable=plan.vllm_bin if cls.server_family == "vllm" else None,
-        ).with_extra_args(backend.server_args)
+        spec = _spec(plan, backend, model, port, workdir, gpu)
     except LaunchSpecError as exc:
         raise LaunchError(f"{backend.key}: {exc}") from None
+    if getattr(plan, "match_serving", True):
+        matched = serving_match(plan, model, run_dir.path, gpu)
+        spec = apply_match(spec, cls, backend.key, matched)
+        record(run_dir.manifest, matched)
+        run_dir.save()
     for name, text in spec.files.items():
         (workdir / name).write_text(text, encoding="utf-8")
     if plan.launch == "docker":
@@ -68,6 +66,35 @@ def make_launcher(
     launcher.report.notes += spec.notes
     launcher.served_as = served_as  # type: ignore[attr-defined]
     return launcher
+
+
+def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path, gpu: bool) -> Any:
+    """The adapter's launch spec for `backend` with its `--server-args` (LaunchSpecError if it cannot)."""
+    cls = ADAPTERS[backend.name]
+    variant = Variant.parse(backend.variant, **dict(backend.options))
+    return cls.launch_spec(
+        model,
+        variant,
+        port,
+        workdir=workdir,
+        gpu=gpu,
+        executable=plan.vllm_bin if cls.server_family == "vllm" else None,
+    ).with_extra_args(backend.server_args)
+
+
+def serving_match(plan: Any, model: ModelSource, run_path: Path, gpu: bool) -> dict[str, MatchedSetting]:
+    """The serving settings every launched backend of the plan is given alike (`compare.serving_match`),
+    from their launch specs as planned (a backend that cannot be launched takes no part)."""
+    launches = []
+    for other in plan.backends:
+        if not other.launched:
+            continue
+        try:
+            spec = _spec(plan, other, model, 0, run_path / "launch" / safe_name(other.key), gpu)
+        except LaunchSpecError:
+            continue
+        launches.append((other.key, ADAPTERS[other.name], spec))
+    return plan_match(launches, gpu)
 
 
 def _process(

@@ -85,6 +85,7 @@ class SetupReport:
     log_settings: dict[str, str] = field(default_factory=dict)
     models_route: dict[str, Any] | None = None
     tokenizer_id: str | None = None
+    metrics_settings: dict[str, str] = field(default_factory=dict)  # from its /metrics info gauges' labels
 
     @property
     def key(self) -> str:

@@ -1,6 +1,9 @@
-"""Parity of the compared backends: what each declares of itself (context length, dtype, quantisation,
-prefix caching, CUDA graphs, tokenizer, whether it honoured the forced output length), side by side, and the
-settings on which they differ.
+"""Parity of the compared backends: what each declares of itself, side by side, and the settings on which
+they differ. The model's side: context length, dtype, quantisation, tokenizer, whether it honoured the
+forced output length. The serving side: HTTP front-end (API-server) processes, max concurrent sequences,
+the batch token budget, chunked prefill, speculative decoding, KV-cache dtype, tensor and pipeline
+parallel, GPU memory fraction, prefix caching, CUDA graphs, the KV block size (shown only: a page size is
+the kernel's choice, not a serving limit).
 
 A comparison is only of backends when the settings are equal; where they differ, part of a difference in
 latency or throughput may be the setting's. The report shows the table and flags each difference; the
@@ -28,7 +31,18 @@ class Declared:
     cuda_graphs: bool | None = None
     tokenizer: str | None = None  # `sha256:<hex>` of its files, or `name:<path or hub id>`
     forced_length: bool | None = None  # every forced output came back at the length asked for
+    api_servers: int | None = None  # HTTP front-end processes serving the port
+    max_num_seqs: int | None = None  # the most sequences in one batch (requests served at once)
+    max_batched_tokens: int | None = None  # tokens one step may carry, prompt chunks included
+    chunked_prefill: bool | None = None
+    speculative: str | None = None  # `none`, or the method (ngram, eagle, a draft model)
+    kv_cache_dtype: str | None = None  # `auto`: the model's dtype
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    gpu_memory_utilization: float | None = None
+    block_size: int | None = None  # KV-cache tokens per block
     sources: Mapping[str, str] = field(default_factory=dict)
+    unknown: Mapping[str, str] = field(default_factory=dict)  # why a value is unknown, where it is known why
 
 
 @dataclass(frozen=True)
@@ -59,15 +73,35 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cuda_graphs", "CUDA graphs"),
     Setting("tokenizer", "tokenizer"),
     Setting("forced_length", "forced output length", on="honoured", off="short outputs"),
+    Setting("api_servers", "HTTP front ends"),
+    Setting("max_num_seqs", "max concurrent sequences"),
+    Setting("max_batched_tokens", "batch token budget"),
+    Setting("chunked_prefill", "chunked prefill"),
+    Setting("speculative", "speculative decoding"),
+    Setting("kv_cache_dtype", "KV-cache dtype"),
+    Setting("tensor_parallel", "tensor parallel"),
+    Setting("pipeline_parallel", "pipeline parallel"),
+    Setting("gpu_memory_utilization", "GPU memory fraction"),
+    Setting("block_size", "KV block size", compared=False),
 )
+SETTING = {s.name: s for s in SETTINGS}
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One setting on which two or more backends declare different known values."""
+    """One setting on which two or more backends declare different known values: `name` is the setting's
+    (a `Declared` field), `sentence()` the short sentence that says so (`Unequal HTTP front ends: ...`)."""
 
     setting: Setting
     values: dict[str, Any]  # backend key -> its known value
+
+    @property
+    def name(self) -> str:
+        return self.setting.name
+
+    @property
+    def label(self) -> str:
+        return self.setting.label
 
     def sentence(self) -> str:
         shown = ", ".join(f"{key} {self.setting.show(v)}" for key, v in self.values.items())
@@ -109,23 +143,32 @@ def differences(a: Declared, b: Declared) -> list[str]:
 
 
 def parity_table(declared: Mapping[str, Declared]) -> tuple[list[str], list[list[str]]]:
-    """One row per backend, one column per setting; a value on which backends differ is flagged `⚠`."""
+    """One row per setting, one column per backend (settings outnumber backends); a value on which backends
+    differ is flagged `⚠`, a known value says where it came from, an unknown one why where that is known."""
     flagged = {f.setting.name for f in findings(declared)}
-    header = ["backend", *(s.label for s in SETTINGS)]
+    header = ["setting", *declared]
     rows = []
-    for key, d in declared.items():
-        cells = [key]
-        for s in SETTINGS:
-            value = getattr(d, s.name)
-            text = s.show(value)
-            if s.name == "tokenizer" and value is not None:
-                text = _short_tokenizer(str(value))
-            if s.name in flagged and value is not None:
-                text = f"⚠ **{text}**"
-            source = d.sources.get(s.name)
-            cells.append(f"{text} ({source})" if source and value is not None else text)
+    for s in SETTINGS:
+        cells = [s.label]
+        for d in declared.values():
+            cells.append(cell(s, d, s.name in flagged))
         rows.append(cells)
     return header, rows
+
+
+def cell(setting: Setting, d: Declared, flagged: bool = False) -> str:
+    """One backend's value of a setting as the table writes it."""
+    value = getattr(d, setting.name)
+    if value is None:
+        why = d.unknown.get(setting.name)
+        return f"unknown ({why})" if why else "unknown"
+    text = setting.show(value)
+    if setting.name == "tokenizer":
+        text = _short_tokenizer(str(value))
+    if flagged:
+        text = f"⚠ **{text}**"
+    source = d.sources.get(setting.name)
+    return f"{text} ({source})" if source else text
 
 
 def _short_tokenizer(value: str) -> str:

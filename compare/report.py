@@ -24,9 +24,11 @@ from compare.caveats import duration_cut_warnings, point_caveats, repeated_promp
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
+from compare.importers import ImportParity, import_parity
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, capacity_picks, selection
+from compare.serving_match import serving_match_lines
 from compare.store import RunDir
 from compare.turns import turn_table, write_turns
 from workloads import timing
@@ -49,6 +51,7 @@ class Results:
     seed: int = 0
     declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
     parity: list[Finding] = field(default_factory=list)
+    imports: ImportParity = field(default_factory=lambda: ImportParity([], [], [], []))  # imported points
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # multi-turn sessions: compare/turns.py
     telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)  # GPU samples: compare/gpu_telemetry.py
 
@@ -71,12 +74,14 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed, telemetry=telemetry)
     results.turns = turn_table(requests)
-    results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    results.imports = import_parity(summary, run.manifest)  # imported points of another workload: not ranked
+    ranked = summary.drop(index=results.imports.excluded)
+    results.picks, results.memory_notes = selection(ranked, requests, setups, slo, seed)
     if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
         percentile = int(config.get("capacity_percentile") or 99)
-        results.picks = capacity_picks(summary, requests, slo, percentile) + results.picks
+        results.picks = capacity_picks(ranked, requests, slo, percentile) + results.picks
     forced = forced_lengths(requests)
-    results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
+    results.declared = {key: declared_settings(st, forced.get(key), run.path) for key, st in setups.items()}
     results.parity = findings(results.declared)
     results.warnings = (
         list(run.manifest.get("notes") or [])
@@ -84,6 +89,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         + duration_cut_warnings(run)
         + repeated_prompt_warnings(records)
         + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
+        + results.imports.sentences
     )
     first: dict[str, RequestRecord] = {}
     for r in records:
@@ -207,6 +213,7 @@ def _decision(res: Results) -> list[Block]:
         if pick.sentences
     ]
     blocks += [("p", note) for note in res.memory_notes]
+    blocks += [("p", sentence) for sentence in res.imports.sentences]
     cpu_note = _cpu_note(res)
     if cpu_note:
         blocks.append(("p", cpu_note))
@@ -219,23 +226,36 @@ def _warnings(res: Results) -> list[Block]:
 
 
 def _parity(res: Results) -> list[Block]:
-    """What each backend declares of itself, side by side, with the settings they differ on flagged."""
-    if not res.declared:
+    """What each backend declares of itself, side by side, with the settings they differ on flagged, and
+    what the launch could not give every backend alike (`compare.serving_match`)."""
+    if not res.declared and not res.imports.rows:
         return []
     header, rows = parity_table(res.declared)
     explained = (
         "What each backend declares of itself, and where it said so (models route: its `GET /v1/models` "
-        "answer; log: its start-up log; command: the flags it was launched with; default: its documented "
-        "default; launch: its tokenizer files' hash, or its name where the files are not on this machine; "
-        "records: whether every forced output came back at the length asked for). Unknown is never "
-        "counted as a difference; ⚠ marks a setting two backends declare differently."
+        "answer; log: its start-up log; metrics: its `/metrics` info gauges; command: the flags it was "
+        "launched with; default: its documented default; launch: its tokenizer files' hash, or its name "
+        "where the files are not on this machine; records: whether every forced output came back at the "
+        "length asked for). Unknown is never counted as a difference (why, where known, in brackets); ⚠ "
+        "marks a setting two backends declare differently."
     )
     verdict: Block = (
         ("ul", [f.sentence() for f in res.parity])
         if res.parity
         else ("p", "No difference among the settings the backends declare.")
     )
-    return [("h2", "Parity of the backends"), ("p", explained), ("table", (header, rows)), verdict]
+    matching = serving_match_lines(res.run.manifest, res.declared)
+    blocks: list[Block] = [("h2", "Parity of the backends")]
+    if res.declared:
+        blocks += [("p", explained), ("table", (header, rows)), verdict]
+    blocks += [("p", "Serving settings matched at launch:"), ("ul", matching)] if matching else []
+    if res.imports.rows:
+        blocks += [
+            ("p", "Imported points against this run's (mean lengths: theirs against ours); one that measured "
+             "another model or other lengths is never ranked against ours:"),
+            ("table", (res.imports.header, res.imports.rows)),
+        ]
+    return blocks
 
 
 def _plots(res: Results) -> list[Block]:

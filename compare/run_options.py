@@ -62,7 +62,7 @@ class RunOption:
 
     @property
     def flag(self) -> str:
-        return self.flags[0] if self.flags else "--" + self.name.replace("_", "-")
+        return self.flags[0].split("/")[0] if self.flags else "--" + self.name.replace("_", "-")
 
 
 # -- reading values ---------------------------------------------------------------------------------------
@@ -214,6 +214,20 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         panel=BACKENDS,
         metavar="PATH",
         manifest="vllm_bin",
+    ),
+    RunOption(
+        "match_serving",
+        bool,
+        True,
+        help="give launched backends alike the serving settings both can set: HTTP front-end processes "
+        "(the larger default), max concurrent sequences and batch token budget (the reference engine's "
+        "defaults), unless a candidate sets one itself; the report lists what could not be matched "
+        "[default: on]",
+        panel=BACKENDS,
+        metavar="",
+        flags=("--match-serving/--no-match-serving",),
+        read=_flag_value,
+        manifest="match_serving",
     ),
     RunOption(
         "images",
@@ -872,6 +886,7 @@ class RunPlan:
     # prompts and blocks
     prompt_pool: int | None = None  # None: a prompt of its own for every request; N: N prompts cycled
     blocks: int | None = 1  # alternating blocks per point (running endpoints); None until planned
+    match_serving: bool = True  # launched backends get alike what both can set (compare.serving_match)
 
     def warmup_count(self, schedule: Schedule) -> int:
         if self.warmup is not None:

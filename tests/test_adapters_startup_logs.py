@@ -44,7 +44,8 @@ def test_reference_server_log(tiny_server):
     # its configuration line, read for the parity audit: what the server was started with
     settings = read_config(tiny_server.log(), get_adapter("reference").config_lines)
     assert settings == {"dtype": "float32", "max_model_len": "256", "quantization": "none",
-                        "enforce_eager": "True", "prefix_caching": "True"}
+                        "enforce_eager": "True", "prefix_caching": "True", "max_num_seqs": "32",
+                        "max_batched_tokens": "2048", "block_size": "16"}
 
 
 def test_reference_graph_line_and_durations():

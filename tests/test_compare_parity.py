@@ -62,12 +62,10 @@ def test_unequal_context_and_prefix_caching_are_flagged(tmp_path):
     }
     report = report_of(tmp_path / "run", setups)
     parity = section(report, "Parity of the backends")
-    vllm = "| vllm | m (models route) | ⚠ **4096** (models route) | float32 (log) | none (log) | ⚠ **on** "
-    assert vllm in parity
-    assert "| reference | m (models route) | ⚠ **2048** (models route) | float32 (log) | none (default) " in (
-        parity
-    )
-    assert "⚠ **off** (command)" in parity
+    assert "| setting | vllm | reference |" in parity  # a row per setting, a column per backend
+    assert "| max model length | ⚠ **4096** (models route) | ⚠ **2048** (models route) |" in parity
+    assert "| quantisation | none (log) | none (default) |" in parity
+    assert "| prefix caching | ⚠ **on** (log) | ⚠ **off** (command) |" in parity
     assert "Unequal max model length: vllm 4096, reference 2048." in parity
     assert "Unequal prefix caching: vllm on, reference off." in parity
     # equal settings are not flagged: both eager on a CPU, both float32, both honoured the forced length
@@ -91,21 +89,25 @@ def test_equal_settings_give_no_warning(tmp_path):
     assert "No difference among the settings the backends declare." in parity
     assert "⚠ **" not in report and "Unequal" not in report and "unequal settings" not in report
     # the reference engine's prefix caching is its documented default
-    assert "| on (default) |" in parity
+    assert "| prefix caching | on (log) | on (default) |" in parity
 
 
 def test_unknown_is_shown_as_unknown_never_as_a_difference(tmp_path):
     endpoint = SetupReport("vllm", "", "endpoint", "http://a")  # no models route, no log, no command
     report = report_of(tmp_path / "run", {"vllm": endpoint, "reference": reference_setup(None)})
     parity = section(report, "Parity of the backends")
-    row = next(line for line in parity.splitlines() if line.startswith("| vllm |"))
-    assert row.count("unknown") == 7  # all but the records' forced-length check
+    column = [line.split(" | ")[1] for line in parity.splitlines() if line.startswith("| ") and " | " in line]
+    known = [c for c in column[1:] if not c.startswith("unknown")]  # past the header
+    assert known == ["honoured (records)"]  # all but the records' forced-length check
+    # what flags, a log or defaults would have said: the endpoint's are not known
+    assert column.count("unknown (endpoint: flags not known)") == 14
     assert "⚠ **" not in report and "Unequal" not in report
     declared = {"a": Declared(tokenizer="sha256:" + "1" * 64), "b": Declared(tokenizer="name:org/model")}
     assert findings(declared) == []  # a hash and a name cannot be told apart
     [finding] = findings({**declared, "c": Declared(tokenizer="sha256:" + "2" * 64)})
     assert finding.setting.name == "tokenizer" and set(finding.values) == {"a", "b", "c"}
-    assert parity_table({"a": Declared()})[1] == [["a", *["unknown"] * 8]]
+    header, rows = parity_table({"a": Declared()})
+    assert header == ["setting", "a"] and all(row[1] == "unknown" for row in rows) and len(rows) == 18
 
 
 def test_vllm_log_and_flags_are_read(tmp_path):
@@ -155,4 +157,5 @@ def test_running_endpoints_declare_their_context_through_the_models_route(tmp_pa
     write_reports(analyze(RunDir.open(run.path), n_boot=100))
     report = (run.path / "report.md").read_text()
     assert "Unequal max model length: vllm 2048, reference 8192." in section(report, "Parity of the backends")
-    assert "| vllm | scripted-model (models route) | ⚠ **2048** (models route) |" in report
+    assert "| served model | scripted-model (models route) | scripted-model (models route) |" in report
+    assert "| max model length | ⚠ **2048** (models route) | ⚠ **8192** (models route) |" in report
