@@ -146,7 +146,7 @@ def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Any]) -> l
                 if len({getattr(d, name) for d in declared.values() if getattr(d, name) is not None}) > 1
             ]
             if unequal:
-                lines.append(f"Not matched: --no-match-serving was given ({', '.join(unequal)} differ).")
+                lines.append(f"Not matched: --as-given was given ({', '.join(unequal)} differ).")
         return lines
     for name, m in recorded.items():
         if m.get("value") is None and not m.get("cannot") and "different values" not in str(m.get("rule")):

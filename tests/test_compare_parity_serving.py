@@ -145,7 +145,7 @@ def test_findings_name_their_setting():
     assert finding.name == "api_servers" and finding.sentence() == "Unequal HTTP front ends: ours 4, vllm 1."
     # a run with matching turned off says so where it would have matched
     assert serving_match_lines({"config": {"match_serving": False}}, declared) == [
-        "Not matched: --no-match-serving was given (HTTP front ends differ)."
+        "Not matched: --as-given was given (HTTP front ends differ)."
     ]
     assert serving_match_lines({"config": {}}, declared) == []  # a run from before matching
 
@@ -337,7 +337,7 @@ def test_match_serving_option_reaches_the_plan(tmp_path):
     from compare.plan import build_plan
 
     run = typer.main.get_command(app).commands["run"]
-    assert run.make_context("run", ["--no-match-serving"]).params["match_serving"] is False
+    assert run.make_context("run", ["--as-given"]).params["match_serving"] is False
     assert run.make_context("run", ["--match-serving"]).params["match_serving"] is True
     assert run.make_context("run", []).params["match_serving"] is None  # not given: the run file or on
     assert build_plan({"backends": "reference,vllm", "match_serving": None}).match_serving is True
