@@ -20,13 +20,20 @@ import numpy as np
 import pandas as pd
 
 from compare import capacity, gpu_telemetry, plots, sweep
-from compare.caveats import duration_cut_warnings, point_caveats, repeated_prompt_warnings, unequal_settings
+from compare.caveats import (
+    duration_cut_qualifiers,
+    parity_qualifiers,
+    point_qualifiers,
+    repeated_prompt_qualifiers,
+    setup_qualifiers,
+)
+from compare.confidence import Qualifier, legend, qualifier_sentence
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
-from compare.selection import break_even_rows, capacity_picks, selection
+from compare.selection import break_even_rows, capacity_picks, qualify, selection, touches_a_verdict
 from compare.store import RunDir
 from compare.turns import turn_table, write_turns
 from workloads import timing
@@ -50,6 +57,7 @@ class Results:
     declared: dict[str, Declared] = field(default_factory=dict)  # per backend key, for the parity audit
     parity: list[Finding] = field(default_factory=list)
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # multi-turn sessions: compare/turns.py
+    qualifiers: list[Qualifier] = field(default_factory=list)  # every caveat, by kind: compare/confidence.py
     telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)  # GPU samples: compare/gpu_telemetry.py
 
 
@@ -71,20 +79,25 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     requests = request_table([r for r in records if not r.warmup], points)
     results = Results(run, records, requests, summary, setups, seed=seed, telemetry=telemetry)
     results.turns = turn_table(requests)
-    results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed)
+    planned = [b.get("key", "") for b in config.get("backends") or [] if isinstance(b, dict)]
+    results.picks, results.memory_notes = selection(summary, requests, setups, slo, seed, planned)
     if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
         percentile = int(config.get("capacity_percentile") or 99)
         results.picks = capacity_picks(summary, requests, slo, percentile) + results.picks
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key)) for key, st in setups.items()}
     results.parity = findings(results.declared)
-    results.warnings = (
-        list(run.manifest.get("notes") or [])
-        + (point_caveats(summary, setups) if not summary.empty else [])
-        + duration_cut_warnings(run)
-        + repeated_prompt_warnings(records)
-        + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
+    workloads = {p["run_id"]: p.get("workload", "") for p in run.manifest.get("points", [])}
+    results.qualifiers = (
+        (point_qualifiers(summary) if not summary.empty else [])
+        + duration_cut_qualifiers(run, records)
+        + repeated_prompt_qualifiers(records, workloads)
+        + parity_qualifiers(results.parity)
+        + setup_qualifiers(setups)
     )
+    qualify(results.picks, results.qualifiers)
+    ordered = sorted(results.qualifiers, key=lambda q: not touches_a_verdict(q, results.picks))
+    results.warnings = list(run.manifest.get("notes") or []) + [q.detail for q in ordered]
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -202,10 +215,12 @@ def _decision(res: Results) -> list[Block]:
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
     blocks += [
-        ("p", " ".join(filter(None, [*pick.sentences, unequal_settings(pick, res.declared)])))
+        ("p", " ".join(filter(None, [*pick.sentences, qualifier_sentence(pick.qualifiers)])))
         for pick in res.picks
         if pick.sentences
     ]
+    if any(pick.confidence for pick in res.picks):
+        blocks += [("p", "Confidence, one ladder for every comparison above:"), ("ul", legend())]
     blocks += [("p", note) for note in res.memory_notes]
     cpu_note = _cpu_note(res)
     if cpu_note:
@@ -214,8 +229,49 @@ def _decision(res: Results) -> list[Block]:
 
 
 def _warnings(res: Results) -> list[Block]:
-    none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
-    return [("h2", "Warnings"), ("ul", res.warnings) if res.warnings else ("p", none)]
+    """The run's notes, then the caveats grouped by kind with counts per backend and point: first the kinds
+    that touch a verdict in the Decision, then the rest; a kind that can change no number (re-tokenisation
+    notes) is one line of counts."""
+    notes = list(res.run.manifest.get("notes") or [])
+    if not notes and not res.qualifiers:
+        none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
+        return [("h2", "Warnings"), ("p", none)]
+    blocks: list[Block] = [("h2", "Warnings")]
+    if notes:
+        blocks.append(("ul", notes))
+    groups: dict[str, list[Qualifier]] = {}
+    for q in res.qualifiers:
+        groups.setdefault(q.kind, []).append(q)
+    order = sorted(groups.items(), key=lambda kv: not any(touches_a_verdict(q, res.picks) for q in kv[1]))
+    for kind, found in order:
+        touching = any(touches_a_verdict(q, res.picks) for q in found)
+        head = f"**{kind}** ({_counts(found)})" + (
+            ": touches a verdict in the Decision." if touching else "."
+        )
+        if not any(q.verdict for q in found) and len(found) > 1:
+            blocks.append(("p", f"{head} {COLLAPSED.get(kind, found[0].detail)}"))
+            continue
+        blocks += [("p", head), ("ul", [q.detail for q in found])]
+    return blocks
+
+
+COLLAPSED = {  # what a kind of note that changes no number says, once for all its points
+    "token counts": "The client's re-tokenisation of the text does not always give back the generated "
+    "tokens; the metrics use the server's usage, else the stream's count, so no number changes.",
+}
+
+
+def _counts(found: list[Qualifier]) -> str:
+    """"3 on vllm (c=1, c=16, r=85), 1 on reference:graphs (c=1)"."""
+    per: dict[str, list[str]] = {}
+    for q in found:
+        for key in q.keys or ("all backends",):
+            per.setdefault(key, []).append(q.load_point)
+    return ", ".join(
+        f"{len(points)} on {key}"
+        + (f" ({', '.join(dict.fromkeys(p for p in points if p))})" if any(points) else "")
+        for key, points in per.items()
+    )
 
 
 def _parity(res: Results) -> list[Block]:
