@@ -35,7 +35,7 @@ from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, capacity_picks, qualify, selection, touches_a_verdict
 from compare.store import RunDir
-from compare.turns import turn_table, write_turns
+from compare.turns import TURN, turn_table, write_turns
 from workloads import timing
 from workloads.records import RequestRecord
 
@@ -248,11 +248,27 @@ def _warnings(res: Results) -> list[Block]:
         head = f"**{kind}** ({_counts(found)})" + (
             ": touches a verdict in the Decision." if touching else "."
         )
-        if not any(q.verdict for q in found) and len(found) > 1:
-            blocks.append(("p", f"{head} {COLLAPSED.get(kind, found[0].detail)}"))
+        if kind in COLLAPSED and not any(q.verdict for q in found):
+            blocks.append(("p", f"{head} {COLLAPSED[kind]}"))
             continue
-        blocks += [("p", head), ("ul", [q.detail for q in found])]
+        lines, advice = _common_tail([q.detail for q in found])
+        blocks += [("p", f"{head} {advice}" if advice else head), ("ul", lines)]
     return blocks
+
+
+def _common_tail(lines: list[str]) -> tuple[list[str], str]:
+    """Lines of one kind end in the same explanation: say it once, after the kind's heading."""
+    if len(lines) < 2:
+        return lines, ""
+    tail = lines[0]
+    for line in lines[1:]:
+        while not line.endswith(tail):
+            tail = tail[1:]
+    cut = tail.find("; ")
+    if cut < 0 or len(tail) - cut < 20:
+        return lines, ""
+    advice = tail[cut + 2 :]
+    return [line[: len(line) - len(advice) - 2] + "." for line in lines], advice[:1].upper() + advice[1:]
 
 
 COLLAPSED = {  # what a kind of note that changes no number says, once for all its points
@@ -643,13 +659,14 @@ def _turns(res: Results) -> list[Block]:
     t = res.turns
     if t.empty:
         return []
-    header = ["backend", "workload", "load", "turn", "n", "prompt tokens", "TTFT p50", "TTFT p90", "E2E p50"]
+    header = ["backend", "workload", "load", "turn (1 = first)", "n", "prompt tokens", "TTFT p50", "TTFT p90",
+              "E2E p50"]
     rows = [
         [
             key_of(r["backend"], r["variant"]),
             r["workload"],
             r["load_point"],
-            str(int(r["turn"]) + 1),
+            str(int(r[TURN])),
             str(int(r["n"])),
             _f(r["prompt_tokens_mean"], 0),
             _f(r["ttft_p50_ms"]),
