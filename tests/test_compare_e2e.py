@@ -180,8 +180,11 @@ def test_selection_ranks_scripted_servers_as_their_schedules_say(llama_dir, tmp_
     assert "**vllm** reaches" in throughput and "within the SLOs at c=4" in throughput
     assert "tgi has no request within the SLOs" in throughput
     assert "Set-up not measured: vllm and tgi were running endpoints" in decision
-    # the synthetic token texts re-tokenise to other counts: flagged, never silently used
-    assert "disagree on their token count" in report.split("## Warnings", 1)[1]
+    # the synthetic token texts re-tokenise to other counts: flagged (one line of counts for every point, as
+    # they change no number), never silently used
+    warnings = report.split("## Warnings", 1)[1]
+    assert "**token counts** (3 on vllm (c=1, c=4, r=25), 3 on tgi (c=1, c=4, r=25))" in warnings
+    assert "re-tokenisation" in warnings
 
 
 @pytest.mark.timing
