@@ -253,7 +253,10 @@ def parity_qualifiers(found: list[Finding]) -> list[Qualifier]:
     verdicts between those backends."""
     return [
         Qualifier(
-            "unequal settings", f.sentence().rstrip(".").removeprefix("Unequal "), tuple(f.values), between=True,
+            "unequal settings",
+            f.sentence().rstrip(".").removeprefix("Unequal "),
+            tuple(f.values),
+            between=True,
             detail=f"{f.sentence()} Results between these backends rest on it.",
         )
         for f in found

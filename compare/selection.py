@@ -126,7 +126,7 @@ def interactive_pick(
     win = ranked[0]
     pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
     first = " ".join(failures) + " " if failures else ""
-    chosen = "among those without failures, " if failures and not clean.empty else ""
+    chosen = "Among those without failures, " if failures and not clean.empty else ""
     best = "the lowest median end-to-end latency" if not slo else "the most requests within the SLOs"
     head = (
         lead + first + chosen + f"**{win.key}** has {best}: median "
@@ -220,9 +220,11 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
     a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
     b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
     launches = {r: b_runs[r] / a_runs[r] for r in sorted(a_runs.keys() & b_runs.keys())}
-    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)
+    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)  # shown as the sentence reads: faster or slower
     shown = (
-        f"95% CI {lo:.2f}-{hi:.2f}x, Mann-Whitney {_fmt_p(p)}" if np.isfinite(lo) and np.isfinite(hi) else ""
+        f"95% CI {olo:.2f}-{ohi:.2f}x, Mann-Whitney {_fmt_p(p)}"
+        if np.isfinite(lo) and np.isfinite(hi)
+        else ""
     )
     found = verdict(olo, ohi, (a.size, b.size), olaunches, p, shown)
     if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
@@ -276,12 +278,12 @@ def compare_throughput(
     service = _service_ratio(a, b)
     low, high = (min(ratio, service), max(ratio, service)) if np.isfinite(service) else (ratio, ratio)
     lo, hi = low * factor[0], high * factor[1]
+    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)
     shown = (
-        f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
+        f"95% interval {olo:.2f}-{ohi:.2f}x, resampling whole requests"
         if np.isfinite(lo) and np.isfinite(hi)
         else ""
     )
-    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)
     found = verdict(olo, ohi, (len(a), len(b)), olaunches, nan, shown)
     if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
         found = Verdict(found.level, found.reason + "; " + _longer_run_hint(max(ratio, 1 / ratio), olo,

@@ -79,8 +79,8 @@ def test_unequal_context_and_prefix_caching_are_flagged(tmp_path):
     )
     decision = section(report, "Decision")
     assert (  # the verdict names what qualifies it (compare.confidence.Qualifier, from the parity findings)
-        "Qualified by unequal settings (max model length: vllm 4096, reference 2048; prefix caching: vllm on, "
-        "reference off)." in decision
+        "Qualified by unequal settings (max model length: vllm 4096, reference 2048; prefix caching: vllm "
+        "on, reference off)." in decision
     )
 
 
