@@ -27,7 +27,7 @@ from compare.caveats import (
     repeated_prompt_qualifiers,
     setup_qualifiers,
 )
-from compare.confidence import Qualifier, legend, qualifier_sentence
+from compare.confidence import Qualifier, legend
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
@@ -215,7 +215,7 @@ def _decision(res: Results) -> list[Block]:
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
     blocks += [
-        ("p", " ".join(filter(None, [*pick.sentences, qualifier_sentence(pick.qualifiers)])))
+        ("p", " ".join(pick.sentences))
         for pick in res.picks
         if pick.sentences
     ]

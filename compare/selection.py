@@ -30,6 +30,7 @@ from compare.confidence import (
     Qualifier,
     Verdict,
     practically_equal,
+    qualifier_sentence,
     qualifiers_for,
     requests_needed,
     verdict,
@@ -649,12 +650,18 @@ def touches_a_verdict(q: Qualifier, picks: list[Pick]) -> bool:
 
 
 def qualify(picks: list[Pick], found: list[Qualifier]) -> None:
-    """Give each pick the qualifiers touching its compared candidates at their compared points: the Decision
-    prints them with the verdict, whatever their kind. Failures are stated in the verdict itself."""
+    """Give each pick the qualifiers touching its compared candidates at their compared points, and their
+    sentence right after the verdict's (so the report's Decision and the terminal print it), whatever their
+    kind. Failures are stated in the verdict itself."""
     for pick in picks:
+        old = qualifier_sentence(pick.qualifiers)
+        if old in pick.sentences:
+            pick.sentences.remove(old)
         pick.qualifiers = [
             q for q in qualifiers_for(found, pick.workload, compared_points(pick)) if q.kind not in STATED
         ]
+        if pick.qualifiers and pick.sentences:
+            pick.sentences.insert(1, qualifier_sentence(pick.qualifiers))
 
 
 def selection(
