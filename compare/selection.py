@@ -44,6 +44,7 @@ from compare.text import plural
 NOT_ESTABLISHED = "never: the difference is not established"
 TIE = f"a tie: the 95% interval lies within {TIE_MARGIN:.0%} either way"
 STATED = {"failed requests"}  # qualifier kinds each verdict sentence states itself, ahead of its numbers
+BEFORE_NUMBERS = {"points cut short", "interrupted points"}  # missing data: said before the verdict's numbers
 LAUNCH_UNITS = ("repeat", "block")  # the columns that tell launches (--repeats) and alternating blocks apart
 
 
@@ -654,14 +655,20 @@ def qualify(picks: list[Pick], found: list[Qualifier]) -> None:
     sentence right after the verdict's (so the report's Decision and the terminal print it), whatever their
     kind. Failures are stated in the verdict itself."""
     for pick in picks:
-        old = qualifier_sentence(pick.qualifiers)
-        if old in pick.sentences:
-            pick.sentences.remove(old)
         pick.qualifiers = [
             q for q in qualifiers_for(found, pick.workload, compared_points(pick)) if q.kind not in STATED
         ]
-        if pick.qualifiers and pick.sentences:
-            pick.sentences.insert(1, qualifier_sentence(pick.qualifiers))
+        first = [q for q in pick.qualifiers if q.kind in BEFORE_NUMBERS]
+        rest = [q for q in pick.qualifiers if q.kind not in BEFORE_NUMBERS]
+        if not pick.sentences:
+            continue
+        if first:  # missing data goes in the verdict sentence, after its class and point, before its numbers
+            head, sep, tail = pick.sentences[0].partition("): ")
+            said = qualifier_sentence(first).removeprefix("Qualified by ")
+            if sep:
+                pick.sentences[0] = f"{head}{sep}{said[:1].upper()}{said[1:]} {tail}"
+        if rest:
+            pick.sentences.insert(1, qualifier_sentence(rest))
 
 
 def selection(

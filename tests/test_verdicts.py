@@ -193,3 +193,21 @@ def test_turns_are_numbered_from_one_in_turns_csv_as_in_the_report(tmp_path):
     section = to_markdown(build_blocks(results)).split("## TTFT by turn", 1)[1].split("\n## ", 1)[0]
     rows = [line.split(" | ")[3] for line in section.splitlines() if line.startswith("| reference")]
     assert rows == ["1", "2", "3"]
+
+
+def test_a_point_cut_short_is_said_in_the_verdict_before_its_numbers(tmp_path):
+    config = {"model": "m", "slo_s": {}, "num_requests": 16, "duration_s": 30.0, "repeats": 1}
+    run = RunDir.create(tmp_path / "run", config, ["compare", "run"])
+    run.add_point("p1", "reference", "eager", "wl", "c=1", {"kind": "closed", "concurrency": 1})
+    with RecordWriter(run.requests_path) as writer, RecordWriter(run.runs_path) as runs:
+        for record in requests_for("reference", "eager", "p1", "c=1", 7, 0.2):
+            writer.append(record)
+        runs.append(summary_of("p1", "c=1", 7, 31.0))
+    run.manifest["status"] = "complete"
+    run.save()
+    interactive = analyze(RunDir.open(run.path), n_boot=50).picks[0].sentences[0]
+    assert interactive.startswith(
+        "**Interactive** (wl, c=1): Points cut short (c=1 on reference:eager: 7 of 16 requests before the "
+        "30 s "
+        "duration). **reference:eager** has the lowest median"
+    ), interactive
