@@ -154,6 +154,17 @@ def requests_needed(ratio: float, lo: float, n: int) -> int | None:
     return max(MIN_N, math.ceil((sigma * (Z_HALF + Z_POWER) / target) ** 2))
 
 
+def bracket_verdict(apart: list[bool]) -> Verdict:
+    """The capacity ranking's word: `apart` holds, per search (one per launch), whether the winner's bracket
+    lies wholly above the runner-up's (its lower end at or above the other's upper end). One search each is
+    indicated at most, as any comparison from one launch each."""
+    if not apart or not all(apart):
+        return Verdict(Confidence.NOT_ESTABLISHED, "the brackets overlap")
+    if len(apart) < 2:
+        return Verdict(Confidence.INDICATED, f"the brackets do not overlap; {ONE_LAUNCH}")
+    return Verdict(Confidence.ESTABLISHED, f"the brackets do not overlap in any of {len(apart)} launches")
+
+
 # -- qualifiers -------------------------------------------------------------------------------------------
 
 

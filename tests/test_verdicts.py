@@ -15,7 +15,14 @@ from test_compare_report import make_run, requests_for
 from test_duration_cut_warning import summary_of
 
 from compare.caveats import duration_cut_qualifiers
-from compare.confidence import Confidence, Qualifier, qualifier_sentence, qualifiers_for, verdict
+from compare.confidence import (
+    Confidence,
+    Qualifier,
+    bracket_verdict,
+    qualifier_sentence,
+    qualifiers_for,
+    verdict,
+)
 from compare.costs import break_even
 from compare.datatypes import SetupReport
 from compare.report import analyze, build_blocks, to_markdown, write_reports
@@ -211,3 +218,10 @@ def test_a_point_cut_short_is_said_in_the_verdict_before_its_numbers(tmp_path):
         "30 s "
         "duration). **reference:eager** has the lowest median"
     ), interactive
+
+
+def test_capacity_brackets_from_one_search_each_are_indicated_at_most():
+    assert bracket_verdict([True]).level is Confidence.INDICATED
+    assert bracket_verdict([True, True]).level is Confidence.ESTABLISHED
+    assert bracket_verdict([True, False]).level is Confidence.NOT_ESTABLISHED
+    assert bracket_verdict([]).level is Confidence.NOT_ESTABLISHED
