@@ -66,7 +66,7 @@ LEGEND: dict[Confidence, str] = {
     ),
     Confidence.NOT_ESTABLISHED: (
         "the interval holds 1, the launches disagree, or there are too few requests (at least "
-        f"{MIN_N} each)"
+        f"{MIN_N} each): neither is shown to be better, so treat them as tied"
     ),
     Confidence.TIE: f"the whole 95% interval lies within {TIE_MARGIN:.0%} of 1 either way",
 }
