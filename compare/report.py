@@ -96,8 +96,15 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         + setup_qualifiers(setups)
     )
     qualify(results.picks, results.qualifiers)
-    ordered = sorted(results.qualifiers, key=lambda q: not touches_a_verdict(q, results.picks))
-    results.warnings = list(run.manifest.get("notes") or []) + [q.detail for q in ordered]
+    results.warnings = list(run.manifest.get("notes") or []) + [
+        line
+        for kind, found in _grouped(results)
+        for line in (
+            [f"{kind} ({_counts(found)}): {COLLAPSED[kind]}"]
+            if _collapsed(kind, found)
+            else [q.detail for q in found]
+        )
+    ]
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -239,21 +246,30 @@ def _warnings(res: Results) -> list[Block]:
     blocks: list[Block] = [("h2", "Warnings")]
     if notes:
         blocks.append(("ul", notes))
-    groups: dict[str, list[Qualifier]] = {}
-    for q in res.qualifiers:
-        groups.setdefault(q.kind, []).append(q)
-    order = sorted(groups.items(), key=lambda kv: not any(touches_a_verdict(q, res.picks) for q in kv[1]))
-    for kind, found in order:
+    for kind, found in _grouped(res):
         touching = any(touches_a_verdict(q, res.picks) for q in found)
         head = f"**{kind}** ({_counts(found)})" + (
             ": touches a verdict in the Decision." if touching else "."
         )
-        if kind in COLLAPSED and not any(q.verdict for q in found):
+        if _collapsed(kind, found):
             blocks.append(("p", f"{head} {COLLAPSED[kind]}"))
             continue
         lines, advice = _common_tail([q.detail for q in found])
         blocks += [("p", f"{head} {advice}" if advice else head), ("ul", lines)]
     return blocks
+
+
+def _grouped(res: Results) -> list[tuple[str, list[Qualifier]]]:
+    """The qualifiers by kind, the kinds that touch a verdict first (in the order found otherwise)."""
+    groups: dict[str, list[Qualifier]] = {}
+    for q in res.qualifiers:
+        groups.setdefault(q.kind, []).append(q)
+    return sorted(groups.items(), key=lambda kv: not any(touches_a_verdict(q, res.picks) for q in kv[1]))
+
+
+def _collapsed(kind: str, found: list[Qualifier]) -> bool:
+    """A kind of note that changes no number is one line of counts."""
+    return kind in COLLAPSED and not any(q.verdict for q in found)
 
 
 def _common_tail(lines: list[str]) -> tuple[list[str], str]:
