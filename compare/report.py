@@ -388,8 +388,9 @@ def _break_even(res: Results) -> list[Block]:
     explained = (
         "For each pair of launched candidates: the one faster per request, how long each took to be "
         "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
-        "time per request equal), with how long serving those takes at its measured rate. Only a difference "
-        "established as in the decision pays anything back."
+        "time per request equal, N rounded up), with how long serving those takes at its measured rate. A "
+        "difference not established (as in the decision) pays nothing back; one only indicated, or a "
+        "start-up gap from one launch each, gives a pay-back that is indicated, never established."
     )
     header = [
         "workload",
