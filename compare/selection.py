@@ -129,9 +129,9 @@ def interactive_pick(
     pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
     first = " ".join(failures) + " " if failures else ""
     chosen = "Among those without failures, " if failures and not clean.empty else ""
-    best = "the lowest median end-to-end latency" if not slo else "the most requests within the SLOs"
+    best = "the lowest median end-to-end latency," if not slo else "the most requests within the SLOs, median"
     head = (
-        lead + first + chosen + f"**{win.key}** has {best}: median "
+        lead + first + chosen + f"**{win.key}** has {best} "
         f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
         f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})"
     )

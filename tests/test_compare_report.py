@@ -160,7 +160,7 @@ def test_selection_with_setup_break_even_and_memory_trade(tmp_path):
     report = (run.path / "report.md").read_text()
     decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
     # interactive at c=1: median E2E 0.1 + 19 * 0.05 = 1.05 s against 1.24 s
-    assert "**reference:graphs** has the lowest median end-to-end latency: median 1.05 s" in decision
+    assert "**reference:graphs** has the lowest median end-to-end latency, 1.05 s" in decision
     assert "1.18x faster than reference:eager (1.24 s, n=30 ok): indicated (one launch each" in decision
     # graphs is ready 12 s later and saves 0.19 s per request: 12 / 0.19 = 63.2, so 64 requests (rounded up),
     # 64 * 1.05 s = 67 s; from one launch each it is indicated, never established
