@@ -2,17 +2,20 @@
 what confidence, and what it costs to set up, in plain sentences generated from the numbers.
 
 - interactive: the lowest median E2E at the lowest load point every candidate ran (with SLOs: the highest
-  share of requests meeting them first); confidence from a bootstrap interval of the ratio of medians and
-  a Mann-Whitney test on the per-request E2E samples, then launch by launch (`--repeats`): a winner that
-  loses one launch is a tie.
-- throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
-  confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
-  resamples whole requests (`compare.statistics.throughput_ratio_ci`).
+  share of requests meeting them first); a bootstrap interval of the ratio of medians with a Mann-Whitney
+  test on the per-request E2E samples, and the ratio in each launch (`--repeats`) or block.
+- throughput / batch: the highest output tokens/s (with SLOs: the highest goodput), at closed-loop points
+  where every candidate has one; a bootstrap interval of the ratio that resamples whole requests
+  (`compare.statistics.throughput_ratio_ci`), spanning the windows' ratio too, and the ratio per launch.
 
-Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
+The confidence is one word of `compare.confidence`'s ladder (established / indicated / not established /
+tie). Set-up is weighed against a difference at least indicated, and a pay-back is established only when both
+the difference and the start-up gap are (`setup_gap`).
 
-A candidate with failed requests at the compared point cannot win while one without failures exists, and
-every failure is named. What a reader must know before trusting the numbers is `compare/caveats.py`.
+Failures come first: a candidate with failed requests at the compared point cannot win while one without
+failures exists, and the verdict names it before its numbers. What qualifies a verdict (repeated prompts,
+unequal settings, points cut short, ...) comes from `compare/caveats.py` and `compare/parity.py` as
+`compare.confidence.Qualifier`s, attached to each pick by `qualify`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from compare.confidence import (
-    TIE_MARGIN,
     Confidence,
     Qualifier,
     Verdict,
@@ -42,7 +44,6 @@ from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
-TIE = f"a tie: the 95% interval lies within {TIE_MARGIN:.0%} either way"
 STATED = {"failed requests"}  # qualifier kinds each verdict sentence states itself, ahead of its numbers
 BEFORE_NUMBERS = {"points cut short", "interrupted points"}  # missing data: said before the verdict's numbers
 LAUNCH_UNITS = ("repeat", "block")  # the columns that tell launches (--repeats) and alternating blocks apart
