@@ -392,6 +392,12 @@ def throughput_pick(
     closed = rows[~rows["mode"].isin(ARRIVAL_DRIVEN)]
     if not slo and not closed.empty and set(closed["key"]) == set(rows["key"]):
         rows = closed
+    if slo and "offered_rps" in rows:  # an open-loop point serves at most what is offered to it
+        rows[metric] = [
+            min(g, f * o) if m in ARRIVAL_DRIVEN and np.isfinite(o) and np.isfinite(f) else g
+            for g, f, o, m in zip(rows[metric], rows["goodput_frac"], rows["offered_rps"], rows["mode"],
+                                  strict=True)
+        ]
     rows["_fail"] = rows["requests_failed"] / rows["requests"].clip(lower=1)
     best = []
     for _, group in rows.groupby("key", sort=False):

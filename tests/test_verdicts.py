@@ -225,3 +225,15 @@ def test_capacity_brackets_from_one_search_each_are_indicated_at_most():
     assert bracket_verdict([True, True]).level is Confidence.ESTABLISHED
     assert bracket_verdict([True, False]).level is Confidence.NOT_ESTABLISHED
     assert bracket_verdict([]).level is Confidence.NOT_ESTABLISHED
+
+
+def test_goodput_at_an_open_loop_point_is_never_more_than_was_offered():
+    """1.34 requests/s within the SLOs measured over a short window at r=0.95 is sampling noise of a few
+    arrivals: the decision reports the share within the SLOs times the offered rate, at most 0.95."""
+    rows = [{**_row("a", "r=0.95", "open", 50.0), "goodput_rps": 1.34, "goodput_frac": 0.9,
+             "offered_rps": 0.95},
+            {**_row("b", "r=0.95", "open", 40.0), "goodput_rps": 0.5, "goodput_frac": 0.5,
+             "offered_rps": 0.95}]
+    pick = throughput_pick(pd.DataFrame(rows), "wl", {"ttft": 0.1}, None)
+    assert pick.winner == "a" and pick.value == pytest.approx(0.855)
+    assert "reaches 0.85 requests/s within the SLOs" in " ".join(pick.sentences)
