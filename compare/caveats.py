@@ -4,6 +4,10 @@ notes, load points that `--duration` ended before they reached `--num-requests` 
 on fewer requests than asked for, and the selection's confidence with them), load points that sent some of
 their prompts more than once (a prefix cache answers the repeats' prefill), and picks whose winner and
 runner-up declare unequal settings (`compare.parity`).
+
+Each is a `compare.confidence.Qualifier` (`*_qualifiers`): a kind, the clause the Decision prints with the
+verdicts it touches, the full warning line (`detail`), and the backends, workload and point it concerns; the
+`*_warnings` functions give the lines alone.
 """
 
 from __future__ import annotations
