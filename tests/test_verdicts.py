@@ -237,3 +237,34 @@ def test_goodput_at_an_open_loop_point_is_never_more_than_was_offered():
     pick = throughput_pick(pd.DataFrame(rows), "wl", {"ttft": 0.1}, None)
     assert pick.winner == "a" and pick.value == pytest.approx(0.855)
     assert "reaches 0.85 requests/s within the SLOs" in " ".join(pick.sentences)
+
+
+def _two_launch_run(tmp_path, tpots: dict[str, float], ready: dict[str, tuple[float, float]]) -> RunDir:
+    """Two launches each, in alternating order, 30 requests a launch with 3 % noise per request."""
+    run = RunDir.create(tmp_path / "run", {"model": "m", "repeats": 2}, ["compare", "run"])
+    rng = np.random.default_rng(7)
+    with RecordWriter(run.requests_path) as writer:
+        for repeat in (0, 1):
+            for backend in list(tpots)[:: 1 if repeat == 0 else -1]:
+                run_id = f"{backend}-{repeat}"
+                run.add_point(run_id, backend, "", "wl", "c=1", {"kind": "closed", "concurrency": 1}, repeat)
+                for record in requests_for(backend, "", run_id, "c=1", 30, tpots[backend], rng):
+                    writer.append(record)
+    for backend, times in ready.items():
+        for repeat, seconds in enumerate(times):
+            run.set_setup(SetupReport(backend, "", "process", "http://x", ready_s=seconds, repeat=repeat))
+    run.manifest["status"] = "complete"
+    run.save()
+    return RunDir.open(run.path)
+
+
+def test_established_through_the_whole_decision_needs_both_launches_and_a_start_up_gap_apart(tmp_path):
+    """a is 15 % faster in each of two alternating launches and starts 10 s later in both: the decision
+    calls the difference established, and the pay-back too (the launches' start-up ranges do not overlap)."""
+    run = _two_launch_run(tmp_path, {"a": 0.05, "b": 0.06}, {"a": (20.0, 21.0), "b": (10.0, 11.0)})
+    results = analyze(run, n_boot=200)
+    interactive = results.picks[0]
+    assert (interactive.winner, interactive.level) == ("a", "established") and interactive.decisive
+    text = " ".join(interactive.sentences)
+    assert "established (ahead in each of 2 launches" in text
+    assert "it pays back after" in text and "the launches' ranges do not overlap" in text
