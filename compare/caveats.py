@@ -4,6 +4,10 @@ notes, load points that `--duration` ended before they reached `--num-requests` 
 on fewer requests than asked for, and the selection's confidence with them), load points that sent some of
 their prompts more than once (a prefix cache answers the repeats' prefill), and picks whose winner and
 runner-up declare unequal settings (`compare.parity`).
+
+Each is a `compare.confidence.Qualifier` (`*_qualifiers`): a kind, the clause the Decision prints with the
+verdicts it touches, the full warning line (`detail`), and the backends, workload and point it concerns; the
+`*_warnings` functions give the lines alone.
 """
 
 from __future__ import annotations
@@ -14,60 +18,138 @@ import numpy as np
 import pandas as pd
 
 from adapters.request_spec import is_resend
+from compare.confidence import Qualifier
 from compare.datatypes import Pick, SetupReport, key_of
-from compare.parity import Declared, differences
+from compare.parity import Declared, Finding, differences
 from compare.text import plural
 
 
 def duration_cut_warnings(run: Any) -> list[str]:
-    """One warning per measured point (per launch) that the duration bound stopped short of the request
-    count; interrupted points are warned about elsewhere, and imported points had bounds of their own."""
+    """`duration_cut_qualifiers` as warning lines."""
+    return [q.detail for q in duration_cut_qualifiers(run)]
+
+
+def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[Qualifier]:
+    """One per measured point (per launch) that the duration bound stopped short of the request count, or,
+    for multi-turn sessions, before every session had sent all its turns; interrupted points are warned
+    about elsewhere, and imported points had bounds of their own."""
     config = run.manifest.get("config") or {}
     asked, duration = config.get("num_requests"), config.get("duration_s")
-    if not asked or not duration:
+    if not duration:
         return []
     points = {p["run_id"]: p for p in run.manifest.get("points", [])}
     repeated = int(config.get("repeats") or 1) > 1
+    sessions = _session_turns(records if records is not None else _records(run))
+    wanted_turns = _wanted_turns(config, sessions)
     out = []
     for s in run.run_summaries():
         point = points.get(s.run_id)
-        if point is None or s.interrupted or s.n_measured >= asked:
+        if point is None or s.interrupted:
             continue
         if s.wall_s - s.measured_start_s < duration:  # ended for another reason (too few prompts)
             continue
+        key = key_of(s.backend, s.variant)
         where = point.get("workload") or ""
         if repeated:
             where += f"{', ' if where else ''}launch {int(point.get('repeat', 0)) + 1}"
-        out.append(
-            f"{s.load_point} on {key_of(s.backend, s.variant)}{f' ({where})' if where else ''}: "
-            f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
-            "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests)."
+        turns = sessions.get(s.run_id, {})
+        only = len(config.get("workloads") or []) == 1 and wanted_turns
+        want = wanted_turns.get(point.get("workload") or "", 0) or (
+            next(iter(wanted_turns.values())) if only else 0
         )
+        cut = sorted(n for n in turns.values() if n < want)
+        if cut:
+            text = (
+                f"{s.load_point} on {key}: {len(cut)} of {plural(len(turns), 'session')} cut short by the "
+                f"{duration:g} s duration (as few as {cut[0]} of {want} turns)"
+            )
+            out.append(Qualifier(
+                "points cut short", text, (key,), point.get("workload") or "", s.load_point,
+                detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: {len(cut)} of "
+                f"{plural(len(turns), 'session')} had not sent all {want} turns ({cut[0]} at fewest) "
+                f"when the {duration:g} s duration ended the point; its later turns rest on fewer sessions "
+                "(raise --duration).",
+            ))
+            continue
+        if not asked or s.n_measured >= asked:
+            continue
+        out.append(Qualifier(
+            "points cut short",
+            f"{s.load_point} on {key}: {s.n_measured} of {asked} requests before the {duration:g} s duration",
+            (key,), point.get("workload") or "", s.load_point,
+            detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: "
+            f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
+            "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests).",
+        ))
+    return out
+
+
+def _records(run: Any) -> list[Any]:
+    try:
+        return list(run.records())
+    except (OSError, ValueError):
+        return []
+
+
+def _session_turns(records: list[Any]) -> dict[str, dict[str, int]]:
+    """Per point, each session's number of measured turns sent."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        session = getattr(r, "session_id", None)
+        if session is None or r.warmup:
+            continue
+        per = out.setdefault(r.run_id, {})
+        per[session] = per.get(session, 0) + 1
+    return out
+
+
+def _wanted_turns(config: dict[str, Any], sessions: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The turns a session of each workload should have: `--turns` where the workload says, else 0 (no
+    telling; sharegpt-turns conversations differ in length)."""
+    out = {}
+    for w in config.get("workloads") or []:
+        turns = w.get("turns")
+        if turns is None and w.get("dataset") == "multi-turn":
+            turns = 3  # the multi-turn dataset's default
+        if turns:
+            out[w.get("label") or w.get("name") or ""] = int(turns)
     return out
 
 
 def repeated_prompt_warnings(records: list[Any]) -> list[str]:
-    """One warning per load point whose measured requests reused its prompts: the load generator cycles a
-    point's prompts (ids suffixed `~k`) when it runs out, which a duration-bound point does once it has sent
-    its pool (DURATION_BOUND_PROMPTS without --num-requests). A server with a prefix cache then computes only
-    the last block of a repeated prompt, so prefill cost, TTFT and the stalls prefills cause read low for
-    every backend alike, and unlike a workload of distinct prompts."""
+    """`repeated_prompt_qualifiers` as warning lines."""
+    return [q.detail for q in repeated_prompt_qualifiers(records)]
+
+
+def repeated_prompt_qualifiers(
+    records: list[Any], workloads: dict[str, str] | None = None
+) -> list[Qualifier]:
+    """One per load point whose measured requests reused its prompts: the load generator cycles a point's
+    prompts (ids suffixed `~k`) when it runs out, which a duration-bound point does once it has sent its pool
+    (DURATION_BOUND_PROMPTS without --num-requests). A server with a prefix cache then computes only the
+    last block of a repeated prompt, so prefill cost, TTFT and the stalls prefills cause read low for every
+    backend alike, and unlike a workload of distinct prompts. `workloads`: run id -> workload."""
     points: dict[str, list[Any]] = {}
     for r in records:
         if not r.warmup:
             points.setdefault(r.run_id, []).append(r)
     out = []
-    for point in points.values():
+    for run_id, point in points.items():
         repeats = sum(1 for r in point if is_resend(r.request_id))
         if repeats:
             first = point[0]
-            out.append(
-                f"{key_of(first.backend, first.variant)} {first.load_point}: {repeats} of "
-                f"{plural(len(point), 'request')} repeated a prompt this point had sent "
+            key = key_of(first.backend, first.variant)
+            share = f"{repeats} of {plural(len(point), 'request')}"
+            out.append(Qualifier(
+                "repeated prompts",
+                f"{key} {first.load_point}: {share} repeated a prompt ({repeats / len(point):.0%}), answered "
+                "mostly from a prefix cache",
+                (key,), (workloads or {}).get(run_id, ""), first.load_point,
+                detail=f"{key} {first.load_point}: {share} repeated a prompt this point had sent "
                 f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill (give "
                 "--num-requests at least the requests a point completes, so that each gets a prompt of its "
-                "own)."
-            )
+                "own).",
+            ))
     return out
 
 
@@ -123,6 +205,35 @@ def point_caveats(summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list
     return out
 
 
+POINT_KINDS = (  # how `point_caveats`' lines read, to their kind; whether it can change a verdict
+    ("failed (", "failed requests", True),
+    ("interrupted;", "interrupted points", True),
+    ("token count", "token counts", False),
+    ("shorter than the forced", "short outputs", True),
+    ("sent late", "late client", True),
+)
+
+
+def point_qualifiers(summary: pd.DataFrame) -> list[Qualifier]:
+    """`point_caveats` row by row, each with its kind and the backend and point it is about. Token-count
+    notes where only the client's re-tokenisation differs change no number (the metrics use the server's
+    count): they cannot qualify a verdict."""
+    out = []
+    for i in range(len(summary)):
+        row = summary.iloc[i]
+        key = key_of(row["backend"], row["variant"])
+        for text in point_caveats(summary.iloc[[i]], {}):
+            kind, matters = next(((k, m) for s, k, m in POINT_KINDS if s in text), ("other", True))
+            if kind == "token counts" and int(row.get("token_mismatches_server", 0) or 0):
+                matters = True
+            short = text.split(": ", 1)[-1] if ": " in text else text
+            out.append(Qualifier(
+                kind, f"{key} {row['load_point']}: {short.split(': ')[0].rstrip('.')}", (key,),
+                str(row["workload"]), str(row["load_point"]), verdict=matters, detail=text,
+            ))
+    return out
+
+
 def unequal_settings(pick: Pick, declared: dict[str, Declared]) -> str:
     """A sentence for a pick whose winner and runner-up differ in a setting both declare (empty if none):
     part of the difference it reports may be that setting's, not the backend's."""
@@ -139,3 +250,28 @@ def unequal_settings(pick: Pick, declared: dict[str, Declared]) -> str:
         f"{'; '.join(found)} (see Parity of the backends), so part of the difference may be the setting's, "
         "not the backend's."
     )
+
+
+def parity_qualifiers(found: list[Finding]) -> list[Qualifier]:
+    """Each parity finding (a setting two or more backends declare differently) as a qualifier of the
+    verdicts between those backends."""
+    return [
+        Qualifier(
+            "unequal settings",
+            f.sentence().rstrip(".").removeprefix("Unequal "),
+            tuple(f.values),
+            between=True,
+            detail=f"{f.sentence()} Results between these backends rest on it.",
+        )
+        for f in found
+    ]
+
+
+def setup_qualifiers(setups: dict[str, SetupReport]) -> list[Qualifier]:
+    """The launches' notes (not those of running endpoints), listed with the warnings."""
+    return [
+        Qualifier("launch notes", note, (s.key,), verdict=False, detail=f"{s.key}: {note}")
+        for s in setups.values()
+        for note in s.notes
+        if "endpoint" not in note
+    ]

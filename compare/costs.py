@@ -10,7 +10,8 @@ against the hardware's bound, per million tokens, set-up time against latency, m
   efficiency = that bound / measured p50 TPOT. Only when the model's bytes and the bandwidth are known.
 - cost per million output tokens = price per hour / (3600 * output tokens/s) * 1e6.
 - break-even: option A starts `dS` seconds later than B but serves a request `dT` seconds sooner; after
-  N = dS / dT requests A has paid its set-up back, which at A's measured rate is N / rate seconds.
+  N = ceil(dS / dT) requests A has paid its set-up back (rounded up: after 2 requests it has not yet for
+  2.07), which at A's measured rate is N / rate seconds.
 - memory given up: a CUDA-graph pool of P bytes is P / (KV bytes per token) tokens of KV cache that the
   backend could otherwise hold, i.e. that many / (tokens per sequence) concurrent sequences.
 """
@@ -90,7 +91,7 @@ def break_even(
         return BreakEven(ds, dt, None, None)
     if ds <= 0:  # A is faster and also quicker to start
         return BreakEven(ds, dt, 0.0, 0.0)
-    n = ds / dt
+    n = math.ceil(ds / dt)  # the first whole request by which A has caught up: 2.07 is 3, never 2
     return BreakEven(ds, dt, n, n * per_request_a_s / 3600.0)
 
 

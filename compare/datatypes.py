@@ -153,3 +153,5 @@ class Pick:
     metric: str = ""  # the summary column ranked on
     sentences: list[str] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
+    level: str = ""  # the confidence word alone (compare.confidence.Confidence's value)
+    qualifiers: list[Any] = field(default_factory=list)  # compare.confidence.Qualifier: what qualifies it

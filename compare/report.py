@@ -20,17 +20,24 @@ import numpy as np
 import pandas as pd
 
 from compare import capacity, gpu_telemetry, plots, sweep
-from compare.caveats import duration_cut_warnings, point_caveats, repeated_prompt_warnings, unequal_settings
+from compare.caveats import (
+    duration_cut_qualifiers,
+    parity_qualifiers,
+    point_qualifiers,
+    repeated_prompt_qualifiers,
+    setup_qualifiers,
+)
+from compare.confidence import Qualifier, legend
 from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
 from compare.importers import ImportParity, import_parity
 from compare.metrics import LATENCY, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
-from compare.selection import break_even_rows, capacity_picks, selection
+from compare.selection import break_even_rows, capacity_picks, qualify, selection, touches_a_verdict
 from compare.serving_match import serving_match_lines
 from compare.store import RunDir
-from compare.turns import turn_table, write_turns
+from compare.turns import TURN, turn_table, write_turns
 from workloads import timing
 from workloads.records import RequestRecord
 
@@ -53,6 +60,7 @@ class Results:
     parity: list[Finding] = field(default_factory=list)
     imports: ImportParity = field(default_factory=lambda: ImportParity([], [], [], []))  # imported points
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # multi-turn sessions: compare/turns.py
+    qualifiers: list[Qualifier] = field(default_factory=list)  # every caveat, by kind: compare/confidence.py
     telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)  # GPU samples: compare/gpu_telemetry.py
 
 
@@ -76,21 +84,32 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results.turns = turn_table(requests)
     results.imports = import_parity(summary, run.manifest)  # imported points of another workload: not ranked
     ranked = summary.drop(index=results.imports.excluded)
-    results.picks, results.memory_notes = selection(ranked, requests, setups, slo, seed)
+    planned = [b.get("key", "") for b in config.get("backends") or [] if isinstance(b, dict)]
+    results.picks, results.memory_notes = selection(ranked, requests, setups, slo, seed, planned)
     if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
         percentile = int(config.get("capacity_percentile") or 99)
         results.picks = capacity_picks(ranked, requests, slo, percentile) + results.picks
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key), run.path) for key, st in setups.items()}
     results.parity = findings(results.declared)
-    results.warnings = (
-        list(run.manifest.get("notes") or [])
-        + (point_caveats(summary, setups) if not summary.empty else [])
-        + duration_cut_warnings(run)
-        + repeated_prompt_warnings(records)
-        + [f"{f.sentence()} Results between these backends rest on it." for f in results.parity]
-        + results.imports.sentences
+    workloads = {p["run_id"]: p.get("workload", "") for p in run.manifest.get("points", [])}
+    results.qualifiers = (
+        (point_qualifiers(summary) if not summary.empty else [])
+        + duration_cut_qualifiers(run, records)
+        + repeated_prompt_qualifiers(records, workloads)
+        + parity_qualifiers(results.parity)
+        + setup_qualifiers(setups)
     )
+    qualify(results.picks, results.qualifiers)
+    results.warnings = list(run.manifest.get("notes") or []) + results.imports.sentences + [
+        line
+        for kind, found in _grouped(results)
+        for line in (
+            [f"{kind} ({_counts(found)}): {COLLAPSED[kind]}"]
+            if _collapsed(kind, found)
+            else [q.detail for q in found]
+        )
+    ]
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -208,10 +227,12 @@ def _decision(res: Results) -> list[Block]:
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
     blocks += [
-        ("p", " ".join(filter(None, [*pick.sentences, unequal_settings(pick, res.declared)])))
+        ("p", " ".join(pick.sentences))
         for pick in res.picks
         if pick.sentences
     ]
+    if any(pick.confidence for pick in res.picks):
+        blocks += [("p", "Confidence, one ladder for every comparison above:"), ("ul", legend())]
     blocks += [("p", note) for note in res.memory_notes]
     blocks += [("p", sentence) for sentence in res.imports.sentences]
     cpu_note = _cpu_note(res)
@@ -221,8 +242,74 @@ def _decision(res: Results) -> list[Block]:
 
 
 def _warnings(res: Results) -> list[Block]:
-    none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
-    return [("h2", "Warnings"), ("ul", res.warnings) if res.warnings else ("p", none)]
+    """The run's notes, then the caveats grouped by kind with counts per backend and point: first the kinds
+    that touch a verdict in the Decision, then the rest; a kind that can change no number (re-tokenisation
+    notes) is one line of counts."""
+    notes = list(res.run.manifest.get("notes") or [])
+    if not notes and not res.qualifiers:
+        none = "None: no failed or cancelled requests, no token-count mismatch, no client lag."
+        return [("h2", "Warnings"), ("p", none)]
+    blocks: list[Block] = [("h2", "Warnings")]
+    if notes:
+        blocks.append(("ul", notes))
+    for kind, found in _grouped(res):
+        touching = any(touches_a_verdict(q, res.picks) for q in found)
+        head = f"**{kind}** ({_counts(found)})" + (
+            ": touches a verdict in the Decision." if touching else "."
+        )
+        if _collapsed(kind, found):
+            blocks.append(("p", f"{head} {COLLAPSED[kind]}"))
+            continue
+        lines, advice = _common_tail([q.detail for q in found])
+        blocks += [("p", f"{head} {advice}" if advice else head), ("ul", lines)]
+    return blocks
+
+
+def _grouped(res: Results) -> list[tuple[str, list[Qualifier]]]:
+    """The qualifiers by kind, the kinds that touch a verdict first (in the order found otherwise)."""
+    groups: dict[str, list[Qualifier]] = {}
+    for q in res.qualifiers:
+        groups.setdefault(q.kind, []).append(q)
+    return sorted(groups.items(), key=lambda kv: not any(touches_a_verdict(q, res.picks) for q in kv[1]))
+
+
+def _collapsed(kind: str, found: list[Qualifier]) -> bool:
+    """A kind of note that changes no number is one line of counts."""
+    return kind in COLLAPSED and not any(q.verdict for q in found)
+
+
+def _common_tail(lines: list[str]) -> tuple[list[str], str]:
+    """Lines of one kind end in the same explanation: say it once, after the kind's heading."""
+    if len(lines) < 2:
+        return lines, ""
+    tail = lines[0]
+    for line in lines[1:]:
+        while not line.endswith(tail):
+            tail = tail[1:]
+    cut = tail.find("; ")
+    if cut < 0 or len(tail) - cut < 20:
+        return lines, ""
+    advice = tail[cut + 2 :]
+    return [line[: len(line) - len(advice) - 2] + "." for line in lines], advice[:1].upper() + advice[1:]
+
+
+COLLAPSED = {  # what a kind of note that changes no number says, once for all its points
+    "token counts": "The client's re-tokenisation of the text does not always give back the generated "
+    "tokens; the metrics use the server's usage, else the stream's count, so no number changes.",
+}
+
+
+def _counts(found: list[Qualifier]) -> str:
+    """"3 on vllm (c=1, c=16, r=85), 1 on reference:graphs (c=1)"."""
+    per: dict[str, list[str]] = {}
+    for q in found:
+        for key in q.keys or ("all backends",):
+            per.setdefault(key, []).append(q.load_point)
+    return ", ".join(
+        f"{len(points)} on {key}"
+        + (f" ({', '.join(dict.fromkeys(p for p in points if p))})" if any(points) else "")
+        for key, points in per.items()
+    )
 
 
 def _parity(res: Results) -> list[Block]:
@@ -320,8 +407,9 @@ def _break_even(res: Results) -> list[Block]:
     explained = (
         "For each pair of launched candidates: the one faster per request, how long each took to be "
         "ready, and after how many requests the faster one's longer start pays back (set-up + N x "
-        "time per request equal), with how long serving those takes at its measured rate. Only a difference "
-        "established as in the decision pays anything back."
+        "time per request equal, N rounded up), with how long serving those takes at its measured rate. A "
+        "difference not established (as in the decision) pays nothing back; one only indicated, or a "
+        "start-up gap from one launch each, gives a pay-back that is indicated, never established."
     )
     header = [
         "workload",
@@ -607,13 +695,14 @@ def _turns(res: Results) -> list[Block]:
     t = res.turns
     if t.empty:
         return []
-    header = ["backend", "workload", "load", "turn", "n", "prompt tokens", "TTFT p50", "TTFT p90", "E2E p50"]
+    header = ["backend", "workload", "load", "turn (1 = first)", "n", "prompt tokens", "TTFT p50", "TTFT p90",
+              "E2E p50"]
     rows = [
         [
             key_of(r["backend"], r["variant"]),
             r["workload"],
             r["load_point"],
-            str(int(r["turn"]) + 1),
+            str(int(r[TURN])),
             str(int(r["n"])),
             _f(r["prompt_tokens_mean"], 0),
             _f(r["ttft_p50_ms"]),

@@ -183,7 +183,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "backends",
         str,
         None,
-        help="adapter names separated by commas, each optionally :variant (e.g. vllm,reference:eager) [default: reference]",
+        help="adapter names separated by commas, each optionally :variant (e.g. vllm,reference:eager) "
+        "[default: reference]",
         panel=BACKENDS,
         metavar="NAMES",
     ),

@@ -2,17 +2,20 @@
 what confidence, and what it costs to set up, in plain sentences generated from the numbers.
 
 - interactive: the lowest median E2E at the lowest load point every candidate ran (with SLOs: the highest
-  share of requests meeting them first); confidence from a bootstrap interval of the ratio of medians and
-  a Mann-Whitney test on the per-request E2E samples, then launch by launch (`--repeats`): a winner that
-  loses one launch is a tie.
-- throughput / batch: the highest output tokens/s at any load point (with SLOs: the highest goodput);
-  confidence launch by launch when repeated, else from a bootstrap interval of the throughput ratio that
-  resamples whole requests (`compare.statistics.throughput_ratio_ci`).
+  share of requests meeting them first); a bootstrap interval of the ratio of medians with a Mann-Whitney
+  test on the per-request E2E samples, and the ratio in each launch (`--repeats`) or block.
+- throughput / batch: the highest output tokens/s (with SLOs: the highest goodput), at closed-loop points
+  where every candidate has one; a bootstrap interval of the ratio that resamples whole requests
+  (`compare.statistics.throughput_ratio_ci`), spanning the windows' ratio too, and the ratio per launch.
 
-Set-up is weighed against latency (break-even) only where the difference is established (`decisive`).
+The confidence is one word of `compare.confidence`'s ladder (established / indicated / not established /
+tie). Set-up is weighed against a difference at least indicated, and a pay-back is established only when both
+the difference and the start-up gap are (`setup_gap`).
 
-A candidate with failed requests at the compared point cannot win while one without failures exists, and
-every failure is named. What a reader must know before trusting the numbers is `compare/caveats.py`.
+Failures come first: a candidate with failed requests at the compared point cannot win while one without
+failures exists, and the verdict names it before its numbers. What qualifies a verdict (repeated prompts,
+unequal settings, points cut short, ...) comes from `compare/caveats.py` and `compare/parity.py` as
+`compare.confidence.Qualifier`s, attached to each pick by `qualify`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from compare.confidence import (
+    Confidence,
+    Qualifier,
+    Verdict,
+    practically_equal,
+    qualifier_sentence,
+    qualifiers_for,
+    requests_needed,
+    verdict,
+)
 from compare.costs import break_even, graph_pool_trade
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.metrics import busy_seconds
@@ -31,9 +44,9 @@ from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
 NOT_ESTABLISHED = "never: the difference is not established"
-MIN_N = 10  # below this many requests a comparison is called low confidence whatever the test says
-TIE_MARGIN = 0.02  # a difference whose whole 95% interval lies within 2% either way is a tie, however sure
-TIE = f"a tie: the 95% interval lies within {TIE_MARGIN:.0%} either way"
+STATED = {"failed requests"}  # qualifier kinds each verdict sentence states itself, ahead of its numbers
+BEFORE_NUMBERS = {"points cut short", "interrupted points"}  # missing data: said before the verdict's numbers
+LAUNCH_UNITS = ("repeat", "block")  # the columns that tell launches (--repeats) and alternating blocks apart
 
 
 def _fmt_s(seconds: float) -> str:
@@ -57,8 +70,17 @@ def _load_order(row: pd.Series) -> tuple[int, float]:
 
 
 def interactive_pick(
-    summary: pd.DataFrame, requests: pd.DataFrame, workload: str, slo: dict[str, float], seed: int = 0
+    summary: pd.DataFrame,
+    requests: pd.DataFrame,
+    workload: str,
+    slo: dict[str, float],
+    seed: int = 0,
+    unmeasured: list[str] | None = None,
 ) -> Pick:
+    """The lowest median E2E at the lowest load point every candidate ran. Failures come first: a candidate
+    with failed requests there is ranked after every one without, and the sentence says so before the
+    numbers; a winner slower than its runner-up (chosen for having no failures, or for the SLOs) is called
+    slower, never faster."""
     pick = Pick("interactive", workload, metric="e2e_p50_ms")
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
@@ -77,11 +99,10 @@ def interactive_pick(
         )
     failures = failure_sentences(at, "")
     at = at[at["e2e_n"] > 0]
+    where = point if shared else "each one's lowest load point"
+    lead = f"**Interactive** ({_where(workload, where)}): "
     if at.empty:
-        pick.sentences.append(
-            f"**Interactive** ({_where(workload, point)}): no backend completed a request at {point}; "
-            "nothing to select."
-        )
+        pick.sentences.append(lead + f"no backend completed a request at {point}; nothing to select.")
         pick.sentences += failures
         return pick
     clean = at[at["requests_failed"] == 0]
@@ -107,137 +128,192 @@ def interactive_pick(
     ]
     win = ranked[0]
     pick.winner, pick.load_point, pick.value = win.key, win.load_point, win.e2e_p50_ms / 1e3
-    where = point if shared else "each one's lowest load point"
+    first = " ".join(failures) + " " if failures else ""
+    chosen = "Among those without failures, " if failures and not clean.empty else ""
+    best = "the lowest median end-to-end latency," if not slo else "the most requests within the SLOs, median"
     head = (
-        f"**Interactive** ({_where(workload, where)}): **{win.key}** has the lowest median end-to-end "
-        "latency, "
+        lead + first + chosen + f"**{win.key}** has {best} "
         f"{_fmt_s(win.e2e_p50_ms / 1e3)} (TTFT p50 {_fmt_s(win.ttft_p50_ms / 1e3)}, TPOT p50 "
         f"{_fmt_s(win.tpot_p50_ms / 1e3)}, n={win.e2e_n})"
     )
     if slo and np.isfinite(win.goodput_frac):
         head += f", {win.goodput_frac:.0%} of its requests within the SLOs"
     if len(ranked) == 1:
-        pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
-        pick.sentences += failures
+        pick.sentences.append(head + ". " + _alone(win.key, unmeasured))
         return pick
     run = ranked[1]
     pick.runner_up, pick.runner_value = run.key, run.e2e_p50_ms / 1e3
     cmp = compare_latency(requests, win, run, seed)
     pick.ratio, pick.ratio_lo, pick.ratio_hi, pick.p_value = cmp.ratio, cmp.lo, cmp.hi, cmp.p
-    pick.confidence, pick.decisive = cmp.within_run, cmp.within_run_decisive
+    pick.confidence, pick.decisive, pick.level = cmp.within_run, cmp.decisive, cmp.verdict.level.value
+    failed = f", {int(run.requests_failed)} failed" if run.requests_failed else ""
     head += (
-        f"; {pick.ratio:.2f}x faster than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n}; "
-        f"95% CI {pick.ratio_lo:.2f}-{pick.ratio_hi:.2f}x, Mann-Whitney {_fmt_p(pick.p_value)}): "
+        f"; {_times(pick.ratio)} than {run.key} ({_fmt_s(run.e2e_p50_ms / 1e3)}, n={run.e2e_n} ok{failed}): "
         f"{pick.confidence}."
     )
-    head += " " + _launch_check(pick, cmp.launches)
+    if unmeasured:
+        head += " " + _not_measured(unmeasured)
     pick.sentences.append(head)
-    pick.sentences += failures
     return pick
+
+
+def _times(ratio: float, better: str = "faster", worse: str = "slower") -> str:
+    """"1.18x faster" for a ratio above 1, "1.47x slower" (the inverse) below: a ratio below 1 is never
+    printed as faster."""
+    if not np.isfinite(ratio) or ratio <= 0:
+        return f"n/a times {better}"
+    return f"{ratio:.2f}x {better}" if ratio >= 1 else f"{1 / ratio:.2f}x {worse}"
+
+
+def _alone(key: str, unmeasured: list[str] | None) -> str:
+    if unmeasured:
+        return f"{_not_measured(unmeasured)} There is nothing to compare {key} with."
+    return "It is the only candidate: there is nothing to compare it with."
+
+
+def _not_measured(keys: list[str]) -> str:
+    one = len(keys) == 1
+    return (
+        f"{' and '.join(keys)} {'was' if one else 'were'} not measured (the run ended before "
+        f"{'its' if one else 'their'} turn)."
+    )
 
 
 @dataclass(frozen=True)
 class Comparison:
     """One candidate against another at their compared load points: the one verdict that the decision's
-    sentences and the set-up pay-back table both read, so they cannot disagree."""
+    sentences and the set-up pay-back table both read, so they cannot disagree. `ratio` > 1 favours the
+    first; the verdict is about the better of the two (`ratio` or its inverse), `Confidence`'s ladder."""
 
-    ratio: float  # how many times better the first is
+    ratio: float  # how many times better the first is (below 1: worse)
     lo: float
     hi: float
     p: float
-    within_run: str  # the confidence in words, from the within-run interval and test
-    within_run_decisive: bool
-    launches: dict[int, float]  # the ratio per launch (--repeats)
+    verdict: Verdict
+    launches: dict[int, float]  # the ratio per launch (--repeats) or block
+
+    @property
+    def within_run(self) -> str:
+        """The confidence in words."""
+        return self.verdict.words()
 
     @property
     def decisive(self) -> bool:
-        """Established: significant within the run and, when launched more than once, ahead in every
-        launch."""
-        values = [v for v in self.launches.values() if np.isfinite(v)]
-        return self.within_run_decisive and (len(values) < 2 or all(v > 1 for v in values))
+        """Established, and in the first's favour."""
+        return self.verdict.decisive and self.ratio > 1
+
+
+def _oriented(
+    ratio: float, lo: float, hi: float, launches: dict[Any, float]
+) -> tuple[float, float, list[float]]:
+    """The interval and per-launch ratios turned so that > 1 favours whichever of the two is better."""
+    if not np.isfinite(ratio) or ratio >= 1:
+        return lo, hi, list(launches.values())
+    flip = [1 / v if v else math.inf for v in launches.values()]
+    return (1 / hi if hi else math.inf), (1 / lo if lo else math.inf), flip
 
 
 def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 0) -> Comparison:
-    """`first` against `other` by median E2E: bootstrap interval of the ratio, Mann-Whitney, per launch."""
+    """`first` against `other` by median E2E: bootstrap interval of the ratio with a Mann-Whitney test,
+    launch by launch (or block by block) for `established`."""
     a = _samples(requests, first, "e2e_s")
     b = _samples(requests, other, "e2e_s")
     ratio, lo, hi = ratio_ci(b, a, "p50", seed=seed)
     p = mann_whitney(a, b)
-    confidence = _confidence(lo, hi, p, min(a.size, b.size))
     a_runs = _per_launch(requests, first, lambda g: g["e2e_s"].median())
     b_runs = _per_launch(requests, other, lambda g: g["e2e_s"].median())
-    launches = {r: b_runs[r] / a_runs[r] for r in a_runs.keys() & b_runs.keys()}
-    decisive = confidence in ("high confidence", "moderate confidence")
-    return Comparison(ratio, lo, hi, p, confidence, decisive, launches)
+    launches = {r: b_runs[r] / a_runs[r] for r in sorted(a_runs.keys() & b_runs.keys())}
+    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)  # shown as the sentence reads: faster or slower
+    shown = (
+        f"95% CI {olo:.2f}-{ohi:.2f}x, Mann-Whitney {_fmt_p(p)}"
+        if np.isfinite(lo) and np.isfinite(hi)
+        else ""
+    )
+    found = verdict(olo, ohi, (a.size, b.size), olaunches, p, shown)
+    if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
+        need = requests_needed(max(ratio, 1 / ratio) if ratio > 0 else math.nan, olo, min(a.size, b.size))
+        if need:
+            found = Verdict(
+                found.level, found.reason + f"; about {need} requests each would find a difference this size "
+                "in most runs"
+            )
+    return Comparison(ratio, lo, hi, p, found, launches)
 
 
 def compare_throughput(
     requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool, seed: int = 0
 ) -> Comparison:
-    """`first` against `other` by output tokens/s (goodput: a single number per point, never established);
-    launch by launch when repeated, else from a bootstrap interval of the ratio over whole requests
-    (`throughput_ratio_ci`), established when it excludes 1."""
+    """`first` against `other` by output tokens/s (goodput: a single number per point, never established):
+    a bootstrap interval of the ratio over whole requests (`throughput_ratio_ci`), with the launches (or
+    blocks) for `established`. Open-loop points are not compared: the offered load sets their rate."""
     nan = math.nan
     rates = float(_get(first, "output_tok_s")), float(_get(other, "output_tok_s"))
     ratio = rates[0] / rates[1] if rates[1] > 0 else math.inf
     if goodput:
         return Comparison(
-            ratio, nan, nan, nan, "a single measurement per point (no interval for goodput)", False, {}
+            ratio,
+            nan,
+            nan,
+            nan,
+            Verdict(Confidence.NOT_ESTABLISHED, "a single measurement per point: no interval for goodput"),
+            {},
         )
     launches: dict[int, float] = {}
     if requests is not None:
         a_runs = _per_launch(requests, first, _throughput)
         b_runs = _per_launch(requests, other, _throughput)
-        launches = {r: a_runs[r] / b_runs[r] for r in a_runs.keys() & b_runs.keys()}
-    if len(launches) >= 2:
-        ahead = all(v > 1 for v in launches.values())
-        words = (
-            f"ahead in each of {plural(len(launches), 'launch', 'launches')}"
-            if ahead
-            else "not ahead in every launch: a tie"
-        )
-        return Comparison(ratio, nan, nan, nan, words, ahead, launches)
+        launches = {r: a_runs[r] / b_runs[r] for r in sorted(a_runs.keys() & b_runs.keys())}
     if all(_get(row, "mode") in ARRIVAL_DRIVEN for row in (first, other)):
         words = (
-            "not established: at open-loop points the offered load sets the rate, so the difference is not "
-            "one of capacity (closed-loop points, --concurrency, measure that)"
+            "at open-loop points the offered load sets the rate, so the difference is not one of capacity "
+            "(closed-loop points, --concurrency, measure that)"
         )
-        return Comparison(ratio, nan, nan, nan, words, False, launches)
+        return Comparison(ratio, nan, nan, nan, Verdict(Confidence.NOT_ESTABLISHED, words), launches)
     a, b = _ok_requests(requests, first), _ok_requests(requests, other)
     factor = throughput_ratio_ci(
         (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
         (b["output_tokens"].to_numpy(dtype=float), busy_seconds(b)),
         seed=seed,
     )
-    lo, hi = ratio * factor[0], ratio * factor[1]
-    n = min(len(a), len(b))
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return Comparison(ratio, lo, hi, nan, "no interval available", False, launches)
-    shown = f"95% interval {lo:.2f}-{hi:.2f}x, resampling whole requests"
-    if n < MIN_N:
-        words = f"low confidence (fewer than {MIN_N} requests each; {shown})"
-    elif _practically_equal(lo, hi):
-        words = f"{TIE} ({shown})"
-    elif lo > 1:
-        words = f"high confidence ({shown})"
-    else:
-        words = f"low confidence ({shown}, which holds 1; {_longer_run_hint(ratio, lo, n)})"
-    decisive = n >= MIN_N and lo > 1 and not _practically_equal(lo, hi)
-    return Comparison(ratio, lo, hi, nan, words, decisive, launches)
+    # The interval resamples whole requests around their rate of service (tokens over summed request
+    # times); the ratio compared is over the points' windows, which also carry the window's ramp and drain.
+    # Where the two disagree the interval spans both, so a window effect cannot pass for a difference.
+    service = _service_ratio(a, b)
+    low, high = (min(ratio, service), max(ratio, service)) if np.isfinite(service) else (ratio, ratio)
+    lo, hi = low * factor[0], high * factor[1]
+    olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)
+    shown = (
+        f"95% interval {olo:.2f}-{ohi:.2f}x, resampling whole requests"
+        if np.isfinite(lo) and np.isfinite(hi)
+        else ""
+    )
+    found = verdict(olo, ohi, (len(a), len(b)), olaunches, nan, shown)
+    if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
+        found = Verdict(found.level, found.reason + "; " + _longer_run_hint(max(ratio, 1 / ratio), olo,
+                                                                           min(len(a), len(b))))
+    return Comparison(ratio, lo, hi, nan, found, launches)
+
+
+def _service_ratio(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """Output tokens over summed request times, `a`'s over `b`'s: the rate `throughput_ratio_ci` resamples."""
+    rate = [
+        float(x["output_tokens"].sum()) / float(np.nansum(busy_seconds(x))) if len(x) else math.nan
+        for x in (a, b)
+    ]
+    return rate[0] / rate[1] if rate[1] > 0 else math.nan
 
 
 def _practically_equal(lo: float, hi: float) -> bool:
-    """The whole interval of a ratio lies within `TIE_MARGIN` of 1: whichever is ahead, not by enough to
-    choose by (nor to pay back a set-up cost)."""
-    return bool(np.isfinite(lo) and np.isfinite(hi) and lo >= 1 / (1 + TIE_MARGIN) and hi <= 1 + TIE_MARGIN)
+    """`compare.confidence.practically_equal`, kept for the callers that import it from here."""
+    return practically_equal(lo, hi)
 
 
 def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
-    """How many requests would make the interval exclude 1, if the spread shrinks as 1/sqrt(n)."""
-    if ratio <= 1 or not np.isfinite(lo) or ratio - lo <= 0:
+    """How many requests each would find a difference this size in most runs (`requests_needed`)."""
+    need = requests_needed(ratio, lo, n)
+    if need is None:
         return "a longer run would not make it a win"
-    need = n * ((ratio - lo) / (ratio - 1)) ** 2
-    return f"about {plural(math.ceil(need), 'request')} each would establish it if the ratio holds"
+    return f"about {plural(need, 'request')} each would find a difference this size in most runs"
 
 
 def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
@@ -255,9 +331,15 @@ def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
     return requests[mask]
 
 
-def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[int, float]:
-    """`stat` of the row's ok requests in each launch (--repeats) of its backend."""
-    return {int(r): float(stat(g)) for r, g in _ok_requests(requests, row).groupby("repeat")}
+def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[Any, float]:
+    """`stat` of the row's ok requests in each launch (--repeats) of its backend, and in each alternating
+    block of a point where the run measured in blocks (a `block` column)."""
+    ok = _ok_requests(requests, row)
+    units = [c for c in LAUNCH_UNITS if c in ok.columns and ok[c].notna().any()]
+    if not units or ok.empty:
+        return {}
+    by = units[0] if len(units) == 1 else units
+    return {r: float(stat(g)) for r, g in ok.groupby(by)}
 
 
 def _get(row: Any, name: str) -> Any:
@@ -267,31 +349,6 @@ def _get(row: Any, name: str) -> Any:
 def _throughput(group: pd.DataFrame) -> float:
     window = group["end_s"].max() - group["send_s"].min()
     return group["output_tokens"].sum() / window if window > 0 else math.nan
-
-
-def _launch_check(pick: Pick, ratios: dict[int, float]) -> str:
-    """Does the winner win in every launch? The intervals above cover request-to-request variation within a
-    run only; separately launched servers also differ by launch, by the order of the runs and by whatever
-    else the machine is doing, and only repeating the launches measures that. Downgrades `pick` when the
-    launches disagree."""
-    values = [ratios[r] for r in sorted(ratios) if np.isfinite(ratios[r])]
-    if len(values) < 2:
-        return (
-            "(One launch each: the interval covers request-to-request variation within this run, not "
-            "launch-to-launch variation or the order of the runs; `--repeats 2` or more alternates the order "
-            "and checks the winner in each launch.)"
-        )
-    shown = ", ".join(f"{v:.2f}x" for v in values)
-    if not pick.decisive:
-        return f"Per launch: {shown}."
-    if all(v > 1 for v in values):
-        return f"The same winner in each of {plural(len(values), 'launch', 'launches')} ({shown})."
-    pick.decisive = False
-    pick.confidence = "not consistent across launches"
-    return (
-        f"But not in every launch ({shown}): the launches differ as much as the candidates do; treat it as "
-        "a tie."
-    )
 
 
 def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:
@@ -318,7 +375,11 @@ def throughput_pick(
     slo: dict[str, float],
     requests: pd.DataFrame | None = None,
     seed: int = 0,
+    unmeasured: list[str] | None = None,
 ) -> Pick:
+    """The highest output tokens/s (with SLOs: goodput) at any load point, at closed-loop points where every
+    candidate has one (at open-loop points the offered load sets the rate); failures first, as
+    `interactive_pick`."""
     pick = Pick("throughput", workload)
     rows = summary[summary["workload"] == workload].copy()
     if rows.empty:
@@ -328,6 +389,15 @@ def throughput_pick(
     rows = rows[rows[metric].notna()]
     if rows.empty:
         return pick
+    closed = rows[~rows["mode"].isin(ARRIVAL_DRIVEN)]
+    if not slo and not closed.empty and set(closed["key"]) == set(rows["key"]):
+        rows = closed
+    if slo and "offered_rps" in rows:  # an open-loop point serves at most what is offered to it
+        rows[metric] = [
+            min(g, f * o) if m in ARRIVAL_DRIVEN and np.isfinite(o) and np.isfinite(f) else g
+            for g, f, o, m in zip(rows[metric], rows["goodput_frac"], rows["offered_rps"], rows["mode"],
+                                  strict=True)
+        ]
     rows["_fail"] = rows["requests_failed"] / rows["requests"].clip(lower=1)
     best = []
     for _, group in rows.groupby("key", sort=False):
@@ -357,8 +427,10 @@ def throughput_pick(
     win = table.iloc[0]
     pick.winner, pick.load_point, pick.value = win["key"], win["load_point"], float(win[metric])
     unit = "requests/s within the SLOs" if slo else "output tokens/s"
+    lead = f"**Throughput / batch**{f' ({workload})' if workload else ''}: "
+    lead += "".join(f + " " for f in failures)
     head = (
-        f"**Throughput / batch**{f' ({workload})' if workload else ''}: **{win['key']}** reaches "
+        lead + f"**{win['key']}** reaches "
         f"{_fmt_rate(win[metric])} {unit} at "
         f"{win['load_point']} (n={int(win['requests_ok'])} ok"
     )
@@ -366,31 +438,26 @@ def throughput_pick(
         head += f"; 95% interval {_fmt_rate(win['output_tok_s_lo'])}-{_fmt_rate(win['output_tok_s_hi'])}"
     head += ")"
     if len(table) == 1:
-        pick.sentences.append(head + ". It is the only candidate: there is nothing to compare it with.")
-        pick.sentences += failures
+        pick.sentences.append(head + ". " + _alone(win["key"], unmeasured))
         return pick
     run = table.iloc[1]
     pick.runner_up, pick.runner_value = run["key"], float(run[metric])
     pick.ratio = pick.value / pick.runner_value if pick.runner_value > 0 else math.inf
     cmp = compare_throughput(requests, win, run, bool(slo), seed)
-    pick.confidence, pick.decisive = cmp.within_run, cmp.decisive
+    pick.confidence, pick.decisive, pick.level = cmp.within_run, cmp.decisive, cmp.verdict.level.value
     pick.ratio_lo, pick.ratio_hi = cmp.lo, cmp.hi
-    launches = cmp.launches
     if slo:
         head = head[:-1] + f"; {_fmt_rate(win['output_tok_s'])} output tokens/s)"
     if pick.runner_value > 0:
+        times = f"{pick.ratio:.2f}x" if pick.ratio >= 1 else f"{1 / pick.ratio:.2f}x less than"
         head += (
-            f", {pick.ratio:.2f}x {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: "
-            f"{pick.confidence}."
+            f", {times} {run['key']}'s {_fmt_rate(run[metric])} at {run['load_point']}: {pick.confidence}."
         )
-        if len(launches) >= 2:
-            head += " Per launch: " + ", ".join(f"{launches[r]:.2f}x" for r in sorted(launches)) + "."
-        elif not slo:
-            head += " " + _launch_check(pick, launches)
     else:
         head += f"; {run['key']} has no request within the SLOs at any load point."
+    if unmeasured:
+        head += " " + _not_measured(unmeasured)
     pick.sentences.append(head)
-    pick.sentences += failures
     return pick
 
 
@@ -406,18 +473,6 @@ def _fmt_rate(value: float) -> str:
 
 def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
     return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
-
-
-def _confidence(ratio_lo: float, ratio_hi: float, p: float, n: int) -> str:
-    if n < MIN_N:
-        return f"low confidence (fewer than {MIN_N} requests each)"
-    if _practically_equal(ratio_lo, ratio_hi):
-        return TIE
-    if np.isfinite(ratio_lo) and ratio_lo > 1 and p < 0.01:
-        return "high confidence"
-    if p < 0.05:
-        return "moderate confidence"
-    return "not a significant difference: treat it as a tie"
 
 
 def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupReport]) -> list[str]:
@@ -441,9 +496,11 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
             f"Set-up of {pick.runner_up}: {describe_setup(run)}; no break-even without both set-up times."
         )
         return out
-    if not pick.decisive:
+    gap = setup_gap(win, run)
+    if not _pays(pick.level, pick.ratio):
         out.append(
-            f"The difference from {pick.runner_up} is not established, so no set-up cost is paid back."
+            f"The difference from {pick.runner_up} is not established, so no set-up cost is paid back "
+            f"(set-up: {gap.words()})."
         )
         return out
     per_win, per_run = (
@@ -464,17 +521,54 @@ def setup_sentences(pick: Pick, summary: pd.DataFrame, setups: dict[str, SetupRe
         )
     elif be.requests == 0:
         out.append(
-            f"{pick.winner} is also the quicker to start ({win.ready_s:.1f} s against {run.ready_s:.1f} s): "
-            "nothing to pay back."
+            f"{pick.winner} also took less time to be ready ({win.ready_s:.1f} s against "
+            f"{run.ready_s:.1f} s; {gap.words()}): nothing to pay back."
         )
     else:
+        sure = gap.decisive and pick.decisive
         out.append(
-            f"{pick.winner} takes {be.setup_delta_s:.1f} s longer to be ready than {pick.runner_up} "
-            f"({win.ready_s:.1f} s against {run.ready_s:.1f} s) and saves "
+            f"{pick.winner} took {be.setup_delta_s:.1f} s longer to be ready than {pick.runner_up} "
+            f"({win.ready_s:.1f} s against {run.ready_s:.1f} s; {gap.words()}) and saves "
             f"{_fmt_s(be.per_request_delta_s)} per "
-            f"request ({basis}): it pays back {be.verdict}."
+            f"request ({basis}): {'it pays back' if sure else 'it would pay back'} {be.verdict}"
+            + ("." if sure else f", {_payback_level(pick.level, gap)}.")
         )
     return out
+
+
+def _pays(level: str, ratio: float) -> bool:
+    """A set-up cost is weighed only against a difference at least indicated, in the winner's favour."""
+    return level in (Confidence.ESTABLISHED.value, Confidence.INDICATED.value) and ratio > 1
+
+
+def _payback_level(level: str, gap: Verdict) -> str:
+    """Why a pay-back is indicated, not established: the per-request difference, the start-up gap, or both."""
+    why = []
+    if level != Confidence.ESTABLISHED.value:
+        why.append("the per-request difference is only indicated")
+    if not gap.decisive:
+        why.append("the start-up gap is not established")
+    return "indicated, not established: " + " and ".join(why)
+
+
+def setup_gap(first: SetupReport, other: SetupReport) -> Verdict:
+    """Is the difference in time to ready a property of the backends? One launch each cannot say (the same
+    binary's start varies by seconds from launch to launch): indicated at most. With two or more launches
+    each, established only when every launch of one was ready before every launch of the other (their
+    ranges do not overlap); a tie when the ranges overlap."""
+    a = first.ready_runs or ([first.ready_s] if first.ready_s is not None else [])
+    b = other.ready_runs or ([other.ready_s] if other.ready_s is not None else [])
+    if not a or not b:
+        return Verdict(Confidence.NOT_ESTABLISHED, "a time to ready is missing")
+    if min(len(a), len(b)) < 2:
+        return Verdict(Confidence.INDICATED, "from one launch each: a process's start varies from launch to "
+                       "launch")
+    ranges = (
+        f"{min(a):.1f}-{max(a):.1f} s against {min(b):.1f}-{max(b):.1f} s over {len(a)} and {len(b)} launches"
+    )
+    if max(a) < min(b) or max(b) < min(a):
+        return Verdict(Confidence.ESTABLISHED, f"the launches' ranges do not overlap: {ranges}")
+    return Verdict(Confidence.NOT_ESTABLISHED, f"the launches' ranges overlap: {ranges}")
 
 
 def _summary_row(pick: Pick, summary: pd.DataFrame, key: str) -> pd.Series | None:
@@ -496,19 +590,29 @@ def _per_request_s(pick: Pick, summary: pd.DataFrame, key: str) -> float:
     return 1.0 / row["request_rps"] if row["request_rps"] > 0 else math.nan
 
 
+def pair_level(
+    pick: Pick, summary: pd.DataFrame, requests: pd.DataFrame, first: str, other: str, seed: int = 0
+) -> str:
+    """How sure is it that `first` is better than `other` in the pick's class (a `Confidence` value, "" when
+    `first` is the worse)? The pick's own verdict for its winner and runner-up; the same comparison for any
+    other pair."""
+    if {first, other} == {pick.winner, pick.runner_up}:
+        return pick.level if first == pick.winner and pick.ratio > 1 else ""
+    a, b = _summary_row(pick, summary, first), _summary_row(pick, summary, other)
+    if a is None or b is None:
+        return ""
+    if pick.slo_class == "interactive":
+        cmp = compare_latency(requests, a, b, seed)
+    else:
+        cmp = compare_throughput(requests, a, b, pick.metric == "goodput_rps", seed)
+    return cmp.verdict.level.value if cmp.ratio > 1 else ""
+
+
 def pair_decisive(
     pick: Pick, summary: pd.DataFrame, requests: pd.DataFrame, first: str, other: str, seed: int = 0
 ) -> bool:
-    """Is `first` established as better than `other` in the pick's class? The pick's own verdict for its
-    winner and runner-up; the same comparison for any other pair."""
-    if {first, other} == {pick.winner, pick.runner_up}:
-        return pick.decisive and first == pick.winner
-    a, b = _summary_row(pick, summary, first), _summary_row(pick, summary, other)
-    if a is None or b is None:
-        return False
-    if pick.slo_class == "interactive":
-        return compare_latency(requests, a, b, seed).decisive
-    return compare_throughput(requests, a, b, pick.metric == "goodput_rps", seed).decisive
+    """Is `first` established as better than `other` in the pick's class?"""
+    return pair_level(pick, summary, requests, first, other, seed) == Confidence.ESTABLISHED.value
 
 
 def describe_setup(setup: SetupReport | None) -> str:
@@ -542,22 +646,59 @@ def describe_setup(setup: SetupReport | None) -> str:
     return " ".join(parts).replace(" ;", ";")
 
 
+def compared_points(pick: Pick) -> dict[str, str | None]:
+    """The pick's winner and runner-up, each with the load point it was compared at (None: every point)."""
+    at = {r["key"]: r.get("load_point") for r in pick.ranking}
+    return {k: at.get(k) for k in (pick.winner, pick.runner_up) if k}
+
+
+def touches_a_verdict(q: Qualifier, picks: list[Pick]) -> bool:
+    """Does the qualifier concern a comparison some pick makes?"""
+    return q.verdict and any(q.touches(p.workload, compared_points(p)) for p in picks)
+
+
+def qualify(picks: list[Pick], found: list[Qualifier]) -> None:
+    """Give each pick the qualifiers touching its compared candidates at their compared points, and their
+    sentence right after the verdict's (so the report's Decision and the terminal print it), whatever their
+    kind. Failures are stated in the verdict itself."""
+    for pick in picks:
+        pick.qualifiers = [
+            q for q in qualifiers_for(found, pick.workload, compared_points(pick)) if q.kind not in STATED
+        ]
+        first = [q for q in pick.qualifiers if q.kind in BEFORE_NUMBERS]
+        rest = [q for q in pick.qualifiers if q.kind not in BEFORE_NUMBERS]
+        if not pick.sentences:
+            continue
+        if first:  # missing data goes in the verdict sentence, after its class and point, before its numbers
+            head, sep, tail = pick.sentences[0].partition("): ")
+            said = qualifier_sentence(first).removeprefix("Qualified by ")
+            if sep:
+                pick.sentences[0] = f"{head}{sep}{said[:1].upper()}{said[1:]} {tail}"
+        if rest:
+            pick.sentences.insert(1, qualifier_sentence(rest))
+
+
 def selection(
     summary: pd.DataFrame,
     requests: pd.DataFrame,
     setups: dict[str, SetupReport],
     slo: dict[str, float],
     seed: int = 0,
+    planned: list[str] | None = None,
 ) -> tuple[list[Pick], list[str]]:
-    """The picks per workload and SLO class (with their set-up sentences), and the memory trade notes."""
+    """The picks per workload and SLO class (with their set-up sentences), and the memory trade notes.
+    `planned`: every candidate the run was to measure; those with no measured request are named as not
+    measured, not left out."""
     picks: list[Pick] = []
     if summary.empty:
         return picks, []
+    measured = {key_of(b, v) for b, v in zip(summary["backend"], summary["variant"], strict=True)}
+    unmeasured = [k for k in dict.fromkeys(planned or []) if k and k not in measured]
     described: set[str] = set()
     for workload in dict.fromkeys(summary["workload"]):
         for pick in (
-            interactive_pick(summary, requests, workload, slo, seed),
-            throughput_pick(summary, workload, slo, requests, seed),
+            interactive_pick(summary, requests, workload, slo, seed, unmeasured),
+            throughput_pick(summary, workload, slo, requests, seed, unmeasured),
         ):
             extra = setup_sentences(pick, summary, setups)
             if pick.winner in described and extra:  # its set-up was described already
@@ -605,8 +746,13 @@ def break_even_rows(
                 fast, slow = (a, b) if per[a] <= per[b] else (b, a)
                 be = break_even(setups[fast].ready_s, setups[slow].ready_s, per[fast], per[slow])
                 verdict = "never (no faster per request)" if be.requests is None else be.verdict
-                if be.requests and not pair_decisive(pick, summary, requests, fast, slow, seed):
+                level = pair_level(pick, summary, requests, fast, slow, seed)
+                if be.requests and not _pays(level, 2.0):
                     verdict = NOT_ESTABLISHED
+                elif be.requests:
+                    gap = setup_gap(setups[fast], setups[slow])
+                    if not (gap.decisive and level == Confidence.ESTABLISHED.value):
+                        verdict += f" ({_payback_level(level, gap)})"
                 rows.append(
                     [
                         pick.workload,

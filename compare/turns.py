@@ -3,6 +3,9 @@ the whole conversation so far, so without a prefix cache its TTFT grows with the
 it stays near the first turn's. One row per backend x variant x workload x load point x turn, written as
 `turns.csv` beside summary.csv (a turn is a finer grain than summary.csv's load point) and shown in the
 report's "TTFT by turn".
+
+Turns are numbered from 1 in both (`turn_number`, 1 = a session's first turn), as a reader counts them; the
+records' own `turn` field (and request ids `...-t0`) count from 0, as the load generator indexes them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import pandas as pd
 from compare.metrics import GROUP_KEYS
 
 TURNS_CSV = "turns.csv"
-COLUMNS = [*GROUP_KEYS, "turn", "n", "prompt_tokens_mean", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms",
+TURN = "turn_number"  # 1-based: 1 is a session's first turn
+COLUMNS = [*GROUP_KEYS, TURN, "n", "prompt_tokens_mean", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms",
            "e2e_p50_ms"]
 
 
@@ -31,7 +35,8 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
         ttft = group["ttft_s"].dropna().to_numpy() * 1e3
         e2e = group["e2e_s"].dropna().to_numpy() * 1e3
         out.append({
-            **dict(zip([*GROUP_KEYS, "turn"], key, strict=True)),
+            **dict(zip(GROUP_KEYS, key[:-1], strict=True)),
+            TURN: int(key[-1]) + 1,
             "n": len(group),
             "prompt_tokens_mean": float(group["prompt_tokens"].mean()),
             "ttft_p50_ms": _percentile(ttft, 50),
@@ -40,7 +45,7 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
             "e2e_p50_ms": _percentile(e2e, 50),
         })
     table = pd.DataFrame(out, columns=COLUMNS)
-    return table.astype({"turn": int}) if not table.empty else table
+    return table.astype({TURN: int}) if not table.empty else table
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

@@ -76,9 +76,9 @@ def test_unequal_context_and_prefix_caching_are_flagged(tmp_path):
         warnings
     )
     decision = section(report, "Decision")
-    assert (
-        "This result rests on unequal settings: vllm and reference differ in max model length 4096 against "
-        "2048; prefix caching on against off" in decision
+    assert (  # the verdict names what qualifies it (compare.confidence.Qualifier, from the parity findings)
+        "Qualified by unequal settings (max model length: vllm 4096, reference 2048; prefix caching: vllm "
+        "on, reference off)." in decision
     )
 
 

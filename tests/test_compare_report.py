@@ -161,10 +161,14 @@ def test_selection_with_setup_break_even_and_memory_trade(tmp_path):
     decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]
     # interactive at c=1: median E2E 0.1 + 19 * 0.05 = 1.05 s against 1.24 s
     assert "**reference:graphs** has the lowest median end-to-end latency, 1.05 s" in decision
-    assert "1.18x faster than reference:eager (1.24 s, n=30" in decision
-    # graphs is ready 12 s later and saves 0.19 s per request: 12 / 0.19 = 63 requests, 63.2 * 1.05 s = 66 s
-    assert "takes 12.0 s longer to be ready than reference:eager" in decision
-    assert "saves 190.0 ms per request" in decision and "after 63 requests (66 s of serving)" in decision
+    assert "1.18x faster than reference:eager (1.24 s, n=30 ok): indicated (one launch each" in decision
+    # graphs is ready 12 s later and saves 0.19 s per request: 12 / 0.19 = 63.2, so 64 requests (rounded up),
+    # 64 * 1.05 s = 67 s; from one launch each it is indicated, never established
+    assert "took 12.0 s longer to be ready than reference:eager" in decision
+    assert "saves 190.0 ms per request" in decision
+    assert "it would pay back after 64 requests (67 s of serving), indicated, not established" in decision
+    assert "**indicated**: " in decision and "**established**: " in decision  # the legend, once
+    assert decision.count("**established**: ") == 1
     # a 0.5 GiB pool at 128 KiB of KV per token is 4096 tokens, 34 sequences of 120 tokens
     assert "4,096 tokens of KV cache, 34 more concurrent sequences of 120 tokens" in decision
     assert "**Throughput / batch**" in decision and "**reference:graphs** reaches" in decision
@@ -448,7 +452,7 @@ def test_break_even_table_for_every_launched_pair(tmp_path):
     table = report.split("## Set-up cost against latency", 1)[1].split("## Results per load point", 1)[0]
     interactive = next(line for line in table.splitlines() if "interactive" in line)
     assert "| reference:graphs | reference:eager | 20.0 / 8.0 | 1.05 s / 1.24 s |" in interactive
-    assert "after 63 requests (66 s of serving)" in interactive
+    assert "after 64 requests (67 s of serving) (indicated, not established" in interactive
     assert any("batch (1 / requests/s)" in line for line in table.splitlines())
 
 
@@ -472,9 +476,9 @@ def test_a_winner_that_loses_one_launch_is_called_a_tie(tmp_path):
     results = analyze(run, n_boot=200)
     interactive = results.picks[0]
     assert interactive.winner == "a" and interactive.p_value < 0.01
-    assert interactive.confidence == "not consistent across launches" and not interactive.decisive
+    assert interactive.level == "not established" and not interactive.decisive
     text = " ".join(interactive.sentences)
-    assert "But not in every launch (1.88x, 0.85x)" in text and "treat it as a tie" in text
+    assert "per launch 1.88x, 0.85x" in text
     assert "no set-up cost is paid back" in text
     assert "ready in 30.5 s (median of 2 launches: 30.0, 31.0 s)" in text
 
@@ -542,7 +546,9 @@ def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
     results = analyze(run, n_boot=200)
     throughput = results.picks[1]
     assert throughput.winner == "fast" and throughput.ratio == pytest.approx(2.0, rel=0.1)
-    assert throughput.decisive and throughput.confidence.startswith("high confidence")
+    # within the run beyond doubt, but from one launch each: indicated, never established
+    assert throughput.level == "indicated" and not throughput.decisive
+    assert throughput.confidence.startswith("indicated (one launch each")
     assert throughput.ratio_lo > 1.5 and throughput.ratio_lo <= throughput.ratio <= throughput.ratio_hi
     summary = results.summary.set_index("backend")
     for backend in ("fast", "slow"):  # the summary's interval is the same computation, around its rate
@@ -557,8 +563,8 @@ def test_a_difference_within_two_percent_is_a_tie_however_sure(tmp_path):
     results = analyze(run, n_boot=200)
     for pick in results.picks[:2]:
         assert pick.ratio_lo >= 1 / 1.02 and pick.ratio_hi <= 1.02, pick
-        assert not pick.decisive and "a tie" in pick.confidence, pick.confidence
-    assert "a tie: the 95% interval lies within 2% either way" in " ".join(results.picks[0].sentences)
+        assert not pick.decisive and pick.level == "tie", pick.confidence
+    assert ": tie (95% CI" in " ".join(results.picks[0].sentences)
 
 
 LAYOUT_PROBE = """<script>

@@ -184,7 +184,8 @@ def test_live_compare_run_multi_turn_report(tiny_server, llama_dir, tmp_path):
     earlier = sum((prompts[(s, k - 1)] - 1) // 16 * 16 for s, k in prompts if k > 0)
     assert earlier > 0 and gained >= earlier, (gained, earlier)
     turns = pd.read_csv(out / "turns.csv")
-    assert turns["turn"].tolist() == [0, 1, 2] and turns["n"].tolist() == [3, 3, 3]
+    # numbered from 1, as the report numbers them (the records' own `turn` counts from 0)
+    assert turns["turn_number"].tolist() == [1, 2, 3] and turns["n"].tolist() == [3, 3, 3]
     assert turns["prompt_tokens_mean"].is_monotonic_increasing and turns["ttft_p50_ms"].gt(0).all()
     report = (out / "report.md").read_text()
     section = report.split("## TTFT by turn", 1)[1].split("\n## ", 1)[0]
