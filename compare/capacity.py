@@ -15,13 +15,15 @@ the search says so rather than guessing.
 
 The **bracket** is [lo, hi): hi the lowest measured rate that misses the SLO, lo the highest rate below hi
 at which it holds (0 when none does); undetermined rates in between are listed. The next rate measured is
-the midpoint of lo and the lowest rate above it that did not hold, until that gap is <= `--capacity-precision`
-x its upper end or `MAX_BISECTIONS` points were added; without points large enough to show a hold there is
-nothing to bisect. The capacity is lo: a rate at which the SLO was shown to hold with 95 % confidence.
+the midpoint of the widest gap between lo, the undetermined rates inside the bracket and hi, until every gap
+is <= `--capacity-precision` x hi or `MAX_BISECTIONS` points were added; without points large enough to show
+a hold there is nothing to bisect. The capacity is lo: a rate at which the SLO was shown to hold with 95 %
+confidence.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -75,16 +77,17 @@ def bracket(verdicts: list[tuple[float, str]]) -> tuple[float, float | None]:
 
 
 def next_rate(verdicts: list[tuple[float, str]], precision: float) -> float | None:
-    """The rate to measure next: the midpoint of lo and the lowest rate above it that did not hold; None
-    when that gap is narrow enough or every rate above lo held (open above)."""
-    lo, _ = bracket(verdicts)
-    above = [rate for rate, v in verdicts if rate > lo and v != HOLDS]
-    if not above:
+    """The rate to measure next: the midpoint of the widest gap between the bracket's ends and the rates left
+    undetermined inside it (the higher gap on a tie); None when every gap is narrow enough
+    (<= `precision` x hi) or the bracket is open above."""
+    lo, hi = bracket(verdicts)
+    if hi is None:
         return None
-    upper = min(above)
-    if upper - lo <= precision * upper:
+    inside = sorted({lo, hi, *(rate for rate, v in verdicts if v == UNDETERMINED and lo < rate < hi)})
+    width, start = max((b - a, a) for a, b in itertools.pairwise(inside))
+    if width <= precision * hi:
         return None
-    return (lo + upper) / 2
+    return start + width / 2
 
 
 @dataclass

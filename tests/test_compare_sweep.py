@@ -182,9 +182,11 @@ def test_capacity_bracket_and_bisection():
     assert capacity.next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
     # a rate that met the SLO above the lowest miss (noise) does not widen the bracket upwards
     assert capacity.bracket([(10.0, H), (20.0, M), (30.0, H)]) == (10.0, 20.0)
-    # an undetermined rate is not a hold: the search narrows the gap below it
+    # an undetermined rate is neither end: the bracket stays, and the search splits the widest gap around it
     assert capacity.bracket([(10.0, H), (20.0, U), (40.0, M)]) == (10.0, 40.0)
-    assert capacity.next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(15.0)
+    assert capacity.next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
+    assert capacity.next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
+    assert capacity.next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
 
 
 def test_capacity_verdicts_from_distribution_free_bounds():
