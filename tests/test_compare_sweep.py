@@ -70,53 +70,6 @@ def test_saturation_rules_on_synthetic_points():
     assert "client sent" in saturation(slow_client, SYNC)
 
 
-def test_saturation_never_fires_far_below_capacity_and_fires_far_above():
-    """A simulated M/D/c queue (c slots, constant service time), Poisson and constant arrivals, many seeds:
-    at a third of capacity no rule may fire (not one of 200 points; the tests' level is 1 %, and the counts'
-    dependence makes them conservative); at twice the capacity, with 60 requests, the rate rule must fire in
-    at least 95 % of them."""
-    rng = np.random.default_rng(20261205)
-    slots, service = 2, 0.1
-    capacity_rps = slots / service
-    sync = _simulated(rng, 1, 0.5, slots, service, 40, "constant", sync=True)
-    for arrival in ("poisson", "constant"):
-        below = [_simulated(rng, seed, capacity_rps / 3, slots, service, 40, arrival) for seed in range(100)]
-        assert not [saturation(p, sync) for p in below if saturation(p, sync)]
-        above = [_simulated(rng, seed, 2 * capacity_rps, slots, service, 60, arrival) for seed in range(100)]
-        fired = [p for p in above if saturation(p, sync)]
-        assert len(fired) >= 95, f"{arrival}: fired {len(fired)} of 100 at twice the capacity"
-
-
-def _simulated(rng: np.random.Generator, seed: int, rate: float, slots: int, service: float, n: int,
-               arrival: str, sync: bool = False) -> PointFacts:
-    """The facts of a point against a FIFO server of `slots` slots and a constant `service` time, with
-    jittered service (+-10 %) and the point's own arrival draw."""
-    import pandas as pd
-
-    from workloads.schedule import OpenLoop, point_seed
-
-    if sync:
-        sends = np.arange(n) * service * 1.1
-    else:
-        sends = OpenLoop(rate, arrival, seed=point_seed(seed, 3)).offsets(n)  # type: ignore[arg-type]
-    free = np.zeros(slots)
-    starts, ends = np.empty(n), np.empty(n)
-    for i, t in enumerate(sends):
-        k = int(np.argmin(free))
-        starts[i] = max(t, free[k])
-        ends[i] = free[k] = starts[i] + service * rng.uniform(0.9, 1.1)
-    ttft = starts - sends + 0.2 * service
-    requests = pd.DataFrame({
-        "status": "ok", "send_s": sends, "scheduled_s": sends, "end_s": ends, "ttft_s": ttft,
-        "ttft_intended_s": np.nan if sync else ttft, "e2e_s": ends - sends,
-        "e2e_intended_s": np.nan if sync else ends - sends, "tpot_s": np.nan,
-    })
-    row = {"load_point": "c=1" if sync else f"r={rate:g}", "concurrency": 1 if sync else None,
-           "rate": None if sync else rate, "request_rps": n / (ends[-1] - sends[0]), "requests": n,
-           "requests_failed": 0}
-    return sweep.point_facts(row, requests)
-
-
 def test_knee_and_saturation_point_on_synthetic_sweep():
     points = [SYNC, point(5, 21), point(8, 35), point(11, 45), point(14, 200, completed=11, rising=True),
               point(20, 300, completed=11, rising=True)]
