@@ -162,6 +162,12 @@ def test_sweep_and_capacity_bracket_the_known_capacity(
         })
         outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=0, watcher=Watcher())
     assert outcome.code == 0
+    # every open-loop point drew its own arrivals, and its seed is recorded in the manifest and runs.jsonl
+    schedules = [p["schedule"] for p in outcome.run_dir.manifest["points"]]
+    seeds = [s["seed"] for s in schedules if s["kind"] == "open"]
+    assert len(seeds) >= 3 and len(set(seeds)) == len(seeds)
+    recorded = [r.schedule["seed"] for r in outcome.run_dir.run_summaries() if r.schedule["kind"] == "open"]
+    assert sorted(recorded) == sorted(seeds)
     known = server.capacity_rps
     points = next(iter(sweep.sweep_of(outcome.results.summary, outcome.results.requests).values()))
     sync = points[0]
