@@ -252,3 +252,18 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
     assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= TTFT_S + 0.8 * SERVICE_S
     span = max(r.t0_monotonic + r.end_s for r in records) - min(r.t0_monotonic + r.send_s for r in records)
     assert len(records) / span <= TRUE_CAPACITY * 1.05
+
+
+def test_capacity_sentences_never_claim_more_than_the_points_show():
+    """Too few requests a point for a p99: the capacity is undetermined (and says how many it takes), never
+    'holds'; a decided one states its bracket and the rates left undetermined above it."""
+    from compare.report import _capacity_row, _capacity_sentence
+
+    slo = {"ttft": 0.05}
+    few = capacity.Capacity(0.0, 20.0, 99, smallest_n=16, undetermined=[10.0])
+    text = _capacity_sentence(few, slo)
+    assert "undetermined" in text and "16 requests" in text and "299" in text and "holds" in text
+    assert _capacity_row("a", "w", few, slo)[2] == "undetermined"
+    found = capacity.Capacity(10.0, 20.0, 99, smallest_n=400, undetermined=[15.0])
+    text = _capacity_sentence(found, slo)
+    assert text.startswith("capacity under the SLO 10 requests/s") and "undetermined at 15" in text
