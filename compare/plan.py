@@ -47,7 +47,7 @@ from compare.run_options import (
     split_list,
 )
 from workloads.datasets import LengthDist
-from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay
+from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay, point_seed
 from workloads.sessions import ThinkTime
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
@@ -263,7 +263,11 @@ def _load_points(
     )
     try:
         schedules: list[Schedule] = [ClosedLoop(c) for c in concurrencies]
-        schedules += [OpenLoop(r, arrival, burstiness, seed, max_conc) for r in rates]  # type: ignore[arg-type]
+        # each rate its own draw of arrivals, seeded from --seed and its place among the rates
+        schedules += [
+            OpenLoop(r, arrival, burstiness, point_seed(seed, i), max_conc)  # type: ignore[arg-type]
+            for i, r in enumerate(rates)
+        ]
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
     schedules += [trace] if trace is not None else []

@@ -88,7 +88,12 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
     results.picks, results.memory_notes = selection(ranked, requests, setups, slo, seed, planned)
     if config.get("capacity") and slo:  # with a capacity search, its ranking leads the decision
         percentile = int(config.get("capacity_percentile") or 99)
-        results.picks = capacity_picks(ranked, requests, slo, percentile) + results.picks
+        found = capacity_picks(ranked, requests, slo, percentile)
+        # the capacity is the throughput within the SLO: a goodput read off one point (an open loop's own
+        # draw of arrivals can run ahead of its rate) is not set beside it to claim a rate beyond its bracket
+        searched = {p.workload for p in found}
+        results.picks = found + [p for p in results.picks
+                                 if not (p.slo_class == "throughput" and p.workload in searched)]
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key), run.path) for key, st in setups.items()}
     results.parity = findings(results.declared)
@@ -609,14 +614,19 @@ def _sweep_capacity(res: Results) -> list[Block]:
             continue
         key, bend, saturated = key_of(backend, variant), sweep.knee(points, sync), None
         found = sweep.first_saturated(points, sync)
-        most = max((p.throughput_rps for p in points if p.offered_rps is None), default=math.nan)
-        rows.append([key, workload, _f(sync.ttft_p50_s * 1e3), _f(most, 2),
+        most = sweep.most_served(points)
+        served = f"{_f(most.throughput_rps, 2)} at {most.label}"
+        rows.append([key, workload, _f(sync.ttft_p50_s * 1e3), served,
                      "none" if bend is None else f"{bend.offered_rps:.4g}",
                      "not reached" if found is None else f"{found[0].offered_rps:.4g}",
                      "" if found is None else found[1]])
-        saturated = "not reached" if found is None else f"saturated at {found[0].offered_rps:.4g} requests/s"
+        top = max(p.offered_rps or 0.0 for p in points)
+        saturated = (f"saturated at {found[0].offered_rps:.4g} requests/s" if found is not None
+                     else f"not saturated up to {top:.4g} requests/s offered" if top
+                     else "no open-loop point")
         sentence = (f"{key} ({workload}): knee at "
-                    f"{'no rate' if bend is None else f'{bend.offered_rps:.4g} requests/s'}, {saturated}")
+                    f"{'no rate' if bend is None else f'{bend.offered_rps:.4g} requests/s'}, {saturated}; "
+                    f"most served {most.throughput_rps:.3g} requests/s (at {most.label})")
         cap = capacity.capacity_of(points, slo, q) if searched else None
         if cap is not None:
             cap_rows.append(_capacity_row(key, workload, cap, slo))
@@ -624,56 +634,68 @@ def _sweep_capacity(res: Results) -> list[Block]:
         sentences.append(sentence + ".")
     explained = (
         "A sweep runs concurrency 1 and a saturating closed loop, then open-loop rates from the first's "
-        "throughput up, until the backend saturates: it completes under 90 % of the offered rate, the "
-        "client cannot send at it, a tenth of the requests fail, or the TTFT p50 exceeds 4 x the "
-        "synchronous one and rises within the point. The knee is the highest rate before that whose TTFT "
-        "p50 stays within 2 x the synchronous one. Most served: the closed loops' requests/s. Plots mark "
-        "the knee and the saturated point."
+        "throughput up, each with its own seeded draw of arrivals, until the backend saturates: it completes "
+        "requests clearly slower than they were sent, the client falls behind its own schedule, a tenth of "
+        "the requests fail, or the TTFT p50 exceeds 4 x the synchronous one and rises within the point (the "
+        "rate and rise tests at the 1 % level, so that the sampling error of a point's arrivals does not "
+        "call a server far below its capacity saturated). The knee is the highest offered rate before that "
+        "whose TTFT p50 stays within 2 x the synchronous one. Most served: the highest rate of ok requests "
+        "over a point's measured window, at any point. Plots mark the knee and the saturated point."
     )
     blocks: list[Block] = [("h2", "Sweep and capacity"), ("p", explained), ("table", (SWEEP_COLUMNS, rows))]
     if searched:
         limits = ", ".join(f"{k} p{q} <= {v * 1e3:g} ms" for k, v in slo.items())
         blocks += [
-            ("p", f"Capacity: the highest open-loop rate meeting the SLO ({limits}; TTFT and E2E from the "
-                  "intended send; an unsaturated point with few enough failures), bracketed by the lowest "
-                  "rate that missed it, found by bisection. The intervals are 95 % bootstrap intervals of "
-                  "each percentile; the SLO holds with confidence where every upper end is within it."),
+            ("p", f"Capacity: the highest open-loop rate at which the SLO ({limits}; TTFT and E2E from the "
+                  "intended send; a failed request misses it; an unsaturated point) holds, bracketed by the "
+                  "lowest rate that misses it, found by bisection. A rate holds when the one-sided 95 % "
+                  f"distribution-free bound of each p{q} (from the order statistics of the point's requests) "
+                  f"is within its limit, misses when the other bound is beyond it, and is undetermined "
+                  f"otherwise: fewer than {capacity.min_n_for_bound(q / 100)} requests a point can never "
+                  f"show that a p{q} holds. The intervals are two-sided 95 % distribution-free intervals, n "
+                  "the requests."),
             ("table", (CAPACITY_COLUMNS, cap_rows)),
         ]
     return [*blocks, ("ul", sentences)]
 
 
 CAPACITY_COLUMNS = ["backend", "workload", "capacity (req/s)", "bracket (req/s)", "width", "at lower end",
-                    "at upper end", "holds with confidence"]
+                    "at upper end", "undetermined (req/s)"]
 
 
 def _capacity_row(key: str, workload: str, cap: capacity.Capacity, slo: dict[str, float]) -> list[str]:
     def ends(end: str) -> str:
         values = cap.intervals.get(end) or {}
-        return "; ".join(f"{k} {v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]" for k, v in values.items()) or "-"
+        cells = [f"{k} {v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}] n={v[3]}" for k, v in values.items()]
+        return "; ".join(cells) or "-"
 
-    confident = cap.confident(slo)
     hi = "open" if cap.hi is None else f"{cap.hi:.4g}"
-    return [key, workload, f"{cap.lo:.4g}", f"[{cap.lo:.4g}, {hi})", _f(cap.width, 2), ends("lo"), ends("hi"),
-            "-" if confident is None else ("yes" if confident else "no")]
+    return [key, workload, f"{cap.lo:.4g}" if cap.decided else "undetermined", f"[{cap.lo:.4g}, {hi})",
+            _f(cap.width, 2), ends("lo"), ends("hi"), ", ".join(f"{r:.4g}" for r in cap.undetermined) or "-"]
 
 
 def _capacity_sentence(cap: capacity.Capacity, slo: dict[str, float]) -> str:
     if not cap.sync_meets:
         return "the SLO is missed even at one request at a time: no capacity"
+    short = cap.smallest_n < cap.needed_n
+    if not cap.decided:
+        why = (f"a point of {cap.smallest_n} requests cannot show a p{cap.percentile} holds (it takes "
+               f"{cap.needed_n}; raise --num-requests or --duration)" if short
+               else "no rate measured was shown to hold it")
+        return "capacity under the SLO undetermined: " + why + (
+            "" if cap.hi is None else f"; it missed at {cap.hi:.4g} requests/s")
     if cap.hi is None:
-        return f"the SLO held at every rate measured, up to {cap.lo:.4g} requests/s (capacity at least that)"
-    confident, missed = cap.confident(slo), cap.missed_confidently(slo)
-    text = (
-        f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} "
-        f"(it missed at {cap.hi:.4g}{'' if missed else ', not with 95 % confidence'}); "
-        + ("the SLO holds with 95 % confidence there" if confident else
-           "the SLO holds there, but not with 95 % confidence")
-    )
+        text = f"the SLO held at every rate decided, up to {cap.lo:.4g} requests/s (capacity at least that)"
+    else:
+        text = (f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} (the SLO holds "
+                f"there with 95 % confidence and was missed at {cap.hi:.4g})")
+    if cap.undetermined:
+        text += (f"; undetermined at {', '.join(f'{r:.4g}' for r in cap.undetermined)} requests/s, so the "
+                 "capacity may be higher")
     if cap.met_above:
         text += (
-            f"; {', '.join(f'{r:.4g}' for r in cap.met_above)} requests/s, above the bracket, met it: the "
-            f"p{cap.percentile} of so few requests is noisy, so the bracket may be low (more --num-requests)"
+            f"; {', '.join(f'{r:.4g}' for r in cap.met_above)} requests/s, above the bracket, held it: the "
+            "SLO is not monotone in the rate here, so the bracket may be low"
         )
     return text
 

@@ -773,8 +773,10 @@ def capacity_picks(
     summary: pd.DataFrame, requests: pd.DataFrame, slo: dict[str, float], percentile: int
 ) -> list[Pick]:
     """With --capacity: per workload, the backends ranked by their capacity under the SLO (the lower end of
-    each bracket, `compare.capacity`). A winner whose lower end is at or above the runner-up's upper end is
-    ahead beyond the search's precision; otherwise the brackets overlap and the order is not established."""
+    each bracket, `compare.capacity`: a rate at which the SLO was shown to hold). A winner whose lower end is
+    at or above the runner-up's upper end is ahead beyond the search's precision; otherwise the brackets
+    overlap and the order is not established. A backend no rate of which was shown to hold the SLO has an
+    undetermined capacity, never a rate above its own bracket."""
     from compare.capacity import capacity_of
     from compare.sweep import sweep_of
 
@@ -783,20 +785,28 @@ def capacity_picks(
     for workload in dict.fromkeys(summary["workload"]):
         ranked = sorted(
             ((key_of(b, v), c) for (b, v, w), c in found.items() if w == workload and c is not None),
-            key=lambda kc: -kc[1].lo,
+            key=lambda kc: (not kc[1].decided, -kc[1].lo),
         )
         if not ranked:
             continue
         pick = Pick("capacity", workload, winner=ranked[0][0], value=ranked[0][1].lo, metric="capacity_rps")
-        pick.ranking = [{"key": k, "capacity_rps": c.lo, "bracket_hi_rps": c.hi} for k, c in ranked]
-        names = ", ".join(f"{k} {_fmt_bracket(c.lo, c.hi)} requests/s" for k, c in ranked)
+        pick.ranking = [{"key": k, "capacity_rps": c.lo, "bracket_hi_rps": c.hi, "decided": c.decided}
+                        for k, c in ranked]
+        names = ", ".join(f"{k} {_fmt_bracket(c.lo, c.hi, c.decided)}" for k, c in ranked)
         pick.sentences.append(
             f"**Capacity under the SLO** (p{percentile}; {workload}): {names}."
         )
-        if len(ranked) > 1:
-            (first, a), (second, b) = ranked[0], ranked[1]
+        (first, a) = ranked[0]
+        if not a.decided:
+            pick.winner, pick.value = None, math.nan
+            pick.sentences.append(
+                f"No backend was shown to hold the SLO at any rate (a point needs at least {a.needed_n} "
+                f"requests before its p{percentile} can be shown to hold): no capacity is established."
+            )
+        elif len(ranked) > 1:
+            second, b = ranked[1]
             pick.runner_up, pick.runner_value = second, b.lo
-            pick.decisive = b.hi is not None and a.lo >= b.hi
+            pick.decisive = b.decided and b.hi is not None and a.lo >= b.hi
             pick.sentences.append(
                 f"{first} serves the most within the SLO"
                 + (
@@ -810,5 +820,8 @@ def capacity_picks(
     return picks
 
 
-def _fmt_bracket(lo: float, hi: float | None) -> str:
-    return f">= {lo:.4g} (every rate measured met it)" if hi is None else f"[{lo:.4g}, {hi:.4g})"
+def _fmt_bracket(lo: float, hi: float | None, decided: bool = True) -> str:
+    if not decided:
+        return "undetermined" + ("" if hi is None else f" (missed at {hi:.4g} requests/s)")
+    return (f">= {lo:.4g} requests/s (every rate decided held it)" if hi is None
+            else f"[{lo:.4g}, {hi:.4g}) requests/s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from compare.plan import build_plan
@@ -170,3 +171,19 @@ def test_sweep_and_capacity_plan():
     ):
         with pytest.raises(PlanError, match=message):
             build_plan({**endpoint, **bad})
+
+
+def test_each_open_loop_point_draws_its_own_arrivals():
+    """Every rate gets a seed of its own, derived from --seed and its place among the rates, so no two points
+    scale one draw; the seed is in the schedule's description, which the manifest and runs.jsonl record."""
+    from workloads.schedule import point_seed
+
+    for seed in (0, 1, 5):
+        plan = build_plan({"rate": "2,8,2", "seed": seed})
+        seeds = [s.seed for s in plan.load_points]
+        assert seeds == [point_seed(seed, k) for k in range(3)] and len(set(seeds)) == 3
+        assert [s.describe()["seed"] for s in plan.load_points] == seeds
+        first, _, again = plan.load_points
+        assert not np.allclose(first.offsets(20), again.offsets(20))  # the same rate, another draw
+    one, other = build_plan({"rate": "2"}), build_plan({"rate": "2", "seed": 1})
+    assert one.load_points[0].seed != other.load_points[0].seed

@@ -4,8 +4,10 @@ under the SLO must lie within the stated precision of the one computed from the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 from checkpoints import make_tokenizer
 
@@ -18,22 +20,29 @@ from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 
 def point(rate: float | None, ttft_ms: float, completed: float | None = None, *,
-          concurrency: int | None = None, rising: bool = False, failed: float = 0.0,
-          row: dict | None = None) -> PointFacts:
-    completed = rate if completed is None else completed
+          concurrency: int | None = None, rising: bool = False, failed: float = 0.0, n: int = 200,
+          sent: float | None = None, values: dict | None = None) -> PointFacts:
+    """A synthetic point of `n` requests sent at `sent` (default: the offered rate) on schedule, completed at
+    `completed` requests/s (default: as sent)."""
+    sent = (rate or 10.0) if sent is None else sent
+    completed = sent if completed is None else completed
     ttft = ttft_ms / 1e3
     return PointFacts(
         label=f"r={rate:g}" if rate else f"c={concurrency}",
         concurrency=concurrency,
         offered_rps=rate,
         throughput_rps=completed or 10.0,
-        completed_rps=completed or 10.0,
-        sent_rps=rate or 10.0,
         ttft_p50_s=ttft,
         ttft_early_s=ttft * (0.5 if rising else 1.0),
         ttft_late_s=ttft * (1.5 if rising else 1.0),
         failed_share=failed,
-        row=row or {},
+        sent=n,
+        send_span_s=(n - 1) / sent,
+        intended_span_s=(n - 1) / sent if rate else math.nan,
+        completed=n,
+        end_span_s=(n - 1) / (completed or 10.0),
+        ttft_rise_p=1e-6 if rising else 0.5,
+        values=values or {},
     )
 
 
@@ -42,14 +51,22 @@ SYNC = point(None, 20.0, concurrency=1)
 
 def test_saturation_rules_on_synthetic_points():
     assert saturation(point(10, 22), SYNC) == ""
-    assert "completed 8.5" in saturation(point(10, 22, completed=8.5), SYNC)  # 85 % < 90 % of offered
+    assert "completed 6 " in saturation(point(10, 22, completed=6.0), SYNC)  # 60 % of the sends, n=200
+    # 75 %: the test of two Poisson counts (conservative: a point's sends and ends are not independent) leaves
+    # it to the TTFT rule, which a queue growing this fast meets
+    assert saturation(point(10, 22, completed=7.5), SYNC) == ""
     assert saturation(point(10, 22, completed=9.5), SYNC) == ""  # 95 %: within the tolerance
+    # compared with what was sent, not the offered rate: a draw that sent at 0.7 x the rate is not saturation
+    assert saturation(point(10, 22, sent=7.0), SYNC) == ""
+    # a few requests cannot show a shortfall that chance explains: 80 % of 16 sends
+    assert saturation(point(10, 22, completed=8.0, n=16), SYNC) == ""
     # latency: 5 x the synchronous TTFT, rising within the point; high but flat is not unbounded growth
     assert "rising" in saturation(point(10, 100, rising=True), SYNC)
     assert saturation(point(10, 100), SYNC) == ""
     assert saturation(point(10, 70, rising=True), SYNC) == ""  # 3.5 x: below TTFT_GROWTH
     assert "failed" in saturation(point(10, 20, failed=0.2), SYNC)
-    slow_client = PointFacts(**{**point(10, 20).__dict__, "sent_rps": 7.0})
+    # the client behind its own schedule: sends spread over 1 / 0.8 of their intended span
+    slow_client = dataclasses.replace(point(10, 20), send_span_s=point(10, 20).send_span_s / 0.8)
     assert "client sent" in saturation(slow_client, SYNC)
 
 
@@ -61,6 +78,8 @@ def test_knee_and_saturation_point_on_synthetic_sweep():
     assert found is not None and found[0].offered_rps == 14
     # nothing past the first saturated point is a knee, even where its TTFT looks fine again
     assert knee([SYNC, point(5, 60), point(9, 30, completed=5), point(12, 21)], SYNC) is None
+    # the most served is the point that served the most, open loops included
+    assert sweep.most_served(points).label == "r=11"
 
 
 def test_sweep_rates_span_synchronous_to_beyond_saturating():
@@ -75,8 +94,9 @@ def test_sweep_rates_span_synchronous_to_beyond_saturating():
 
 def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
     """A backend serving 30 requests/s at most, 10 one at a time: the driver must go up from the
-    synchronous throughput, stop at the first saturated rate and measure nothing after it."""
-    from workloads.schedule import ClosedLoop, OpenLoop
+    synchronous throughput, stop at the first saturated rate and measure nothing after it. Each open-loop
+    point draws its arrivals with a seed of its own, derived from the run's."""
+    from workloads.schedule import ClosedLoop, OpenLoop, point_seed
 
     asked = []
 
@@ -88,47 +108,65 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
         over = schedule.rate > 30
         return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
 
-    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant"))
+    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant", seed=7))
     points = driver.run(measure)
     rates = [p.offered_rps for p in points[2:]]
     assert asked[:2] == [ClosedLoop(1), ClosedLoop(16)]
     assert rates == pytest.approx([16.88, 23.75, 30.62], abs=0.01)  # 10 .. 37.5 in 4 steps; 30.62 saturates
     assert all(s.arrival == "constant" for s in asked[2:])
+    seeds = [s.seed for s in asked[2:]]
+    assert len(set(seeds)) == len(seeds) and 7 not in seeds
+    assert seeds == [point_seed(7, k) for k in range(2, 2 + len(seeds))]  # the place in the sweep's order
     failed = sweep.Sweep(4, "linear", 16, OpenLoop(1.0)).run(
         lambda s: point(None, math.nan, math.nan, concurrency=getattr(s, "concurrency", 0), failed=1.0)
     )
     assert len(failed) == 2  # nothing was served: no rate to sweep
 
 
+H, M, U = capacity.HOLDS, capacity.MISSES, capacity.UNDETERMINED
+
+
 def test_capacity_bracket_and_bisection():
-    verdicts = [(10.0, True), (20.0, True), (30.0, False), (25.0, True), (40.0, False)]
+    verdicts = [(10.0, H), (20.0, H), (30.0, M), (25.0, H), (40.0, M)]
     assert capacity.bracket(verdicts) == (25.0, 30.0)
     assert capacity.next_rate(verdicts, 0.1) == pytest.approx(27.5)
     assert capacity.next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
-    assert capacity.bracket([(10.0, True), (20.0, True)]) == (20.0, None)
-    assert capacity.next_rate([(10.0, False)], 0.1) == 5.0  # nothing met it yet: towards 0
+    assert capacity.bracket([(10.0, H), (20.0, H)]) == (20.0, None)
+    assert capacity.next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
     # a rate that met the SLO above the lowest miss (noise) does not widen the bracket upwards
-    assert capacity.bracket([(10.0, True), (20.0, False), (30.0, True)]) == (10.0, 20.0)
+    assert capacity.bracket([(10.0, H), (20.0, M), (30.0, H)]) == (10.0, 20.0)
+    # an undetermined rate is neither end: the bracket stays, and the search splits the widest gap around it
+    assert capacity.bracket([(10.0, H), (20.0, U), (40.0, M)]) == (10.0, 40.0)
+    assert capacity.next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
+    assert capacity.next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
+    assert capacity.next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
 
 
-def test_capacity_confidence_reads_the_percentile_intervals():
+def test_capacity_verdicts_from_distribution_free_bounds():
+    """p90 of a TTFT SLO of 50 ms: 100 requests at 20 ms hold it; 100 at 80 ms miss it; 10 requests at 20 ms
+    cannot show it holds (29 needed), and the capacity is then undetermined, never 'holds'."""
     slo = {"ttft": 0.05}
-    ok_row = {"ttft_intended_p99_ms": 40.0, "ttft_intended_p99_ms_lo": 35.0, "ttft_intended_p99_ms_hi": 48.0}
-    loose = {**ok_row, "ttft_intended_p99_ms_hi": 60.0}
-    miss = {"ttft_intended_p99_ms": 80.0, "ttft_intended_p99_ms_lo": 70.0, "ttft_intended_p99_ms_hi": 90.0}
-    sync = point(None, 20.0, concurrency=1, row={"ttft_p99_ms": 25.0})
-    result = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=miss)], slo, 99)
-    assert (result.lo, result.hi, result.width) == (10, 20, 10)
-    assert result.confident(slo) is True and result.intervals["hi"]["ttft"] == (80.0, 70.0, 90.0)
-    assert result.missed_confidently(slo) is True and result.met_above == []
-    unsure = {"ttft_intended_p99_ms": 60.0, "ttft_intended_p99_ms_lo": 45.0, "ttft_intended_p99_ms_hi": 70.0}
-    noisy = capacity.capacity_of([sync, point(10, 21, row=ok_row), point(20, 30, row=unsure),
-                                  point(30, 30, row=ok_row)], slo, 99)
-    assert noisy.hi == 20 and noisy.missed_confidently(slo) is False and noisy.met_above == [30]
-    result = capacity.capacity_of([sync, point(10, 21, row=loose), point(20, 30, row=miss)], slo, 99)
-    assert result.confident(slo) is False  # p99 within, its interval not
+    rng = np.random.default_rng(3)
+
+    def at(rate: float, ms: float, n: int = 100, failed: int = 0) -> PointFacts:
+        facts = point(rate, ms, n=n, values={"ttft": rng.uniform(0.9, 1.1, n) * ms / 1e3})
+        return dataclasses.replace(facts, failed=failed)
+
+    sync = dataclasses.replace(at(None, 20.0), concurrency=1, label="c=1")  # type: ignore[arg-type]
+    assert capacity.point_verdict(at(10, 20), sync, slo, 90) == H
+    assert capacity.point_verdict(at(10, 80), sync, slo, 90) == M
+    assert capacity.point_verdict(at(10, 20, n=10), sync, slo, 90) == U
+    assert capacity.point_verdict(at(10, 20, failed=30), sync, slo, 90) == M  # failures miss any limit
     # a saturated point misses the SLO whatever its percentiles say
-    assert not capacity.meets(point(10, 21, completed=5, row=ok_row), sync, slo, 99)
+    assert capacity.point_verdict(dataclasses.replace(at(10, 20), end_span_s=99 / 5), sync, slo, 90) == M
+    result = capacity.capacity_of([sync, at(10, 20), at(20, 80)], slo, 90)
+    assert (result.lo, result.hi, result.width, result.decided) == (10, 20, 10, True)
+    estimate, lo, hi, n = result.intervals["lo"]["ttft"]
+    assert lo <= estimate <= hi and n == 100 and hi < 50
+    few = capacity.capacity_of([sync, at(10, 20, n=10), at(20, 80, n=10)], slo, 90)
+    assert not few.decided and few.lo == 0 and few.hi == 20 and few.undetermined == [10]
+    noisy = capacity.capacity_of([sync, at(10, 20), at(20, 80), at(30, 20)], slo, 90)
+    assert noisy.met_above == [30]
 
 
 MAX_STREAMS, TTFT_S, ITL_S, OUTPUT = 4, 0.04, 0.02, 4
@@ -214,3 +252,18 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
     assert ttfts[0] >= TTFT_S and ttfts[len(ttfts) // 2] >= TTFT_S + 0.8 * SERVICE_S
     span = max(r.t0_monotonic + r.end_s for r in records) - min(r.t0_monotonic + r.send_s for r in records)
     assert len(records) / span <= TRUE_CAPACITY * 1.05
+
+
+def test_capacity_sentences_never_claim_more_than_the_points_show():
+    """Too few requests a point for a p99: the capacity is undetermined (and says how many it takes), never
+    'holds'; a decided one states its bracket and the rates left undetermined above it."""
+    from compare.report import _capacity_row, _capacity_sentence
+
+    slo = {"ttft": 0.05}
+    few = capacity.Capacity(0.0, 20.0, 99, smallest_n=16, undetermined=[10.0])
+    text = _capacity_sentence(few, slo)
+    assert "undetermined" in text and "16 requests" in text and "299" in text and "holds" in text
+    assert _capacity_row("a", "w", few, slo)[2] == "undetermined"
+    found = capacity.Capacity(10.0, 20.0, 99, smallest_n=400, undetermined=[15.0])
+    text = _capacity_sentence(found, slo)
+    assert text.startswith("capacity under the SLO 10 requests/s") and "undetermined at 15" in text

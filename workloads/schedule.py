@@ -2,6 +2,10 @@
 
 Open-loop gaps are seeded: `constant` (1/rate), `poisson` (exponential gaps, mean 1/rate) or `gamma`
 (shape = burstiness, mean 1/rate: burstiness < 1 is burstier than Poisson, > 1 smoother; 1 is Poisson).
+Each open-loop point draws its own gaps: `point_seed(seed, index)` derives the point's seed from the run's
+`--seed` and the point's place in the plan (or in the sweep's order), so no two points of a run share a draw
+and a point's realised rate is not the same fraction of its nominal one at every rate. The derived seed is
+the one `describe()` records.
 A trace file holds one send time per line (seconds; or JSON lines with a `timestamp` field); times are
 made relative to the first one and can be scaled.
 """
@@ -18,6 +22,12 @@ from typing import Literal
 import numpy as np
 
 Arrival = Literal["constant", "poisson", "gamma"]
+
+
+def point_seed(seed: int, index: int) -> int:
+    """The arrival seed of the `index`-th open-loop point of a run seeded `seed`: independent streams for
+    every (seed, index) pair (`numpy.random.SeedSequence`), as a 32-bit integer that a manifest can hold."""
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
 
 
 @dataclass(frozen=True)
