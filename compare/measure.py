@@ -372,11 +372,18 @@ class _SweepRun:
         per_launch = len(specs) // plan.repeats  # the slices of this launch (a sweep has one)
         slices = iter(range(launch.repeat * per_launch, (launch.repeat + 1) * per_launch))
 
+        from compare.statistics import min_n_for_bound
+        from workloads.schedule import OpenLoop
+
+        # a capacity search decides each rate by the percentile's one-sided bound, which needs this many
+        needed = min_n_for_bound(plan.capacity_percentile / 100) if plan.capacity else None
+
         def measure_one(schedule: Schedule) -> Any:
             k = next(slices)
             backend, workload = launch.backend, self.workload
+            sized = needed if isinstance(schedule, OpenLoop) else None
             point = _Point(plan, backend, self.adapter, self.url, workload, schedule, launch.repeat,
-                           gpu=self.gpu)
+                           gpu=self.gpu, min_requests=sized)
             if point.run(launch.run_dir, specs[k], warm[k], load, self.tokenizer, launch.watcher):
                 raise KeyboardInterrupt
             return self._facts(point.run_id)
@@ -420,6 +427,9 @@ class _Point:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     gpu: Any = None  # compare.gpu_telemetry.GpuWatch: sampled from before the load starts to after it ends
     block: tuple[int, int] | None = None  # (block, blocks) when the point is measured in blocks (_Blocks)
+    # the fewest requests the point must measure (a capacity search's percentile needs them to be decided):
+    # its request bound is raised to it and its duration to what its rate takes to send them
+    min_requests: int | None = None
 
     def run(
         self, run_dir: Any, source: Any, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
@@ -447,6 +457,13 @@ class _Point:
         if self.block:  # and its own bounds, a share of the point's (block_budget)
             entry["block"], entry["blocks"] = self.block
             entry["num_requests"], entry["duration_s"] = requests, duration
+        if self.min_requests:
+            requests, duration, source = self._sized(requests, duration, source)
+            entry["num_requests"], entry["duration_s"] = requests, duration
+            least = plural(self.min_requests, "request")
+            watcher.say(f"{backend.key} {schedule.label}: {least} at least, so that its "
+                        f"p{plan.capacity_percentile} can be decided"
+                        + (f" (up to {duration:.0f} s)" if duration is not None else ""))
         specs, stream, entry["prompts"] = self._prompts(source)
         run_dir.save()
         launch = self.repeat // self.block[1] if self.block else self.repeat
@@ -500,6 +517,24 @@ class _Point:
             run_dir.save()
         summaries = [s for s in read_run_summaries(run_dir.runs_path) if s.run_id == run_id]
         return bool(summaries and summaries[-1].interrupted)
+
+    def _sized(self, requests: int | None, duration: float | None, source: Any
+               ) -> tuple[int | None, float | None, Any]:
+        """The point's bounds and prompts raised to `min_requests`: its request bound to at least that many,
+        its duration to what its rate takes to send them (with a tenth more, and a second, for the
+        arrivals' spread), and a prompt stream bounded by the request count to as many prompts."""
+        from workloads.datasets import PromptStream
+
+        need = int(self.min_requests or 0)
+        rate = getattr(self.schedule, "rate", None)
+        if requests is not None:
+            requests = max(requests, need)
+        if duration is not None and rate and math.isfinite(rate):
+            duration = max(duration, 1.1 * need / rate + 1.0)
+        if isinstance(source, PromptStream) and source.limit is not None and requests is not None:
+            source = PromptStream(source.make_chunk, source.chunk_size, max(source.limit, requests),
+                                  source.reserve)
+        return requests, duration, source
 
     def _prompts(self, source: Any) -> tuple[list, Any, dict[str, Any]]:
         """(the specs or sessions to hand the load generator, the stream that continues them or None, the

@@ -194,3 +194,35 @@ def test_sweep_and_capacity_bracket_the_known_capacity(
           f"most served {most:.4g}, saturated from {min(r for r, _ in called):.4g}; "
           f"the simulated server holds the SLO up to {holds_up_to:.4g} and misses it from {misses_from:.4g} "
           f"(each in {RARE:.0%} of points); bracket [{found.lo:.4g}, {found.hi:.4g})")
+
+
+@pytest.mark.live
+@pytest.mark.timing
+def test_capacity_points_are_sized_so_that_their_percentile_can_be_decided(tmp_path) -> None:
+    """With 8 requests a point a p90 could never be shown to hold (29 are needed): every open-loop point of
+    the search is raised to that many, with its prompts, and the manifest records the raised bounds; the
+    closed loops keep the asked size."""
+    from compare.measure import Watcher
+    from compare.plan import build_plan
+    from compare.runner import run_plan
+    from compare.statistics import min_n_for_bound
+
+    make_tokenizer(tmp_path / "tok")
+    needed = min_n_for_bound(0.9)
+    with known_server(2, 0.05, "constant", 5, lifetime_s=200) as server:
+        plan = build_plan({
+            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "known-model",
+            "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": "4", "num_requests": 8,
+            "seed": 5, "capacity": True, "slo": "ttft=70ms", "capacity_percentile": 90, "sweep_points": 2,
+            "sweep_concurrency": 4,
+        })
+        outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=0, watcher=Watcher())
+    assert outcome.code == 0
+    entries = outcome.run_dir.manifest["points"]
+    open_points = [p for p in entries if p["schedule"]["kind"] == "open"]
+    assert open_points and all(p["num_requests"] == needed for p in open_points)
+    measured = outcome.results.requests
+    for p in entries:
+        ids = measured.loc[measured["load_point"] == p["load_point"], "request_id"]
+        want = needed if p["schedule"]["kind"] == "open" else 8
+        assert len(ids) == want and ids.is_unique and not ids.str.contains("~").any(), p["load_point"]
