@@ -19,7 +19,16 @@ import pandas as pd
 from compare.datatypes import PointInfo, point_info_from_label
 from compare.gpu_telemetry import COLUMNS as GPU_COLUMNS
 from compare.gpu_telemetry import Window, window_columns
-from compare.statistics import N_BOOT, PERCENTILES, bootstrap_ci, describe, throughput_ci
+from compare.statistics import (
+    CI_LEVEL,
+    N_BOOT,
+    PERCENTILES,
+    WindowSample,
+    bootstrap_ci,
+    describe,
+    quantile_ci,
+    throughput_ci,
+)
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
@@ -200,7 +209,7 @@ def request_table(
 
 
 def busy_seconds(requests: pd.DataFrame) -> np.ndarray:
-    """Each request's time in service, send to end (the span the throughput window is made of)."""
+    """Each request's time in service, send to end (the legacy throughput interval's input)."""
     return (requests["end_s"] - requests["send_s"]).to_numpy(dtype=float)
 
 
@@ -238,40 +247,153 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
-def measured_window(
-    send_s: Iterable[float], end_s: Iterable[float], now: float | None = None
-) -> tuple[float, float]:
-    """A point's measured window, (start, end): its first send to its last end, or to `now` while it still
-    runs, on the clock of the times given. Every rate of a point (output tokens/s, requests/s, goodput) and
-    its GPU energy are over this window; NaN where there is no send (start) or no end (end)."""
-    sends = np.asarray(list(send_s), dtype=float)
-    ends = np.asarray(list(end_s), dtype=float)
+STEADY = "steady"  # the `window` column: the steady window (module doc)
+FULL = "full"  # too short for one, or no full load: first send to last end, every completion counted
+IMPORTED = "imported"  # imported results: the other tool's own benchmark duration
+MIN_STEADY_COMPLETIONS = 2  # a steady window holding fewer completions than this is not used
+
+
+@dataclass(frozen=True)
+class ThroughputWindow:
+    """The window a point's rates are counted over, (start, end], and which kind it is (`STEADY`, `FULL`)."""
+
+    start: float
+    end: float
+    kind: str
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start if self.end > self.start else np.nan
+
+    def counts(self, end_s: Iterable[float] | pd.Series) -> np.ndarray:
+        """Which of the requests ending at `end_s` this window counts: those ending in (start, end] for a
+        steady window, every end in [start, end] for a full one."""
+        ends = np.asarray(list(end_s) if not isinstance(end_s, pd.Series) else end_s, dtype=float)
+        if self.kind == STEADY:
+            return (ends > self.start) & (ends <= self.end)
+        return (ends >= self.start) & (ends <= self.end)
+
+
+def throughput_window(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    concurrency: int | None = None,
+    now: float | None = None,
+) -> ThroughputWindow:
+    """The throughput window of one run of a point from its measured requests' send and end times (warm-up
+    requests excluded), on the clock of the times given.
+
+    Steady window: from the first completion at or after the load is full of measured requests to the last
+    completion at or before the last measured send, completions counted in (start, end]. The load is full
+    of measured requests at the `concurrency`-th measured send in a closed loop (each worker sends its first
+    measured request when its last warm-up request has ended, so from then on no warm-up request holds the
+    server, and every worker is busy), and at the first send in an open loop (`concurrency` None: its
+    warm-up is a closed loop that ends before the schedule starts). After the last send the load drains and
+    is no longer full. Both ends are completion times, so a rate over the window is the pace of completions
+    (completions over the time they took), free of the ramp, the warm-up's tail and the drain.
+
+    Fallback (`FULL`): when fewer than `MIN_STEADY_COMPLETIONS` fall in the steady window (a point too short,
+    or a closed loop with fewer requests than its concurrency), the first measured send to the last end (or
+    `now`), every completion counted."""
+    sends = np.sort(np.asarray(list(send_s), dtype=float))
+    ends = np.sort(np.asarray(list(end_s), dtype=float))
     sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
     if not sends.size:
-        return np.nan, np.nan
-    return float(sends.min()), float(now if now is not None else (ends.max() if ends.size else np.nan))
+        return ThroughputWindow(np.nan, np.nan, FULL)
+    if concurrency is None:
+        full_from = sends[0]
+    elif 1 <= concurrency <= sends.size:
+        full_from = sends[concurrency - 1]
+    else:
+        full_from = np.nan
+    if np.isfinite(full_from):
+        inside = ends[(ends >= full_from) & (ends <= sends[-1])]
+        if inside.size and (inside > inside[0]).sum() >= MIN_STEADY_COMPLETIONS:  # the first opens it
+            return ThroughputWindow(float(inside[0]), float(inside[-1]), STEADY)
+    end = now if now is not None else (ends.max() if ends.size else np.nan)
+    return ThroughputWindow(float(sends[0]), float(end), FULL)
 
 
-def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+def measured_window(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    now: float | None = None,
+    concurrency: int | None = None,
+) -> tuple[float, float]:
+    """A point's measured window, (start, end) of `throughput_window`: every rate of a point (output
+    tokens/s, requests/s, goodput) and its GPU energy are over it; NaN where there is no send."""
+    window = throughput_window(send_s, end_s, concurrency, now)
+    return window.start, window.end
+
+
+def measured_window_s(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    now: float | None = None,
+    concurrency: int | None = None,
+) -> float:
     """The length of `measured_window`; NaN when it is empty."""
-    start, end = measured_window(send_s, end_s, now)
-    return end - start if end > start else np.nan
+    return throughput_window(send_s, end_s, concurrency, now).seconds
+
+
+def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None:
+    """The closed loop's concurrency of a point, None for an open loop or trace (`throughput_window`)."""
+    info = info or point_info_from_label(str(load_point))
+    return info.concurrency if info.mode == "closed" else None
+
+
+def window_of(requests: pd.DataFrame, concurrency: int | None = None) -> ThroughputWindow:
+    """`throughput_window` of one run's measured requests (`request_table` rows); the concurrency from the
+    rows' load point label unless given."""
+    if concurrency is None and len(requests):
+        concurrency = concurrency_of(requests["load_point"].iloc[0])
+    return throughput_window(requests["send_s"], requests["end_s"], concurrency)
+
+
+def window_rate(requests: pd.DataFrame, amount: str | None = "output_tokens") -> float:
+    """Output tokens/s (`amount` None: requests/s) of one run's measured requests over its throughput
+    window: the ok requests the window counts, over its length."""
+    window = window_of(requests)
+    ok = requests[(requests["status"] == "ok") & window.counts(requests["end_s"])]
+    total = len(ok) if amount is None else float(ok[amount].sum())
+    seconds = window.seconds
+    return total / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
+
+
+def window_sample(requests: pd.DataFrame, amount: str | None = "output_tokens") -> WindowSample:
+    """What the throughput intervals (`compare.statistics.throughput_ci`) read of one run: the ok
+    completions its window counts, their output tokens (`amount` None: 1 each), and the window."""
+    window = window_of(requests)
+    ok = requests[(requests["status"] == "ok") & window.counts(requests["end_s"])]
+    amounts = np.ones(len(ok)) if amount is None else ok[amount].to_numpy(dtype=float)
+    return WindowSample(ok["end_s"].to_numpy(dtype=float), amounts, window.start, window.end)
+
+
+def window_samples(requests: pd.DataFrame, amount: str | None = "output_tokens") -> list[WindowSample]:
+    """`window_sample` of each run (`run_id`) of a point's measured requests."""
+    return [window_sample(part, amount) for _, part in requests.groupby("run_id", sort=False)]
 
 
 def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
     """Output tokens/s of a point still running, as the summary will count it: output tokens of the
-    measured requests that finished ok, over `measured_window_s` up to `now` (record time base: each
-    record's t0_monotonic plus its offsets). At the point's last end it is the summary's output_tok_s."""
-    sends, ends, tokens = [], [], 0
+    measured ok requests its throughput window counts so far, over that window (a steady window once one
+    exists, else the first send to `now`; record time base: each record's t0_monotonic plus its offsets).
+    At the point's last end it is the summary's output_tok_s."""
+    sends, ends, tokens, concurrency = [], [], [], None
     for r in records:
         if r.warmup or r.send_s is None:
             continue
+        concurrency = concurrency_of(r.load_point)
         sends.append(r.t0_monotonic + r.send_s)
         if r.end_s is not None:
             ends.append(r.t0_monotonic + r.end_s)
-            tokens += r.output_tokens if r.error_kind is None else 0
-    window = measured_window_s(sends, ends, now)
-    return tokens / window if np.isfinite(window) and window > 0 else np.nan
+            tokens.append(r.output_tokens if r.error_kind is None else 0)
+    window = throughput_window(sends, ends, concurrency, None)
+    if window.kind != STEADY:
+        window = ThroughputWindow(window.start, now, FULL)
+    counted = float(np.asarray(tokens, dtype=float)[window.counts(ends)].sum()) if ends else 0.0
+    seconds = window.seconds
+    return counted / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
 
 
 # -- statistics -------------------------------------------------------------------------------------------
@@ -280,16 +402,31 @@ def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
 def latency_columns(
     prefix: str, values: np.ndarray, clusters: np.ndarray | None, seed: int, n_boot: int
 ) -> dict[str, float]:
-    """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms."""
+    """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms (all NaN
+    when `n_boot` is 0, or without values).
+
+    The mean's interval is a percentile bootstrap. A percentile's, for independent values (one per request),
+    is the distribution-free order-statistic interval (`quantile_ci`): an end the sample cannot give is
+    -inf/+inf (unbounded), never the sample's extreme. ITL's gaps within one request are dependent, so the
+    order-statistic interval (which assumes independent values) would be too narrow; its percentiles keep
+    the cluster bootstrap over whole requests, but an end at or beyond the sample's extreme, which a
+    bootstrap cannot exceed, is reported unbounded."""
     d = describe(values)
     out: dict[str, float] = {f"{prefix}_n": d["n"]}
     ci = bootstrap_ci(values, clusters, n_boot=n_boot, seed=seed) if n_boot else {}
     for stat in ("mean", "std", *(f"p{q}" for q in PERCENTILES)):
         out[f"{prefix}_{stat}_ms"] = d[stat] * 1e3
-        if stat != "std":
-            lo, hi = ci.get(stat, (np.nan, np.nan))
-            out[f"{prefix}_{stat}_ms_lo"] = lo * 1e3
-            out[f"{prefix}_{stat}_ms_hi"] = hi * 1e3
+        if stat == "std":
+            continue
+        lo, hi = ci.get(stat, (np.nan, np.nan))
+        if stat != "mean" and n_boot and values.size:
+            if clusters is None:
+                lo, hi = quantile_ci(values, int(stat[1:]) / 100)
+            else:
+                lo = -np.inf if not lo > values.min() else lo
+                hi = np.inf if not hi < values.max() else hi
+        out[f"{prefix}_{stat}_ms_lo"] = lo * 1e3
+        out[f"{prefix}_{stat}_ms_hi"] = hi * 1e3
     return out
 
 
@@ -330,7 +467,7 @@ def summarize(
         row = _summarize_group(
             dict(zip(GROUP_KEYS, key, strict=True)), group, gaps, gaps_event, points, slo, n_boot, seed
         )
-        rows.append(row | _gpu_columns(group, t0, telemetry))
+        rows.append(row | _gpu_columns(group, t0, telemetry, points))
     out = pd.DataFrame(rows)
     return out[
         [c for c in summary_columns() if c in out.columns]
@@ -398,51 +535,72 @@ def _throughput_columns(
     n_boot: int,
     seed: int,
 ) -> dict[str, Any]:
-    """Throughput over the measured window, summed over the point's runs (repeats of a point add up), and
-    goodput."""
+    """Throughput over each run's throughput window (`throughput_window`), summed over the point's runs
+    (repeats of a point add up): the ok requests each window counts over the windows' length; `window` says
+    which kind of window was used, `window_requests` how many completions it counted. Goodput likewise."""
     row: dict[str, Any] = {}
-    duration = 0.0
+    duration, kinds = 0.0, []
+    counted = pd.Series(False, index=group.index)
+    samples = []
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
-        window = (
-            pinfo.duration_s
-            if pinfo.duration_s is not None
-            else measured_window_s(part["send_s"], part["end_s"])
-        )
-        duration += window if np.isfinite(window) else 0.0
+        if pinfo.duration_s is not None:  # imported: the other tool's duration, every request counted
+            window, kind = ThroughputWindow(np.nan, np.nan, IMPORTED), IMPORTED
+            seconds = pinfo.duration_s
+            counted[part.index] = True
+        else:
+            window = throughput_window(part["send_s"], part["end_s"], concurrency_of("", pinfo))
+            kind, seconds = window.kind, window.seconds
+            counted[part.index] = window.counts(part["end_s"])
+            mine = part[(part["status"] == "ok") & counted[part.index]]
+            samples.append(
+                WindowSample(
+                    mine["end_s"].to_numpy(dtype=float),
+                    mine["output_tokens"].to_numpy(dtype=float),
+                    window.start,
+                    window.end,
+                )
+            )
+        kinds.append(kind)
+        duration += seconds if np.isfinite(seconds) else 0.0
+    inside = ok[counted[ok.index]]
     row["duration_s"] = duration if duration > 0 else np.nan
+    row["window"] = ", ".join(dict.fromkeys(kinds))
+    row["window_requests"] = len(inside)
     row["input_tokens"] = int(ok["input_tokens"].sum())
     row["output_tokens"] = int(ok["output_tokens"].sum())
-    row["input_tok_s"] = row["input_tokens"] / duration if duration > 0 else np.nan
-    row["output_tok_s"] = row["output_tokens"] / duration if duration > 0 else np.nan
-    row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
-    lo, hi = (
-        throughput_ci(ok["output_tokens"].to_numpy(dtype=float), busy_seconds(ok), n_boot=n_boot, seed=seed)
-        if n_boot
-        else (np.nan, np.nan)
-    )
+    row["input_tok_s"] = int(inside["input_tokens"].sum()) / duration if duration > 0 else np.nan
+    row["output_tok_s"] = int(inside["output_tokens"].sum()) / duration if duration > 0 else np.nan
+    row["request_rps"] = len(inside) / duration if duration > 0 else np.nan
+    lo, hi = throughput_ci(samples, level=CI_LEVEL) if n_boot and samples else (np.nan, np.nan)
     row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
-        good = int(meets_slo(group, slo).sum())
-        row["goodput_n"] = good
-        row["goodput_rps"] = good / duration if duration > 0 else np.nan
-        row["goodput_frac"] = good / len(group) if len(group) else np.nan
+        meets = meets_slo(group, slo)
+        row["goodput_n"] = int(meets.sum())
+        row["goodput_rps"] = int((meets & counted).sum()) / duration if duration > 0 else np.nan
+        row["goodput_frac"] = row["goodput_n"] / len(group) if len(group) else np.nan
     else:
         row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
     return row
 
 
 def _gpu_columns(
-    group: pd.DataFrame, t0: Mapping[str, float], telemetry: pd.DataFrame | None
+    group: pd.DataFrame,
+    t0: Mapping[str, float],
+    telemetry: pd.DataFrame | None,
+    points: Mapping[str, PointInfo],
 ) -> dict[str, Any]:
-    """GPU energy, power, memory and utilisation over each run's measured window (the throughput columns'
-    window), on the samples' clock: the records' start stamp plus the window's offsets."""
+    """GPU energy, power, memory and utilisation over each run's throughput window (the throughput
+    columns' window) and the output tokens it counts, on the samples' clock: the records' start stamp plus
+    the window's offsets."""
     windows = []
     if telemetry is not None and len(telemetry):
         for rid, part in group.groupby("run_id", sort=False):
-            start, end = measured_window(part["send_s"], part["end_s"])
-            tokens = int(part.loc[part["status"] == "ok", "output_tokens"].sum())
-            windows.append(Window(str(rid), t0[rid] + start, t0[rid] + end, tokens))
+            concurrency = concurrency_of(part["load_point"].iloc[0], points.get(str(rid)))
+            window = throughput_window(part["send_s"], part["end_s"], concurrency)
+            inside = (part["status"] == "ok") & window.counts(part["end_s"])
+            tokens = int(part.loc[inside, "output_tokens"].sum())
+            windows.append(Window(str(rid), t0[rid] + window.start, t0[rid] + window.end, tokens))
     return window_columns(telemetry, windows)
 
 
@@ -512,6 +670,8 @@ def summary_columns() -> list[str]:
         "itl_event_p50_ms",
         "itl_event_p99_ms",
         "duration_s",
+        "window",
+        "window_requests",
         "input_tokens",
         "output_tokens",
         "input_tok_s",

@@ -12,8 +12,9 @@ is saturated ends the sweep. Should none be, up to `MAX_EXTRA` more rates, each 
 tried, so a sweep ends at a saturated point unless the saturating closed loop underestimated the backend.
 
 An open-loop point is **saturated** (`saturation`) when any of:
-- the server completes clearly fewer requests than offered: the completion rate, (ok requests - 1) / (last
-  end - first end), is below (1 - `RATE_SHORTFALL`) x the offered rate;
+- the server completes clearly fewer requests than offered: the completion rate, ok completions over the
+  point's throughput window (`compare.metrics.throughput_window`), is below (1 - `RATE_SHORTFALL`) x the
+  offered rate;
 - the client could not send at the offered rate (the achieved send rate is that far below it): past this
   point the measurement, not the backend, is the limit;
 - latency grows without bound: the TTFT p50 (from the intended send) exceeds `TTFT_GROWTH` x the
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from compare.metrics import window_rate
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule
 
 RATE_SHORTFALL = 0.10  # saturated: completions below 90 % of the offered rate
@@ -54,8 +56,8 @@ class PointFacts:
     label: str
     concurrency: int | None  # closed loop
     offered_rps: float | None  # open loop
-    throughput_rps: float  # ok requests over the measured window (the summary's request_rps)
-    completed_rps: float  # (ok - 1) / (last end - first end): the pace of completions
+    throughput_rps: float  # ok requests over the throughput window (the summary's request_rps)
+    completed_rps: float  # ok completions over this run's throughput window (`metrics.window_rate`)
     sent_rps: float  # achieved send rate
     ttft_p50_s: float  # from the intended send where the point has one
     ttft_early_s: float  # median TTFT of the earlier half of the requests, in send order
@@ -70,8 +72,6 @@ def point_facts(row: Mapping[str, Any], requests: pd.DataFrame) -> PointFacts:
     ttft = ok["ttft_intended_s"] if ok["ttft_intended_s"].notna().any() else ok["ttft_s"]
     ttft = ttft.dropna().to_numpy(dtype=float)
     half = len(ttft) // 2
-    ends = np.sort(ok["end_s"].dropna().to_numpy(dtype=float))
-    span = ends[-1] - ends[0] if ends.size > 1 else 0.0
     sends = np.sort(requests["send_s"].dropna().to_numpy(dtype=float))
     send_span = sends[-1] - sends[0] if sends.size > 1 else 0.0
     rate = row.get("rate")
@@ -80,7 +80,7 @@ def point_facts(row: Mapping[str, Any], requests: pd.DataFrame) -> PointFacts:
         concurrency=_int_or_none(row.get("concurrency")),
         offered_rps=None if rate is None or not np.isfinite(rate) else float(rate),
         throughput_rps=float(row.get("request_rps", math.nan)),
-        completed_rps=(ends.size - 1) / span if span > 0 else math.nan,
+        completed_rps=window_rate(requests, None) if len(requests) else math.nan,
         sent_rps=(sends.size - 1) / send_span if send_span > 0 else math.nan,
         ttft_p50_s=float(np.median(ttft)) if ttft.size else math.nan,
         ttft_early_s=float(np.median(ttft[:half])) if half else math.nan,
