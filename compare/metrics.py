@@ -3,8 +3,21 @@
 
 `LATENCY` declares each latency metric once; `request_table` is one row per request, `itl_table` every
 inter-token gap, and `summarize` one row per (backend, variant, workload, load point): counts, latency
-statistics with intervals (`compare.statistics`), throughput over the measured window, goodput, offered
+statistics with intervals (`compare.statistics`), throughput over the throughput window, goodput, offered
 against achieved rate, client lag and the token-count cross-checks. Warm-up requests are never counted.
+
+Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a point (output and input
+tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
+requests alone hold the server at full load. It opens at the first completion at or after the load is full
+of measured requests (closed loop: the concurrency-th measured send, by which every worker's warm-up
+requests have ended; open loop: the first send, its warm-up having ended before the schedule starts) and
+closes at the last completion at or before the last measured send (after it the load drains); the ok
+requests that end in (open, close] are counted, with their tokens, over its length. So the ramp, the
+warm-up's tail and the drain are left out, and a rate is the pace of completions of a loaded server.
+Completions that share one instant (a batch finishing together) make the count uncertain by up to one such
+group; the interval (`compare.statistics.throughput_ci`) covers that. A run too short to have completions
+inside such a window uses the first measured send to the last end instead; summary.csv's `window` column
+says which (`steady`, `full`, or `imported`: the other tool's own duration).
 """
 
 from __future__ import annotations
@@ -247,6 +260,15 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
+WINDOW_DEFINITION = (
+    "ok requests (and their tokens) completed within the steady window, over its length. The window opens "
+    "at the first completion once the load is full of measured requests (closed loop: the concurrency-th "
+    "measured send, when every warm-up request has ended; open loop: the first send) and closes at the last "
+    "completion before the last send, so the warm-up's tail, the ramp and the drain are not counted "
+    "(summary.csv `window`: steady; `full` where a point is too short for one: first send to last end). Its "
+    "interval, and the throughput decision's, come from the rate's variation over time: the window cut into "
+    "up to 10 equal sub-windows (batch means) and a t interval."
+)
 STEADY = "steady"  # the `window` column: the steady window (module doc)
 FULL = "full"  # too short for one, or no full load: first send to last end, every completion counted
 IMPORTED = "imported"  # imported results: the other tool's own benchmark duration

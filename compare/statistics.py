@@ -244,6 +244,8 @@ def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
     """Rate over the samples' windows together (amount over seconds), the standard error of its logarithm
     from the sub-windows' variation (a ratio estimator over all batches), and its degrees of freedom."""
     parts = [window_batches(s) for s in samples]
+    if not parts:
+        return math.nan, math.nan, 0
     amounts = np.concatenate([p[0] for p in parts])
     seconds = np.concatenate([p[1] for p in parts])
     if amounts.size < 2 or amounts.sum() <= 0:
@@ -257,8 +259,8 @@ def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
 def _as_samples(value: object) -> list[WindowSample] | None:
     if isinstance(value, WindowSample):
         return [value]
-    if isinstance(value, list | tuple) and value and all(isinstance(v, WindowSample) for v in value):
-        return list(value)
+    if isinstance(value, list) and all(isinstance(v, WindowSample) for v in value):
+        return value  # a point's runs; none: no interval
     return None
 
 

@@ -179,7 +179,7 @@ def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, s
     with scripted_server(default_schedule=schedule, max_streams=slots) as server:
         for k in range(2):
             warm = int(rng.integers(1, 2 * concurrency))
-            n = int(rng.integers(6, 8) * 20 * service_s / 0.2)  # 6-8 s of work
+            n = concurrency + int(rng.uniform(6, 8) * capacity)  # a steady window of 6-8 s
             specs = [RequestSpec(f"q{k}-{i}", (5, 6, 7), "a b c", tokens) for i in range(n)]
             warmup = [RequestSpec(f"w{k}-{i}", (5, 6, 7), "a b c", tokens) for i in range(warm)]
             path = tmp_path / f"r{k}.jsonl"

@@ -137,7 +137,9 @@ def test_summary_by_hand(records):
     assert row["itl_p50_ms"] == pytest.approx(62.5)
     assert row["itl_p90_ms"] == pytest.approx(100)
     assert row["itl_event_n"] == 3 and row["itl_event_p50_ms"] == pytest.approx(100)
-    # window: first measured send 1.0 to last end 4.45
+    # too short for a steady window (one completion after the second send and before the last): the full
+    # window, first measured send 1.0 to last end 4.45
+    assert row["window"] == "full" and row["window_requests"] == 3
     assert row["duration_s"] == pytest.approx(3.45)
     assert row["output_tokens"] == 7 and row["output_tok_s"] == pytest.approx(7 / 3.45)
     assert row["input_tokens"] == 11 + 20 + 30 and row["input_tok_s"] == pytest.approx(61 / 3.45)

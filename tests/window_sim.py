@@ -56,7 +56,12 @@ def record(i: int, send: float, end: float, warmup: bool, label: str, run_id: st
 
 
 def closed_loop(
-    concurrency: int, warmup: int, measured: int, server: FifoServer, ramp_s: float = 1e-3, run_id: str = "run"
+    concurrency: int,
+    warmup: int,
+    measured: int,
+    server: FifoServer,
+    ramp_s: float = 1e-3,
+    run_id: str = "run",
 ) -> list[RequestRecord]:
     """`concurrency` workers started `ramp_s / concurrency` apart, each sending its next request when its
     last one ends: the `warmup` requests first, then the `measured` ones."""
