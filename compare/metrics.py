@@ -8,16 +8,19 @@ against achieved rate, client lag and the token-count cross-checks. Warm-up requ
 
 Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a point (output and input
 tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
-requests alone hold the server at full load. It opens at the first completion at or after the load is full
-of measured requests (closed loop: the concurrency-th measured send, by which every worker's warm-up
-requests have ended; open loop: the first send, its warm-up having ended before the schedule starts) and
-closes at the last completion at or before the last measured send (after it the load drains); the ok
-requests that end in (open, close] are counted, with their tokens, over its length. So the ramp, the
-warm-up's tail and the drain are left out, and a rate is the pace of completions of a loaded server.
-Completions that share one instant (a batch finishing together) make the count uncertain by up to one such
-group; the interval (`compare.statistics.throughput_ci`) covers that. A run too short to have completions
-inside such a window uses the first measured send to the last end instead; summary.csv's `window` column
-says which (`steady`, `full`, or `imported`: the other tool's own duration).
+requests alone hold the server at full load: from the moment the load is full of measured requests (closed
+loop: the concurrency-th measured send, by which every worker's warm-up requests have ended; open loop: the
+first send, its warm-up having ended before the schedule starts) to the last measured send (after it the
+load drains). Each ok request counts the share of its output span (first token to end; send to end
+without a token) that lies inside the window, and its tokens likewise, as if they arrived evenly over the
+span (token arrivals, as SGLang's and vLLM's benchmarks count them, approximated from the request table);
+a rate is that sum over the window's length. By Little's law this is the rate at which requests pass
+through decoding, whatever the queue before it (a saturated open loop reads the server's pace, not the
+offered rate), and it does not depend on where the window's ends fall among completions that finish
+together (a batch), which a count of completions would. A run too short for such a window (fewer than
+`MIN_STEADY_COMPLETIONS` ends inside it) uses the first measured send to the last end instead, every request
+wholly counted; summary.csv's `window` column says which (`steady`, `full`, or `imported`: the other
+tool's own duration).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from compare.statistics import (
     describe,
     quantile_ci,
     throughput_ci,
+    time_shares,
 )
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
@@ -261,23 +265,24 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
 
 
 WINDOW_DEFINITION = (
-    "ok requests (and their tokens) completed within the steady window, over its length. The window opens "
-    "at the first completion once the load is full of measured requests (closed loop: the concurrency-th "
-    "measured send, when every warm-up request has ended; open loop: the first send) and closes at the last "
-    "completion before the last send, so the warm-up's tail, the ramp and the drain are not counted "
-    "(summary.csv `window`: steady; `full` where a point is too short for one: first send to last end). Its "
-    "interval, and the throughput decision's, come from the rate's variation over time: the window cut into "
-    "up to 10 equal sub-windows (batch means) and a t interval."
+    "over the steady window: from the moment the load is full of measured requests (closed loop: the "
+    "concurrency-th measured send, when every warm-up request has ended; open loop: the first send) to the "
+    "last send, so the warm-up's tail, the ramp and the drain are not counted. Each ok request counts the "
+    "share of its output span (first token to end) inside the window, with its tokens as if they arrived "
+    "evenly over the span, over the window's length. summary.csv `window`: steady, or "
+    "full where a point is too short for one (first send to last end). Its interval, and the throughput "
+    "decision's, come from the rate's variation over time: the window cut into up to 10 equal sub-windows "
+    "(batch means) and a t interval"
 )
 STEADY = "steady"  # the `window` column: the steady window (module doc)
-FULL = "full"  # too short for one, or no full load: first send to last end, every completion counted
+FULL = "full"  # too short for one, or no full load: first send to last end, every request counted
 IMPORTED = "imported"  # imported results: the other tool's own benchmark duration
-MIN_STEADY_COMPLETIONS = 2  # a steady window holding fewer completions than this is not used
+MIN_STEADY_COMPLETIONS = 2  # a steady window in which fewer requests end than this is not used
 
 
 @dataclass(frozen=True)
 class ThroughputWindow:
-    """The window a point's rates are counted over, (start, end], and which kind it is (`STEADY`, `FULL`)."""
+    """The window a point's rates are counted over, [start, end], and which kind it is (`STEADY`, `FULL`)."""
 
     start: float
     end: float
@@ -287,13 +292,20 @@ class ThroughputWindow:
     def seconds(self) -> float:
         return self.end - self.start if self.end > self.start else np.nan
 
-    def counts(self, end_s: Iterable[float] | pd.Series) -> np.ndarray:
-        """Which of the requests ending at `end_s` this window counts: those ending in (start, end] for a
-        steady window, every end in [start, end] for a full one."""
-        ends = np.asarray(list(end_s) if not isinstance(end_s, pd.Series) else end_s, dtype=float)
-        if self.kind == STEADY:
-            return (ends > self.start) & (ends <= self.end)
-        return (ends >= self.start) & (ends <= self.end)
+    def shares(self, begin_s: Iterable[float], end_s: Iterable[float]) -> np.ndarray:
+        """Per request, the share of its output span (`output_begin`: first token to end) inside the window
+        (`time_shares`); 0 for a request not finished."""
+        return time_shares(_floats(begin_s), _floats(end_s), self.start, self.end)
+
+
+def output_begin(requests: pd.DataFrame) -> np.ndarray:
+    """Where each request's output span begins: its first token (send + TTFT), or its send without one."""
+    sends = requests["send_s"].to_numpy(dtype=float)
+    return sends + np.nan_to_num(requests["ttft_s"].to_numpy(dtype=float), nan=0.0)
+
+
+def _floats(values: Iterable[float]) -> np.ndarray:
+    return values.to_numpy(dtype=float) if isinstance(values, pd.Series) else np.asarray(list(values), float)
 
 
 def throughput_window(
@@ -303,22 +315,19 @@ def throughput_window(
     now: float | None = None,
 ) -> ThroughputWindow:
     """The throughput window of one run of a point from its measured requests' send and end times (warm-up
-    requests excluded), on the clock of the times given.
+    requests excluded), on the clock of the times given (module doc: `WINDOW_DEFINITION`).
 
-    Steady window: from the first completion at or after the load is full of measured requests to the last
-    completion at or before the last measured send, completions counted in (start, end]. The load is full
-    of measured requests at the `concurrency`-th measured send in a closed loop (each worker sends its first
-    measured request when its last warm-up request has ended, so from then on no warm-up request holds the
-    server, and every worker is busy), and at the first send in an open loop (`concurrency` None: its
-    warm-up is a closed loop that ends before the schedule starts). After the last send the load drains and
-    is no longer full. Both ends are completion times, so a rate over the window is the pace of completions
-    (completions over the time they took), free of the ramp, the warm-up's tail and the drain.
+    Steady: from the moment the load is full of measured requests to the last measured send. In a closed
+    loop that moment is the `concurrency`-th measured send (each worker sends its first measured request
+    when its last warm-up request has ended, so from then on no warm-up request holds the server and every
+    worker is busy); in an open loop (`concurrency` None) the first send (its warm-up is a closed loop that
+    ends before the schedule starts). After the last send the load drains.
 
-    Fallback (`FULL`): when fewer than `MIN_STEADY_COMPLETIONS` fall in the steady window (a point too short,
-    or a closed loop with fewer requests than its concurrency), the first measured send to the last end (or
-    `now`), every completion counted."""
-    sends = np.sort(np.asarray(list(send_s), dtype=float))
-    ends = np.sort(np.asarray(list(end_s), dtype=float))
+    Fallback (`FULL`): where fewer than `MIN_STEADY_COMPLETIONS` requests end inside the steady window (a
+    point too short, or a closed loop with fewer requests than its concurrency), the first measured send to
+    the last end (or `now`)."""
+    sends = np.sort(_floats(send_s))
+    ends = _floats(end_s)
     sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
     if not sends.size:
         return ThroughputWindow(np.nan, np.nan, FULL)
@@ -328,10 +337,9 @@ def throughput_window(
         full_from = sends[concurrency - 1]
     else:
         full_from = np.nan
-    if np.isfinite(full_from):
-        inside = ends[(ends >= full_from) & (ends <= sends[-1])]
-        if inside.size and (inside > inside[0]).sum() >= MIN_STEADY_COMPLETIONS:  # the first opens it
-            return ThroughputWindow(float(inside[0]), float(inside[-1]), STEADY)
+    inside = (ends >= full_from) & (ends <= sends[-1])
+    if np.isfinite(full_from) and sends[-1] > full_from and inside.sum() >= MIN_STEADY_COMPLETIONS:
+            return ThroughputWindow(float(full_from), float(sends[-1]), STEADY)
     end = now if now is not None else (ends.max() if ends.size else np.nan)
     return ThroughputWindow(float(sends[0]), float(end), FULL)
 
@@ -372,23 +380,24 @@ def window_of(requests: pd.DataFrame, concurrency: int | None = None) -> Through
     return throughput_window(requests["send_s"], requests["end_s"], concurrency)
 
 
+def window_sample(
+    requests: pd.DataFrame, amount: str | None = "output_tokens", window: ThroughputWindow | None = None
+) -> WindowSample:
+    """What a throughput window counts of one run's measured requests (`request_table` rows): its finished
+    ok requests with their output tokens (`amount` None: 1 each, for requests/s), and the window."""
+    window = window or window_of(requests)
+    ok = requests[(requests["status"] == "ok") & requests["end_s"].notna()]
+    amounts = np.ones(len(ok)) if amount is None else ok[amount].to_numpy(dtype=float)
+    ends = ok["end_s"].to_numpy(dtype=float)
+    return WindowSample(output_begin(ok), ends, amounts, window.start, window.end)
+
+
 def window_rate(requests: pd.DataFrame, amount: str | None = "output_tokens") -> float:
     """Output tokens/s (`amount` None: requests/s) of one run's measured requests over its throughput
-    window: the ok requests the window counts, over its length."""
-    window = window_of(requests)
-    ok = requests[(requests["status"] == "ok") & window.counts(requests["end_s"])]
-    total = len(ok) if amount is None else float(ok[amount].sum())
-    seconds = window.seconds
-    return total / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
-
-
-def window_sample(requests: pd.DataFrame, amount: str | None = "output_tokens") -> WindowSample:
-    """What the throughput intervals (`compare.statistics.throughput_ci`) read of one run: the ok
-    completions its window counts, their output tokens (`amount` None: 1 each), and the window."""
-    window = window_of(requests)
-    ok = requests[(requests["status"] == "ok") & window.counts(requests["end_s"])]
-    amounts = np.ones(len(ok)) if amount is None else ok[amount].to_numpy(dtype=float)
-    return WindowSample(ok["end_s"].to_numpy(dtype=float), amounts, window.start, window.end)
+    window, as summary.csv counts them."""
+    sample = window_sample(requests, amount)
+    seconds = sample.seconds
+    return sample.total / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
 
 
 def window_samples(requests: pd.DataFrame, amount: str | None = "output_tokens") -> list[WindowSample]:
@@ -397,23 +406,23 @@ def window_samples(requests: pd.DataFrame, amount: str | None = "output_tokens")
 
 
 def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
-    """Output tokens/s of a point still running, as the summary will count it: output tokens of the
-    measured ok requests its throughput window counts so far, over that window (a steady window once one
-    exists, else the first send to `now`; record time base: each record's t0_monotonic plus its offsets).
-    At the point's last end it is the summary's output_tok_s."""
-    sends, ends, tokens, concurrency = [], [], [], None
+    """Output tokens/s of a point still running, as the summary will count it: the measured ok requests'
+    output tokens over its throughput window so far (a steady window once one exists, else the first send
+    to `now`; record time base: each record's t0_monotonic plus its offsets). At the point's last end it is
+    the summary's output_tok_s."""
+    sends, begins, ends, tokens, concurrency = [], [], [], [], None
     for r in records:
         if r.warmup or r.send_s is None:
             continue
         concurrency = concurrency_of(r.load_point)
         sends.append(r.t0_monotonic + r.send_s)
-        if r.end_s is not None:
-            ends.append(r.t0_monotonic + r.end_s)
-            tokens.append(r.output_tokens if r.error_kind is None else 0)
+        begins.append(sends[-1] + (timing.ttft(r) or 0.0))
+        ends.append(np.nan if r.end_s is None else r.t0_monotonic + r.end_s)
+        tokens.append(r.output_tokens if r.error_kind is None and r.end_s is not None else 0)
     window = throughput_window(sends, ends, concurrency, None)
     if window.kind != STEADY:
         window = ThroughputWindow(window.start, now, FULL)
-    counted = float(np.asarray(tokens, dtype=float)[window.counts(ends)].sum()) if ends else 0.0
+    counted = float((np.asarray(tokens, dtype=float) * window.shares(begins, ends)).sum()) if sends else 0.0
     seconds = window.seconds
     return counted / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
 
@@ -558,48 +567,40 @@ def _throughput_columns(
     seed: int,
 ) -> dict[str, Any]:
     """Throughput over each run's throughput window (`throughput_window`), summed over the point's runs
-    (repeats of a point add up): the ok requests each window counts over the windows' length; `window` says
-    which kind of window was used, `window_requests` how many completions it counted. Goodput likewise."""
+    (repeats of a point add up): the ok requests' time shares inside each window (with their tokens) over
+    the windows' length; `window` says which kind of window was used, `window_requests` how many requests'
+    worth it counted. Goodput likewise."""
     row: dict[str, Any] = {}
     duration, kinds = 0.0, []
-    counted = pd.Series(False, index=group.index)
+    share = pd.Series(0.0, index=group.index)
     samples = []
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
         if pinfo.duration_s is not None:  # imported: the other tool's duration, every request counted
-            window, kind = ThroughputWindow(np.nan, np.nan, IMPORTED), IMPORTED
-            seconds = pinfo.duration_s
-            counted[part.index] = True
+            kind, seconds = IMPORTED, pinfo.duration_s
+            share[part.index] = 1.0
         else:
             window = throughput_window(part["send_s"], part["end_s"], concurrency_of("", pinfo))
             kind, seconds = window.kind, window.seconds
-            counted[part.index] = window.counts(part["end_s"])
-            mine = part[(part["status"] == "ok") & counted[part.index]]
-            samples.append(
-                WindowSample(
-                    mine["end_s"].to_numpy(dtype=float),
-                    mine["output_tokens"].to_numpy(dtype=float),
-                    window.start,
-                    window.end,
-                )
-            )
+            share[part.index] = window.shares(output_begin(part), part["end_s"])
+            samples.append(window_sample(part, "output_tokens", window))
         kinds.append(kind)
         duration += seconds if np.isfinite(seconds) else 0.0
-    inside = ok[counted[ok.index]]
+    w = share[ok.index]
     row["duration_s"] = duration if duration > 0 else np.nan
     row["window"] = ", ".join(dict.fromkeys(kinds))
-    row["window_requests"] = len(inside)
+    row["window_requests"] = float(w.sum())
     row["input_tokens"] = int(ok["input_tokens"].sum())
     row["output_tokens"] = int(ok["output_tokens"].sum())
-    row["input_tok_s"] = int(inside["input_tokens"].sum()) / duration if duration > 0 else np.nan
-    row["output_tok_s"] = int(inside["output_tokens"].sum()) / duration if duration > 0 else np.nan
-    row["request_rps"] = len(inside) / duration if duration > 0 else np.nan
+    row["input_tok_s"] = float((ok["input_tokens"] * w).sum()) / duration if duration > 0 else np.nan
+    row["output_tok_s"] = float((ok["output_tokens"] * w).sum()) / duration if duration > 0 else np.nan
+    row["request_rps"] = float(w.sum()) / duration if duration > 0 else np.nan
     lo, hi = throughput_ci(samples, level=CI_LEVEL) if n_boot and samples else (np.nan, np.nan)
     row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
         meets = meets_slo(group, slo)
         row["goodput_n"] = int(meets.sum())
-        row["goodput_rps"] = int((meets & counted).sum()) / duration if duration > 0 else np.nan
+        row["goodput_rps"] = float(share[meets].sum()) / duration if duration > 0 else np.nan
         row["goodput_frac"] = row["goodput_n"] / len(group) if len(group) else np.nan
     else:
         row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
@@ -620,8 +621,8 @@ def _gpu_columns(
         for rid, part in group.groupby("run_id", sort=False):
             concurrency = concurrency_of(part["load_point"].iloc[0], points.get(str(rid)))
             window = throughput_window(part["send_s"], part["end_s"], concurrency)
-            inside = (part["status"] == "ok") & window.counts(part["end_s"])
-            tokens = int(part.loc[inside, "output_tokens"].sum())
+            shares = window.shares(output_begin(part), part["end_s"]) * (part["status"] == "ok").to_numpy()
+            tokens = float((part["output_tokens"].to_numpy(dtype=float) * shares).sum())
             windows.append(Window(str(rid), t0[rid] + window.start, t0[rid] + window.end, tokens))
     return window_columns(telemetry, windows)
 

@@ -680,7 +680,7 @@ def _definitions(res: Results) -> list[Block]:
                 "(order statistics), unbounded where the sample is too small to bound them (ITL: a bootstrap "
                 "over whole requests, unbounded where it reaches the largest or smallest gap); means: 95% "
                 "percentile bootstrap (1000 resamples).",
-                f"Output tokens/s and requests/s: {WINDOW_DEFINITION}",
+                f"Output tokens/s and requests/s: {WINDOW_DEFINITION}.",
                 *([JOULES_PER_TOKEN] if _has_gpu_telemetry(res) else []),
             ],
         ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from scipy import stats
@@ -210,9 +211,12 @@ def _usable(tokens: np.ndarray, busy_s: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 @dataclass(frozen=True)
 class WindowSample:
-    """The completions a throughput window counts (`compare.metrics.throughput_window`): each one's end time
-    and amount (output tokens, or 1 for requests/s), and the window, (start, end]."""
+    """What a throughput window (`compare.metrics.throughput_window`) counts of one run: each finished ok
+    request's output span (first token to end; send to end without a token), amount (output tokens, or 1 for
+    requests/s), and the window (start, end). A request counts the share of its span that lies inside the
+    window (`time_shares`), as if its tokens arrived evenly over it."""
 
+    begin_s: np.ndarray
     end_s: np.ndarray
     amounts: np.ndarray
     start: float
@@ -222,22 +226,44 @@ class WindowSample:
     def seconds(self) -> float:
         return self.end - self.start if self.end > self.start else math.nan
 
+    @property
+    def total(self) -> float:
+        """The amount the window counts: each request's amount times its share inside the window."""
+        shares = time_shares(self.begin_s, self.end_s, self.start, self.end)
+        return float((np.asarray(self.amounts, dtype=float) * shares).sum())
 
-MAX_BATCHES = 10  # a window is cut into at most this many sub-windows ...
-MIN_PER_BATCH = 5  # ... each holding at least this many completions on average; fewer than 2: no interval
+
+def time_shares(begin_s: np.ndarray, end_s: np.ndarray, start: float, end: float) -> np.ndarray:
+    """Per request, the share of its span (begin to end) that falls within [start, end]; a span of no
+    length counts wholly when it ends inside. NaN times count nothing."""
+    sends, ends = np.asarray(begin_s, dtype=float), np.asarray(end_s, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inside = np.clip(np.minimum(ends, end) - np.maximum(sends, start), 0.0, None)
+        share = np.where(ends > sends, inside / (ends - sends), ((ends >= start) & (ends <= end)) * 1.0)
+    return np.nan_to_num(share, nan=0.0)
+
+
+MAX_BATCHES = 10  # a window is cut into at most this many sub-windows, ...
+SPANS_PER_BATCH = 2.0  # ... each at least this many median output spans long; fewer than 2: no interval
 
 
 def window_batches(sample: WindowSample) -> tuple[np.ndarray, np.ndarray]:
-    """The window cut into equal consecutive sub-windows (batch means): the amount completed in each and
-    its length. Empty when the window holds too few completions for two sub-windows."""
-    ends = np.asarray(sample.end_s, dtype=float)
+    """The window cut into equal consecutive sub-windows (batch means): the amount each counts (requests'
+    shares within it) and its length. A sub-window lasts at least `SPANS_PER_BATCH` median output spans,
+    so that neighbouring sub-windows, which share the requests that straddle their boundary, are
+    nearly independent. Empty when the window is too short for two."""
+    sends, ends = np.asarray(sample.begin_s, dtype=float), np.asarray(sample.end_s, dtype=float)
     amounts = np.asarray(sample.amounts, dtype=float)
-    k = min(MAX_BATCHES, ends.size // MIN_PER_BATCH)
-    if k < 2 or not np.isfinite(sample.seconds):
+    seconds = sample.seconds
+    if not np.isfinite(seconds) or not ends.size:
+        return np.array([]), np.array([])
+    sojourn = float(np.nanmedian(ends - sends))
+    k = MAX_BATCHES if sojourn <= 0 else min(MAX_BATCHES, int(seconds / (SPANS_PER_BATCH * sojourn)))
+    if k < 2:
         return np.array([]), np.array([])
     edges = np.linspace(sample.start, sample.end, k + 1)
-    which = np.clip(np.searchsorted(edges, ends, side="left") - 1, 0, k - 1)  # (edge_i, edge_i+1]
-    return np.bincount(which, weights=amounts, minlength=k), np.diff(edges)
+    counted = np.array([(amounts * time_shares(sends, ends, lo, hi)).sum() for lo, hi in pairwise(edges)])
+    return counted, np.diff(edges)
 
 
 def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
@@ -273,11 +299,11 @@ def throughput_ci(
 ) -> tuple[float, float]:
     """Interval of a point's output rate, as factors of the measured rate.
 
-    Given the window's completions (`WindowSample`, one per run of the point): batch means. The window is
-    cut into up to `MAX_BATCHES` equal consecutive sub-windows and a t interval (`scipy.stats.t`) is put on
-    the rate from their spread, so the interval carries how the rate varies over time within the window
-    (batching, stalls, drift), which resampling requests with the concurrency held fixed cannot. Sub-windows
-    whose boundaries cut a batch of simultaneous completions make it wider, never narrower.
+    Given the windows (`WindowSample`, one per run of the point): batch means. Each window is cut into up
+    to `MAX_BATCHES` equal consecutive sub-windows (`window_batches`) and a t interval (`scipy.stats.t`) is
+    put on the rate from their spread, so the interval carries how the rate varies over time within the
+    window (stalls, drift, bursts), which resampling requests with the concurrency held fixed cannot. A
+    window shorter than two sub-windows of `SPANS_PER_BATCH` output spans gives no interval (NaN).
 
     Legacy form, `(tokens, busy_s)` per request: whole requests resampled and each resample's rate of
     service (tokens over summed request time) against the measured one; it holds the concurrency as

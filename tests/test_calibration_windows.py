@@ -4,23 +4,24 @@ Cases and tolerances:
 - window rules on simulated FIFO servers (`window_sim`: `slots` requests at once, service time S, so the
   capacity is slots / S exactly), fresh seeds each run:
   - closed loops at concurrency 16 and 32 beyond 4 x 0.2 s and 8 x 0.4 s servers (20 requests/s), with a
-    warm-up of a random size (none, fewer than the concurrency, more): requests/s within slots / n + 1 % of
-    20, n the completions the window counts (they finish in groups of `slots` at one instant, so where the
-    window's ends fall within a group moves the count by up to `slots - 1`), and the window starts only
-    after the last warm-up request has ended;
-  - open loops: constant arrivals well below capacity give the offered rate (1e-6), Poisson arrivals at
-    twice the capacity give the capacity within 3 %;
+    warm-up of a random size (none, fewer than the concurrency, more): requests/s and output tokens/s within
+    1 % of 20 and 20 x 8 (the requests finish `slots` at a time; a window counting completions would be off
+    by up to a group, the output spans' shares are not), and the window starts only after the last warm-up
+    request has ended;
+  - open loops: constant arrivals well below capacity give the offered rate (1 %), Poisson arrivals at
+    twice the capacity give the capacity, not the offered rate, within 3 %;
   - too short for a steady window: the full window (first send to last end), flagged `full`;
   - the sweep's completion rate, the selection's per-launch throughput and the live progress rate are the
     summary's numbers.
 - the throughput interval (batch means over the window) on simulated closed loops with exponential and
-  nearly constant service times: over 120 fresh draws its 95 % interval holds the true capacity at least
-  88 % of the time, and the ratio interval of two identical servers holds 1 at least 88 % of the time.
+  nearly constant service times: over 200 fresh draws its 95 % interval holds the true capacity at least
+  87 % of the time, and the ratio interval of two identical servers holds 1 at least 87 % of the time (they
+  do 92-96 % of the time; below 87 % by chance is under 1 in 500).
 - percentile intervals: distribution-free, +inf where the sample cannot bound the quantile.
 - live (loopback): the scripted server with `--max-streams` 4 x 0.2 s at concurrency 16 and 8 x 0.4 s at 32,
-  two fresh warm-up and request counts each: within -12 % / +(slots / n + 2 %) of slots / S, n the window's
-  completions (the server's own overhead per request on a busy machine only lowers its capacity; the
-  window's count can be off by a group of completions).
+  two fresh warm-up and request counts each: within -12 % / +3 % of slots / S (the server's own overhead per
+  request on a busy machine only lowers its capacity; the client's clock reads a token a little after the
+  server wrote it, which can shift a span's share by a fraction of a percent).
 """
 
 from __future__ import annotations
@@ -62,9 +63,8 @@ def test_closed_loop_window_counts_only_measured_work(concurrency, slots, servic
         records = closed_loop(concurrency, warmup, 200, FifoServer(slots, lambda s=service_s: s))
         row = summarize(records, n_boot=0).iloc[0]
         assert row["window"] == STEADY, (warmup, seed)
-        tolerance = slots / row["window_requests"] + 0.01
-        assert row["request_rps"] == pytest.approx(capacity, rel=tolerance), (warmup, seed)
-        assert row["output_tok_s"] == pytest.approx(capacity * TOKENS, rel=tolerance), (warmup, seed)
+        assert row["request_rps"] == pytest.approx(capacity, rel=0.01), (warmup, seed)
+        assert row["output_tok_s"] == pytest.approx(capacity * TOKENS, rel=0.01), (warmup, seed)
         measured = [r for r in records if not r.warmup]
         window = throughput_window([r.send_s for r in measured], [r.end_s for r in measured], concurrency)
         assert window.start >= max((r.end_s for r in records if r.warmup), default=-math.inf)
@@ -77,10 +77,11 @@ def test_closed_loop_window_counts_only_measured_work(concurrency, slots, servic
 def test_open_loop_windows():
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    # constant arrivals at 10/s, service 0.2 s on ample slots: the completions keep the offered pace
+    # constant arrivals at 10/s, service 0.2 s on ample slots: the offered pace, less the start of the
+    # window in which the empty server has not yet sent a first token (25 ms of 15 s; 1 % allowed)
     steady = open_loop(np.arange(150) / 10.0, int(rng.integers(0, 20)), FifoServer(100, lambda: 0.2))
     row = summarize(steady, n_boot=0).iloc[0]
-    assert row["window"] == STEADY and row["request_rps"] == pytest.approx(10.0, rel=1e-6)
+    assert row["window"] == STEADY and row["request_rps"] == pytest.approx(10.0, rel=0.01)
     # Poisson arrivals at twice a 4 x 0.2 s server's capacity: the window reads the capacity
     flood = open_loop(np.cumsum(rng.exponential(1 / 40, 300)), 8, FifoServer(4, lambda: 0.2))
     row = summarize(flood, n_boot=0).iloc[0]
@@ -122,19 +123,19 @@ def test_throughput_interval_covers_the_true_capacity(shape):
         records = closed_loop(16, int(rng.integers(0, 32)), 250, FifoServer(slots, service))
         return request_table([r for r in records if not r.warmup])
 
-    trials, covered, ratio_covered, widths = 120, 0, 0, []
+    trials, covered, ratio_covered, widths = 200, 0, 0, []
     for _ in range(trials):
         a, b = draw(), draw()
         sa, sb = window_samples(a, None), window_samples(b, None)
-        rate = sum(len(s.end_s) for s in sa) / sum(s.seconds for s in sa)
+        rate = sum(s.total for s in sa) / sum(s.seconds for s in sa)
         lo, hi = throughput_ci(sa)
         covered += lo * rate <= slots / mean_s <= hi * rate
-        rb = sum(len(s.end_s) for s in sb) / sum(s.seconds for s in sb)
+        rb = sum(s.total for s in sb) / sum(s.seconds for s in sb)
         rlo, rhi = throughput_ratio_ci(sa, sb)
         ratio_covered += rlo * rate / rb <= 1 <= rhi * rate / rb
         widths.append(hi - lo)
-    assert covered / trials >= 0.88 and ratio_covered / trials >= 0.88, (covered, ratio_covered, seed)
-    assert np.median(widths) < 0.5  # informative: about 230 completions pin the rate to some 10-20 %
+    assert covered / trials >= 0.87 and ratio_covered / trials >= 0.87, (covered, ratio_covered, seed)
+    assert np.median(widths) < 0.5  # informative: about 230 requests pin the rate to some 10-20 %
 
 
 def test_throughput_interval_needs_enough_completions_and_keeps_the_legacy_form():
@@ -189,5 +190,4 @@ def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, s
             )
             row = summarize(read_records(path), n_boot=0).iloc[0]
             assert row["requests_ok"] == n and row["window"] == STEADY, (k, seed)
-            high = 1 + slots / row["window_requests"] + 0.02
-            assert 0.88 * capacity <= row["request_rps"] <= high * capacity, (row["request_rps"], warm, seed)
+            assert 0.88 * capacity <= row["request_rps"] <= 1.03 * capacity, (row["request_rps"], warm, seed)

@@ -339,9 +339,9 @@ def _run_with_samples(path: Path, rng: np.random.Generator) -> tuple[RunDir, dic
             records = [_record(run_id, i, 0.2 + 0.3 * i, 20) for i in range(5)]
             for r in records:
                 writer.append(r)
-            # the throughput window of a closed loop at c=1: from the first completion to the last one
-            # before the last send (the first request's end to the fourth's), counting the 2nd-4th requests
-            windows[run_id] = (5000.0 + records[0].end_s, 5000.0 + records[3].end_s)
+            # the throughput window of a closed loop at c=1: its first send to its last, which holds the
+            # first four requests' outputs wholly and none of the fifth's
+            windows[run_id] = (5000.0 + records[0].send_s, 5000.0 + records[-1].send_s)
     start, end = windows["c=1"]
     lines, counter = [], 1000.0
     for tick, t in enumerate(np.arange(start - 0.15, end + 0.15, 0.05)):
@@ -374,7 +374,7 @@ def test_summary_columns_and_report_from_the_run_directory(tmp_path):
     e1 = gpu_telemetry.integral(gpu1["t"].to_numpy(), gpu1["power_w"].to_numpy(), start, end)
     row = summary.loc["c=1"]
     assert row["gpu_energy_j"] == pytest.approx(e0 + e1, rel=1e-5)
-    assert row["gpu_joules_per_out_token"] == pytest.approx((e0 + e1) / 60, rel=1e-5)  # 3 requests x 20
+    assert row["gpu_joules_per_out_token"] == pytest.approx((e0 + e1) / 80, rel=1e-5)  # 4 requests x 20
     assert row["gpu_power_mean_w"] == pytest.approx((e0 + e1) / (end - start), rel=1e-5)
     assert row["gpu_energy_source"] == "counter, power integral"
     # the highest and the mean: the ticks from the last one before the window to the first one after it

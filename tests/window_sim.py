@@ -23,17 +23,21 @@ class FifoServer:
         self.free = [0.0] * slots
         self.service = service
 
-    def serve(self, arrival: float) -> float:
-        """The end of a request arriving at `arrival` (arrivals must come in time order)."""
+    def serve(self, arrival: float) -> tuple[float, float]:
+        """When a request arriving at `arrival` starts being served and when it ends (arrivals must come in
+        time order)."""
         start = max(arrival, heapq.heappop(self.free))
         end = start + self.service()
         heapq.heappush(self.free, end)
-        return end
+        return start, end
 
 
-def record(i: int, send: float, end: float, warmup: bool, label: str, run_id: str = "run") -> RequestRecord:
-    """One ok request whose tokens arrive evenly up to its end."""
-    times = np.linspace(send + (end - send) / TOKENS, end, TOKENS)
+def record(
+    i: int, send: float, served: tuple[float, float], warmup: bool, label: str, run_id: str = "run"
+) -> RequestRecord:
+    """One ok request served from `served[0]` to `served[1]`, its tokens arriving evenly over its service."""
+    start, end = served
+    times = np.linspace(start + (end - start) / TOKENS, end, TOKENS)
     return RequestRecord(
         run_id=run_id,
         request_id=f"{'w' if warmup else 'm'}{i}",
@@ -70,10 +74,10 @@ def closed_loop(
     out, taken = [], 0
     while sends and taken < warmup + measured:
         t, worker = heapq.heappop(sends)
-        end = server.serve(t)
-        out.append(record(taken, t, end, taken < warmup, f"c={concurrency}", run_id))
+        served = server.serve(t)
+        out.append(record(taken, t, served, taken < warmup, f"c={concurrency}", run_id))
         taken += 1
-        heapq.heappush(sends, (end, worker))
+        heapq.heappush(sends, (served[1], worker))
     return out
 
 
