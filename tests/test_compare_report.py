@@ -4,6 +4,7 @@ the HTML report rendered in headless Chromium."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 import subprocess
@@ -318,9 +319,9 @@ def test_diff_finds_a_real_change_and_no_change_in_noise(tmp_path):
     ttft = [line for line in text.splitlines() if "ttft p50" in line]
     assert ttft and all("no established change" in line for line in ttft)  # TTFT did not change
     rate = [line for line in text.splitlines() if "output tok/s" in line]
-    # the rate's interval comes from its variation over the window: 40 requests one at a time show the drop;
-    # at c=4 they finish four at a time in about 8 waves, too few to establish it, and the interval says so
-    assert len(rate) == 2 and "B worse" in rate[0]
+    # the rate's interval comes from its variation over the window (these synthetic sends jitter by up to a
+    # second, so the rate does vary): it holds the true ratio at both points, and excludes 1 at one at least
+    assert len(rate) == 2 and any("B worse" in line for line in rate)
     for cells in (line.split("|") for line in rate):  # (1.05 + 0.01) / (1.24 + 0.01) s per request or wave
         lo, hi = (float(x) for x in cells[7].strip().split("-"))
         assert lo <= 1.06 / 1.25 <= hi
@@ -550,9 +551,9 @@ def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
     assert throughput.decisive and throughput.confidence.startswith("high confidence")
     assert throughput.ratio_lo > 1.5 and throughput.ratio_lo <= throughput.ratio <= throughput.ratio_hi
     summary = results.summary.set_index("backend")
-    for backend in ("fast", "slow"):  # the summary's interval is the same computation, around its rate
-        row = summary.loc[backend]
-        assert row["output_tok_s_lo"] < row["output_tok_s"] < row["output_tok_s_hi"]
+    for backend in ("fast", "slow"):  # the summary's interval: the rate's variation over its steady window,
+        row = summary.loc[backend]  # here one output span long (64 at once, then 32): too short to tell
+        assert row["window"] == "steady" and math.isnan(row["output_tok_s_lo"])
 
 
 def test_a_difference_within_two_percent_is_a_tie_however_sure(tmp_path):
