@@ -8,19 +8,19 @@ against achieved rate, client lag and the token-count cross-checks. Warm-up requ
 
 Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a point (output and input
 tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
-requests alone hold the server at full load: from the moment the load is full of measured requests (closed
-loop: the concurrency-th measured send, by which every worker's warm-up requests have ended; open loop: the
-first send, its warm-up having ended before the schedule starts) to the last measured send (after it the
-load drains). Each ok request counts the share of its output span (first token to end; send to end
-without a token) that lies inside the window, and its tokens likewise, as if they arrived evenly over the
-span (token arrivals, as SGLang's and vLLM's benchmarks count them, approximated from the request table);
-a rate is that sum over the window's length. By Little's law this is the rate at which requests pass
-through decoding, whatever the queue before it (a saturated open loop reads the server's pace, not the
-offered rate), and it does not depend on where the window's ends fall among completions that finish
-together (a batch), which a count of completions would. A run too short for such a window (fewer than
-`MIN_STEADY_COMPLETIONS` ends inside it) uses the first measured send to the last end instead, every request
-wholly counted; summary.csv's `window` column says which (`steady`, `full`, or `imported`: the other
-tool's own duration).
+requests alone keep the server busy. It runs from the first token of the concurrency-th measured request to
+begin its output (closed loop; by then every worker has sent a measured request, so every warm-up request
+has ended) or of the first (open loop, whose warm-up ends before the schedule starts), to the first token of
+the last measured request (until then measured requests are waiting or in hand; after it the load drains).
+Each ok request counts the share of its output span (first token to end; send to end without a token) that
+lies inside the window, and its tokens likewise, as if they arrived evenly over the span (token arrivals, as
+SGLang's and vLLM's benchmarks count them, approximated from the request table); a rate is that sum over the
+window's length. By Little's law this is the pace at which requests pass through decoding, whatever the
+queue before it (a saturated open loop reads the server's pace, not the offered rate), and it does not
+depend on where the window's ends fall among completions that finish together (a batch), which a count of
+completions would. A run too short for such a window (fewer than `MIN_STEADY_COMPLETIONS` ends inside it)
+uses the first measured send to the last end instead, every request wholly counted; summary.csv's `window`
+column says which (`steady`, `full`, or `imported`: the other tool's own duration).
 """
 
 from __future__ import annotations
@@ -265,11 +265,11 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
 
 
 WINDOW_DEFINITION = (
-    "over the steady window: from the moment the load is full of measured requests (closed loop: the "
-    "concurrency-th measured send, when every warm-up request has ended; open loop: the first send) to the "
-    "last send, so the warm-up's tail, the ramp and the drain are not counted. Each ok request counts the "
-    "share of its output span (first token to end) inside the window, with its tokens as if they arrived "
-    "evenly over the span, over the window's length. summary.csv `window`: steady, or "
+    "over the steady window: from the first token of the concurrency-th measured request to begin its "
+    "output (closed loop: by then every warm-up request has ended; open loop: of the first request) to the "
+    "first token of the last, so the warm-up's tail, the ramp and the drain are not counted. Each ok "
+    "request counts the share of its output span (first token to end) inside the window, with its tokens "
+    "as if they arrived evenly over the span, over the window's length. summary.csv `window`: steady, or "
     "full where a point is too short for one (first send to last end). Its interval, and the throughput "
     "decision's, come from the rate's variation over time: the window cut into up to 10 equal sub-windows "
     "(batch means) and a t interval"
@@ -313,35 +313,40 @@ def throughput_window(
     end_s: Iterable[float],
     concurrency: int | None = None,
     now: float | None = None,
+    begin_s: Iterable[float] | None = None,
 ) -> ThroughputWindow:
-    """The throughput window of one run of a point from its measured requests' send and end times (warm-up
-    requests excluded), on the clock of the times given (module doc: `WINDOW_DEFINITION`).
+    """The throughput window of one run of a point from its measured requests' send, end and output-begin
+    times (`output_begin`: first token; the sends when not given), warm-up requests excluded, on the clock
+    of the times given (module doc: `WINDOW_DEFINITION`).
 
-    Steady: from the moment the load is full of measured requests to the last measured send. In a closed
-    loop that moment is the `concurrency`-th measured send (each worker sends its first measured request
-    when its last warm-up request has ended, so from then on no warm-up request holds the server and every
-    worker is busy); in an open loop (`concurrency` None) the first send (its warm-up is a closed loop that
-    ends before the schedule starts). After the last send the load drains.
+    Steady: from the `concurrency`-th output begin (closed loop; the first in an open loop, `concurrency`
+    None) to the last. The concurrency-th begin is never before the concurrency-th send, when each worker has
+    sent its first measured request and so every warm-up request has ended (a worker sends its first
+    measured request when its last warm-up one ends; an open loop's warm-up ends before its schedule starts);
+    until the last measured request begins its output the server has measured work waiting or in hand, and
+    after it the load drains.
 
     Fallback (`FULL`): where fewer than `MIN_STEADY_COMPLETIONS` requests end inside the steady window (a
     point too short, or a closed loop with fewer requests than its concurrency), the first measured send to
     the last end (or `now`)."""
-    sends = np.sort(_floats(send_s))
+    sends = _floats(send_s)
+    begins = np.sort(sends if begin_s is None else _floats(begin_s))
     ends = _floats(end_s)
-    sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
+    sends, begins, ends = sends[np.isfinite(sends)], begins[np.isfinite(begins)], ends[np.isfinite(ends)]
     if not sends.size:
         return ThroughputWindow(np.nan, np.nan, FULL)
     if concurrency is None:
-        full_from = sends[0]
-    elif 1 <= concurrency <= sends.size:
-        full_from = sends[concurrency - 1]
+        full_from = begins[0] if begins.size else np.nan
+    elif 1 <= concurrency <= begins.size:
+        full_from = begins[concurrency - 1]
     else:
         full_from = np.nan
-    inside = (ends >= full_from) & (ends <= sends[-1])
-    if np.isfinite(full_from) and sends[-1] > full_from and inside.sum() >= MIN_STEADY_COMPLETIONS:
-            return ThroughputWindow(float(full_from), float(sends[-1]), STEADY)
+    if np.isfinite(full_from):
+        inside = (ends >= full_from) & (ends <= begins[-1])
+        if begins[-1] > full_from and inside.sum() >= MIN_STEADY_COMPLETIONS:
+            return ThroughputWindow(float(full_from), float(begins[-1]), STEADY)
     end = now if now is not None else (ends.max() if ends.size else np.nan)
-    return ThroughputWindow(float(sends[0]), float(end), FULL)
+    return ThroughputWindow(float(sends.min()), float(end), FULL)
 
 
 def measured_window(
@@ -374,10 +379,12 @@ def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None
 
 def window_of(requests: pd.DataFrame, concurrency: int | None = None) -> ThroughputWindow:
     """`throughput_window` of one run's measured requests (`request_table` rows); the concurrency from the
-    rows' load point label unless given."""
+    rows' load point label unless given (0: an open loop)."""
     if concurrency is None and len(requests):
         concurrency = concurrency_of(requests["load_point"].iloc[0])
-    return throughput_window(requests["send_s"], requests["end_s"], concurrency)
+    concurrency = concurrency or None
+    begins = output_begin(requests)
+    return throughput_window(requests["send_s"], requests["end_s"], concurrency, begin_s=begins)
 
 
 def window_sample(
@@ -419,7 +426,7 @@ def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
         begins.append(sends[-1] + (timing.ttft(r) or 0.0))
         ends.append(np.nan if r.end_s is None else r.t0_monotonic + r.end_s)
         tokens.append(r.output_tokens if r.error_kind is None and r.end_s is not None else 0)
-    window = throughput_window(sends, ends, concurrency, None)
+    window = throughput_window(sends, ends, concurrency, None, begins)
     if window.kind != STEADY:
         window = ThroughputWindow(window.start, now, FULL)
     counted = float((np.asarray(tokens, dtype=float) * window.shares(begins, ends)).sum()) if sends else 0.0
@@ -580,7 +587,7 @@ def _throughput_columns(
             kind, seconds = IMPORTED, pinfo.duration_s
             share[part.index] = 1.0
         else:
-            window = throughput_window(part["send_s"], part["end_s"], concurrency_of("", pinfo))
+            window = window_of(part, concurrency_of("", pinfo) or 0)
             kind, seconds = window.kind, window.seconds
             share[part.index] = window.shares(output_begin(part), part["end_s"])
             samples.append(window_sample(part, "output_tokens", window))
@@ -620,7 +627,7 @@ def _gpu_columns(
     if telemetry is not None and len(telemetry):
         for rid, part in group.groupby("run_id", sort=False):
             concurrency = concurrency_of(part["load_point"].iloc[0], points.get(str(rid)))
-            window = throughput_window(part["send_s"], part["end_s"], concurrency)
+            window = window_of(part, concurrency or 0)
             shares = window.shares(output_begin(part), part["end_s"]) * (part["status"] == "ok").to_numpy()
             tokens = float((part["output_tokens"].to_numpy(dtype=float) * shares).sum())
             windows.append(Window(str(rid), t0[rid] + window.start, t0[rid] + window.end, tokens))

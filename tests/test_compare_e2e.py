@@ -84,10 +84,11 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
             assert row[f"{name}_mean_ms"] == pytest.approx(values.mean(), rel=1e-4)
         gaps = np.concatenate([timing.itl(r) for r in ok]) * 1e3
         assert row["itl_n"] == gaps.size and row["itl_p50_ms"] == pytest.approx(np.median(gaps), rel=1e-4)
-        # the throughput window: from the c-th send (all c workers busy with measured requests) to the last,
-        # each request's tokens counted by the share of its output span (first token to end) inside it
+        # the throughput window: from the c-th first token (all c workers busy with measured requests) to the
+        # last, each request's tokens counted by the share of its output span (first token to end) inside it
         sends = sorted(r.send_s for r in measured)
-        start, end = sends[int(load_point[2:]) - 1], sends[-1]
+        begins = sorted(r.send_s + timing.ttft(r) for r in measured)
+        start, end = begins[int(load_point[2:]) - 1], begins[-1]
         if end > start and sum(start <= r.end_s <= end for r in measured) >= 2:
             spans = [(r.send_s + timing.ttft(r), r.end_s) for r in ok]
             shares = [max(0.0, min(e, end) - max(b, start)) / (e - b) for b, e in spans]

@@ -339,9 +339,9 @@ def _run_with_samples(path: Path, rng: np.random.Generator) -> tuple[RunDir, dic
             records = [_record(run_id, i, 0.2 + 0.3 * i, 20) for i in range(5)]
             for r in records:
                 writer.append(r)
-            # the throughput window of a closed loop at c=1: its first send to its last, which holds the
-            # first four requests' outputs wholly and none of the fifth's
-            windows[run_id] = (5000.0 + records[0].send_s, 5000.0 + records[-1].send_s)
+            # the throughput window of a closed loop at c=1: its first first token to its last, which holds
+            # the first four requests' outputs wholly and none of the fifth's
+            windows[run_id] = (5000.0 + records[0].events[0][0], 5000.0 + records[-1].events[0][0])
     start, end = windows["c=1"]
     lines, counter = [], 1000.0
     for tick, t in enumerate(np.arange(start - 0.15, end + 0.15, 0.05)):
