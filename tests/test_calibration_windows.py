@@ -8,7 +8,7 @@ Cases and tolerances:
     1 % of 20 and 20 x 8 (the requests finish `slots` at a time; a window counting completions would be off
     by up to a group, the output spans' shares are not), and the window starts only after the last warm-up
     request has ended;
-  - open loops: constant arrivals well below capacity give the offered rate (1e-6), Poisson arrivals at
+  - open loops: constant arrivals well below capacity give the offered rate (1 %), Poisson arrivals at
     twice the capacity give the capacity, not the offered rate, within 3 %;
   - too short for a steady window: the full window (first send to last end), flagged `full`;
   - the sweep's completion rate, the selection's per-launch throughput and the live progress rate are the
@@ -79,10 +79,11 @@ def test_closed_loop_window_counts_only_measured_work(concurrency, slots, servic
 def test_open_loop_windows():
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    # constant arrivals at 10/s, service 0.2 s on ample slots: the offered pace
+    # constant arrivals at 10/s, service 0.2 s on ample slots: the offered pace, less what the server,
+    # empty when the window opens, has not yet begun (under one output span, 0.175 s of 15 s: 1 % allowed)
     steady = open_loop(np.arange(150) / 10.0, int(rng.integers(0, 20)), FifoServer(100, lambda: 0.2))
     row = summarize(steady, n_boot=0).iloc[0]
-    assert row["window"] == STEADY and row["request_rps"] == pytest.approx(10.0, rel=1e-6)
+    assert row["window"] == STEADY and row["request_rps"] == pytest.approx(10.0, rel=0.01)
     # Poisson arrivals at twice a 4 x 0.2 s server's capacity: the window reads the capacity
     flood = open_loop(np.cumsum(rng.exponential(1 / 40, 300)), 8, FifoServer(4, lambda: 0.2))
     row = summarize(flood, n_boot=0).iloc[0]
