@@ -319,12 +319,15 @@ def throughput_window(
     times (`output_begin`: first token; the sends when not given), warm-up requests excluded, on the clock
     of the times given (module doc: `WINDOW_DEFINITION`).
 
-    Steady: from the `concurrency`-th output begin (closed loop; the first in an open loop, `concurrency`
-    None) to the last. The concurrency-th begin is never before the concurrency-th send, when each worker has
-    sent its first measured request and so every warm-up request has ended (a worker sends its first
-    measured request when its last warm-up one ends; an open loop's warm-up ends before its schedule starts);
-    until the last measured request begins its output the server has measured work waiting or in hand, and
-    after it the load drains.
+    Steady: from the `concurrency`-th output begin (closed loop) to the last. The concurrency-th begin is
+    never before the concurrency-th send, when each worker has sent its first measured request and so every
+    warm-up request has ended (a worker sends its first measured request when its last warm-up one ends),
+    and from then on the server holds `concurrency` measured requests; until the last measured request
+    begins its output the server has measured work waiting or in hand, and after it the load drains. An open
+    loop (`concurrency` None; its warm-up ends before its schedule starts) starts empty, so its window opens
+    at its first end, not its first begin: before it the outputs begun before the window, which a loaded
+    server would hold, are missing, and the rate would read low by about half an output span over the
+    window.
 
     Fallback (`FULL`): where fewer than `MIN_STEADY_COMPLETIONS` requests end inside the steady window (a
     point too short, or a closed loop with fewer requests than its concurrency), the first measured send to
@@ -335,8 +338,8 @@ def throughput_window(
     sends, begins, ends = sends[np.isfinite(sends)], begins[np.isfinite(begins)], ends[np.isfinite(ends)]
     if not sends.size:
         return ThroughputWindow(np.nan, np.nan, FULL)
-    if concurrency is None:
-        full_from = begins[0] if begins.size else np.nan
+    if concurrency is None:  # not before the first output has ended: an empty server's start
+        full_from = max(begins[0], ends.min()) if begins.size and ends.size else np.nan
     elif 1 <= concurrency <= begins.size:
         full_from = begins[concurrency - 1]
     else:
@@ -354,10 +357,12 @@ def measured_window(
     end_s: Iterable[float],
     now: float | None = None,
     concurrency: int | None = None,
+    begin_s: Iterable[float] | None = None,
 ) -> tuple[float, float]:
-    """A point's measured window, (start, end) of `throughput_window`: every rate of a point (output
-    tokens/s, requests/s, goodput) and its GPU energy are over it; NaN where there is no send."""
-    window = throughput_window(send_s, end_s, concurrency, now)
+    """(start, end) of `throughput_window`: every rate of a point (output tokens/s, requests/s, goodput)
+    and its GPU energy are over it (give `begin_s`, `output_begin`, and `concurrency` for the summary's
+    window); NaN where there is no send."""
+    window = throughput_window(send_s, end_s, concurrency, now, begin_s)
     return window.start, window.end
 
 
@@ -366,9 +371,10 @@ def measured_window_s(
     end_s: Iterable[float],
     now: float | None = None,
     concurrency: int | None = None,
+    begin_s: Iterable[float] | None = None,
 ) -> float:
     """The length of `measured_window`; NaN when it is empty."""
-    return throughput_window(send_s, end_s, concurrency, now).seconds
+    return throughput_window(send_s, end_s, concurrency, now, begin_s).seconds
 
 
 def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None:

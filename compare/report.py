@@ -673,7 +673,8 @@ def _definitions(res: Results) -> list[Block]:
                 *(f"{m.label}: {m.definition}" for m in LATENCY),
                 "Output tokens: the server's usage when given, else the stream's per-event counts; "
                 "re-tokenisation is a cross-check only.",
-                "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
+                "Goodput: ok requests meeting every SLO, counted as requests/s are (below), per second of "
+                "the throughput window. Client lag: send "
                 "minus scheduled time (open-loop and trace points; a closed loop schedules each request as "
                 "it sends it).",
                 "Percentiles: numpy's linear interpolation; their 95% intervals are distribution-free "

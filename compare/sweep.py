@@ -12,9 +12,9 @@ is saturated ends the sweep. Should none be, up to `MAX_EXTRA` more rates, each 
 tried, so a sweep ends at a saturated point unless the saturating closed loop underestimated the backend.
 
 An open-loop point is **saturated** (`saturation`) when any of:
-- the server completes clearly fewer requests than offered: the completion rate, ok completions over the
-  point's throughput window (`compare.metrics.throughput_window`), is below (1 - `RATE_SHORTFALL`) x the
-  offered rate;
+- the server completes clearly fewer requests than offered: the completion rate, requests/s over the point's
+  throughput window as the summary counts them (`compare.metrics.window_rate`), is below
+  (1 - `RATE_SHORTFALL`) x the offered rate;
 - the client could not send at the offered rate (the achieved send rate is that far below it): past this
   point the measurement, not the backend, is the limit;
 - latency grows without bound: the TTFT p50 (from the intended send) exceeds `TTFT_GROWTH` x the
@@ -57,7 +57,7 @@ class PointFacts:
     concurrency: int | None  # closed loop
     offered_rps: float | None  # open loop
     throughput_rps: float  # ok requests over the throughput window (the summary's request_rps)
-    completed_rps: float  # ok completions over this run's throughput window (`metrics.window_rate`)
+    completed_rps: float  # ok requests/s over this run's throughput window (`metrics.window_rate`)
     sent_rps: float  # achieved send rate
     ttft_p50_s: float  # from the intended send where the point has one
     ttft_early_s: float  # median TTFT of the earlier half of the requests, in send order
