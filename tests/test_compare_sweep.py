@@ -169,7 +169,8 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     assert sat_rate >= 0.9 * TRUE_CAPACITY  # it did not stop before the true saturation ...
     # ... swept upwards to the first saturated point it ran, then only bisected below it (a bisected rate may
     # itself lie above the capacity, and be saturated)
-    stop = next(i for i, r in enumerate(rates) if any(p.offered_rps == r and saturation(p, sync) for p in found))
+    saturated_rates = {p.offered_rps for p in found if saturation(p, sync)}
+    stop = next(i for i, r in enumerate(rates) if r in saturated_rates)
     assert rates[:stop + 1] == sorted(rates[:stop + 1])
     assert all(r < rates[stop] for r in rates[stop + 1:])
 
