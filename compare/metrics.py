@@ -10,8 +10,9 @@ Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a po
 tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
 requests alone keep the server busy. It runs from the first token of the concurrency-th measured request to
 begin its output (closed loop; by then every worker has sent a measured request, so every warm-up request
-has ended) or of the first (open loop, whose warm-up ends before the schedule starts), to the first token of
-the last measured request (until then measured requests are waiting or in hand; after it the load drains).
+has ended), or from the first measured request's end (open loop: its warm-up ends before the schedule
+starts, and the server starts empty), to the first token of the last measured request (until then measured
+requests are waiting or in hand; after it the load drains).
 Each ok request counts the share of its output span (first token to end; send to end without a token) that
 lies inside the window, and its tokens likewise, as if they arrived evenly over the span (token arrivals, as
 SGLang's and vLLM's benchmarks count them, approximated from the request table); a rate is that sum over the
@@ -266,8 +267,8 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
 
 WINDOW_DEFINITION = (
     "over the steady window: from the first token of the concurrency-th measured request to begin its "
-    "output (closed loop: by then every warm-up request has ended; open loop: of the first request) to the "
-    "first token of the last, so the warm-up's tail, the ramp and the drain are not counted. Each ok "
+    "output (closed loop: by then every warm-up request has ended; open loop: from the first request's end) "
+    "to the first token of the last, so the warm-up's tail, the ramp and the drain are not counted. Each ok "
     "request counts the share of its output span (first token to end) inside the window, with its tokens "
     "as if they arrived evenly over the span, over the window's length. summary.csv `window`: steady, or "
     "full where a point is too short for one (first send to last end). Its interval, and the throughput "

@@ -669,7 +669,8 @@ def test_open_loop_throughput_is_not_called_a_capacity_difference(tmp_path):
     so would compare diff between two such runs."""
     run = open_loop_run(tmp_path / "run", {"fast": 0.010, "slow": 0.013})
     throughput = analyze(run, n_boot=200).picks[1]
-    assert throughput.winner == "fast" and throughput.ratio == pytest.approx(1.0, abs=0.01)
+    # both serve the offered 2 requests/s over their windows: either may be a hair ahead
+    assert throughput.winner in ("fast", "slow") and throughput.ratio == pytest.approx(1.0, abs=0.01)
     assert not throughput.decisive and "offered load sets the rate" in throughput.confidence
     from compare.diff import diff_runs
 
