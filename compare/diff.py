@@ -1,7 +1,8 @@
 """Two runs side by side: for each load point both measured, the change in each per-request latency median,
 a bootstrap interval of the ratio B/A, a Mann-Whitney U test, and Holm's correction over all the tests (so
 that many metrics x points do not turn noise into findings); output tokens/s with the interval of its ratio
-from resampling whole requests (`compare.statistics.throughput_ratio_ci`), without a test.
+from each rate's variation over its throughput window (`compare.statistics.throughput_ratio_ci`, batch
+means), without a test.
 
 Points are matched on (backend, variant, workload, load point); when the runs share no such key but each
 holds one backend, they are matched on (workload, load point), which compares two backends or versions.
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from compare.datatypes import ARRIVAL_DRIVEN
-from compare.metrics import LATENCY, busy_seconds, request_table, summarize
+from compare.metrics import LATENCY, request_table, summarize, window_samples
 from compare.statistics import holm, mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.store import RunDir
 
@@ -93,8 +94,8 @@ def diff_runs(a: RunDir, b: RunDir, alpha: float = 0.05, seed: int = 0) -> pd.Da
 
 
 def _throughput_row(point: str, m: pd.Series, sel_a: pd.DataFrame, sel_b: pd.DataFrame, seed: int) -> dict:
-    """Output tokens/s of B against A with the interval of the ratio from resampling whole requests (the
-    one computation the report's throughput decision uses); no test, so no p."""
+    """Output tokens/s of B against A with the interval of the ratio from batch means over each point's
+    throughput windows (`compare.metrics.window_samples`); no test, so no p."""
     a, b = m["output_tok_s_a"], m["output_tok_s_b"]
     ratio = b / a if a else np.nan
     arrival_driven = m["mode_a"] in ARRIVAL_DRIVEN and m["mode_b"] in ARRIVAL_DRIVEN
@@ -102,8 +103,8 @@ def _throughput_row(point: str, m: pd.Series, sel_a: pd.DataFrame, sel_b: pd.Dat
         (np.nan, np.nan)
         if arrival_driven
         else throughput_ratio_ci(
-            (sel_b["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_b)),
-            (sel_a["output_tokens"].to_numpy(dtype=float), busy_seconds(sel_a)),
+            window_samples(sel_b),
+            window_samples(sel_a),
             seed=seed,
         )
     )

@@ -310,13 +310,13 @@ def read_samples(path: str | Path) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Window:
-    """One run of a load point: its measured window on the samples' clock, and the output tokens of its ok
-    requests."""
+    """One run of a load point: its throughput window on the samples' clock, and the output tokens of its ok
+    requests that the window counts (`compare.metrics.throughput_window`)."""
 
     run_id: str
     start: float
     end: float
-    output_tokens: int
+    output_tokens: float
 
 
 @dataclass

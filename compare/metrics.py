@@ -3,8 +3,25 @@
 
 `LATENCY` declares each latency metric once; `request_table` is one row per request, `itl_table` every
 inter-token gap, and `summarize` one row per (backend, variant, workload, load point): counts, latency
-statistics with intervals (`compare.statistics`), throughput over the measured window, goodput, offered
+statistics with intervals (`compare.statistics`), throughput over the throughput window, goodput, offered
 against achieved rate, client lag and the token-count cross-checks. Warm-up requests are never counted.
+
+Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a point (output and input
+tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
+requests alone keep the server busy. It runs from the first token of the concurrency-th measured request to
+begin its output (closed loop; by then every worker has sent a measured request, so every warm-up request
+has ended), or from the first measured request's end (open loop: its warm-up ends before the schedule
+starts, and the server starts empty), to the first token of the last measured request (until then measured
+requests are waiting or in hand; after it the load drains).
+Each ok request counts the share of its output span (first token to end; send to end without a token) that
+lies inside the window, and its tokens likewise, as if they arrived evenly over the span (token arrivals, as
+SGLang's and vLLM's benchmarks count them, approximated from the request table); a rate is that sum over the
+window's length. By Little's law this is the pace at which requests pass through decoding, whatever the
+queue before it (a saturated open loop reads the server's pace, not the offered rate), and it does not
+depend on where the window's ends fall among completions that finish together (a batch), which a count of
+completions would. A run too short for such a window (fewer than `MIN_STEADY_COMPLETIONS` ends inside it)
+uses the first measured send to the last end instead, every request wholly counted; summary.csv's `window`
+column says which (`steady`, `full`, or `imported`: the other tool's own duration).
 """
 
 from __future__ import annotations
@@ -19,7 +36,17 @@ import pandas as pd
 from compare.datatypes import PointInfo, point_info_from_label
 from compare.gpu_telemetry import COLUMNS as GPU_COLUMNS
 from compare.gpu_telemetry import Window, window_columns
-from compare.statistics import N_BOOT, PERCENTILES, bootstrap_ci, describe, throughput_ci
+from compare.statistics import (
+    CI_LEVEL,
+    N_BOOT,
+    PERCENTILES,
+    WindowSample,
+    bootstrap_ci,
+    describe,
+    quantile_ci,
+    throughput_ci,
+    time_shares,
+)
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
@@ -200,7 +227,7 @@ def request_table(
 
 
 def busy_seconds(requests: pd.DataFrame) -> np.ndarray:
-    """Each request's time in service, send to end (the span the throughput window is made of)."""
+    """Each request's time in service, send to end (the legacy throughput interval's input)."""
     return (requests["end_s"] - requests["send_s"]).to_numpy(dtype=float)
 
 
@@ -238,40 +265,180 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
-def measured_window(
-    send_s: Iterable[float], end_s: Iterable[float], now: float | None = None
-) -> tuple[float, float]:
-    """A point's measured window, (start, end): its first send to its last end, or to `now` while it still
-    runs, on the clock of the times given. Every rate of a point (output tokens/s, requests/s, goodput) and
-    its GPU energy are over this window; NaN where there is no send (start) or no end (end)."""
-    sends = np.asarray(list(send_s), dtype=float)
-    ends = np.asarray(list(end_s), dtype=float)
-    sends, ends = sends[np.isfinite(sends)], ends[np.isfinite(ends)]
+WINDOW_DEFINITION = (
+    "over the steady window: from the first token of the concurrency-th measured request to begin its "
+    "output (closed loop: by then every warm-up request has ended; open loop: from the first request's end) "
+    "to the first token of the last, so the warm-up's tail, the ramp and the drain are not counted. Each ok "
+    "request counts the share of its output span (first token to end) inside the window, with its tokens "
+    "as if they arrived evenly over the span, over the window's length. summary.csv `window`: steady, or "
+    "full where a point is too short for one (first send to last end). Its interval, and the throughput "
+    "decision's, come from the rate's variation over time: the window cut into up to 10 equal sub-windows "
+    "(batch means) and a t interval"
+)
+STEADY = "steady"  # the `window` column: the steady window (module doc)
+FULL = "full"  # too short for one, or no full load: first send to last end, every request counted
+IMPORTED = "imported"  # imported results: the other tool's own benchmark duration
+MIN_STEADY_COMPLETIONS = 2  # a steady window in which fewer requests end than this is not used
+
+
+@dataclass(frozen=True)
+class ThroughputWindow:
+    """The window a point's rates are counted over, [start, end], and which kind it is (`STEADY`, `FULL`)."""
+
+    start: float
+    end: float
+    kind: str
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start if self.end > self.start else np.nan
+
+    def shares(self, begin_s: Iterable[float], end_s: Iterable[float]) -> np.ndarray:
+        """Per request, the share of its output span (`output_begin`: first token to end) inside the window
+        (`time_shares`); 0 for a request not finished."""
+        return time_shares(_floats(begin_s), _floats(end_s), self.start, self.end)
+
+
+def output_begin(requests: pd.DataFrame) -> np.ndarray:
+    """Where each request's output span begins: its first token (send + TTFT), or its send without one."""
+    sends = requests["send_s"].to_numpy(dtype=float)
+    return sends + np.nan_to_num(requests["ttft_s"].to_numpy(dtype=float), nan=0.0)
+
+
+def _floats(values: Iterable[float]) -> np.ndarray:
+    return values.to_numpy(dtype=float) if isinstance(values, pd.Series) else np.asarray(list(values), float)
+
+
+def throughput_window(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    concurrency: int | None = None,
+    now: float | None = None,
+    begin_s: Iterable[float] | None = None,
+) -> ThroughputWindow:
+    """The throughput window of one run of a point from its measured requests' send, end and output-begin
+    times (`output_begin`: first token; the sends when not given), warm-up requests excluded, on the clock
+    of the times given (module doc: `WINDOW_DEFINITION`).
+
+    Steady: from the `concurrency`-th output begin (closed loop) to the last. The concurrency-th begin is
+    never before the concurrency-th send, when each worker has sent its first measured request and so every
+    warm-up request has ended (a worker sends its first measured request when its last warm-up one ends),
+    and from then on the server holds `concurrency` measured requests; until the last measured request
+    begins its output the server has measured work waiting or in hand, and after it the load drains. An open
+    loop (`concurrency` None; its warm-up ends before its schedule starts) starts empty, so its window opens
+    at its first end, not its first begin: before it the outputs begun before the window, which a loaded
+    server would hold, are missing, and the rate would read low by about half an output span over the
+    window.
+
+    Fallback (`FULL`): where fewer than `MIN_STEADY_COMPLETIONS` requests end inside the steady window (a
+    point too short, or a closed loop with fewer requests than its concurrency), the first measured send to
+    the last end (or `now`)."""
+    sends = _floats(send_s)
+    begins = np.sort(sends if begin_s is None else _floats(begin_s))
+    ends = _floats(end_s)
+    sends, begins, ends = sends[np.isfinite(sends)], begins[np.isfinite(begins)], ends[np.isfinite(ends)]
     if not sends.size:
-        return np.nan, np.nan
-    return float(sends.min()), float(now if now is not None else (ends.max() if ends.size else np.nan))
+        return ThroughputWindow(np.nan, np.nan, FULL)
+    if concurrency is None:  # not before the first output has ended: an empty server's start
+        full_from = max(begins[0], ends.min()) if begins.size and ends.size else np.nan
+    elif 1 <= concurrency <= begins.size:
+        full_from = begins[concurrency - 1]
+    else:
+        full_from = np.nan
+    if np.isfinite(full_from):
+        inside = (ends >= full_from) & (ends <= begins[-1])
+        if begins[-1] > full_from and inside.sum() >= MIN_STEADY_COMPLETIONS:
+            return ThroughputWindow(float(full_from), float(begins[-1]), STEADY)
+    end = now if now is not None else (ends.max() if ends.size else np.nan)
+    return ThroughputWindow(float(sends.min()), float(end), FULL)
 
 
-def measured_window_s(send_s: Iterable[float], end_s: Iterable[float], now: float | None = None) -> float:
+def measured_window(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    now: float | None = None,
+    concurrency: int | None = None,
+    begin_s: Iterable[float] | None = None,
+) -> tuple[float, float]:
+    """(start, end) of `throughput_window`: every rate of a point (output tokens/s, requests/s, goodput)
+    and its GPU energy are over it (give `begin_s`, `output_begin`, and `concurrency` for the summary's
+    window); NaN where there is no send."""
+    window = throughput_window(send_s, end_s, concurrency, now, begin_s)
+    return window.start, window.end
+
+
+def measured_window_s(
+    send_s: Iterable[float],
+    end_s: Iterable[float],
+    now: float | None = None,
+    concurrency: int | None = None,
+    begin_s: Iterable[float] | None = None,
+) -> float:
     """The length of `measured_window`; NaN when it is empty."""
-    start, end = measured_window(send_s, end_s, now)
-    return end - start if end > start else np.nan
+    return throughput_window(send_s, end_s, concurrency, now, begin_s).seconds
+
+
+def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None:
+    """The closed loop's concurrency of a point, None for an open loop or trace (`throughput_window`)."""
+    info = info or point_info_from_label(str(load_point))
+    return info.concurrency if info.mode == "closed" else None
+
+
+def window_of(requests: pd.DataFrame, concurrency: int | None = None) -> ThroughputWindow:
+    """`throughput_window` of one run's measured requests (`request_table` rows); the concurrency from the
+    rows' load point label unless given (0: an open loop)."""
+    if concurrency is None and len(requests):
+        concurrency = concurrency_of(requests["load_point"].iloc[0])
+    concurrency = concurrency or None
+    begins = output_begin(requests)
+    return throughput_window(requests["send_s"], requests["end_s"], concurrency, begin_s=begins)
+
+
+def window_sample(
+    requests: pd.DataFrame, amount: str | None = "output_tokens", window: ThroughputWindow | None = None
+) -> WindowSample:
+    """What a throughput window counts of one run's measured requests (`request_table` rows): its finished
+    ok requests with their output tokens (`amount` None: 1 each, for requests/s), and the window."""
+    window = window or window_of(requests)
+    ok = requests[(requests["status"] == "ok") & requests["end_s"].notna()]
+    amounts = np.ones(len(ok)) if amount is None else ok[amount].to_numpy(dtype=float)
+    ends = ok["end_s"].to_numpy(dtype=float)
+    return WindowSample(output_begin(ok), ends, amounts, window.start, window.end)
+
+
+def window_rate(requests: pd.DataFrame, amount: str | None = "output_tokens") -> float:
+    """Output tokens/s (`amount` None: requests/s) of one run's measured requests over its throughput
+    window, as summary.csv counts them."""
+    sample = window_sample(requests, amount)
+    seconds = sample.seconds
+    return sample.total / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
+
+
+def window_samples(requests: pd.DataFrame, amount: str | None = "output_tokens") -> list[WindowSample]:
+    """`window_sample` of each run (`run_id`) of a point's measured requests."""
+    return [window_sample(part, amount) for _, part in requests.groupby("run_id", sort=False)]
 
 
 def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
-    """Output tokens/s of a point still running, as the summary will count it: output tokens of the
-    measured requests that finished ok, over `measured_window_s` up to `now` (record time base: each
-    record's t0_monotonic plus its offsets). At the point's last end it is the summary's output_tok_s."""
-    sends, ends, tokens = [], [], 0
+    """Output tokens/s of a point still running, as the summary will count it: the measured ok requests'
+    output tokens over its throughput window so far (a steady window once one exists, else the first send
+    to `now`; record time base: each record's t0_monotonic plus its offsets). At the point's last end it is
+    the summary's output_tok_s."""
+    sends, begins, ends, tokens, concurrency = [], [], [], [], None
     for r in records:
         if r.warmup or r.send_s is None:
             continue
+        concurrency = concurrency_of(r.load_point)
         sends.append(r.t0_monotonic + r.send_s)
-        if r.end_s is not None:
-            ends.append(r.t0_monotonic + r.end_s)
-            tokens += r.output_tokens if r.error_kind is None else 0
-    window = measured_window_s(sends, ends, now)
-    return tokens / window if np.isfinite(window) and window > 0 else np.nan
+        begins.append(sends[-1] + (timing.ttft(r) or 0.0))
+        ends.append(np.nan if r.end_s is None else r.t0_monotonic + r.end_s)
+        tokens.append(r.output_tokens if r.error_kind is None and r.end_s is not None else 0)
+    window = throughput_window(sends, ends, concurrency, None, begins)
+    if window.kind != STEADY:
+        window = ThroughputWindow(window.start, now, FULL)
+    counted = float((np.asarray(tokens, dtype=float) * window.shares(begins, ends)).sum()) if sends else 0.0
+    seconds = window.seconds
+    return counted / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
 
 
 # -- statistics -------------------------------------------------------------------------------------------
@@ -280,16 +447,31 @@ def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
 def latency_columns(
     prefix: str, values: np.ndarray, clusters: np.ndarray | None, seed: int, n_boot: int
 ) -> dict[str, float]:
-    """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms."""
+    """`{prefix}_n`, `_mean_ms`, `_std_ms`, `_p50_ms` ... and `_lo`/`_hi` interval columns, in ms (all NaN
+    when `n_boot` is 0, or without values).
+
+    The mean's interval is a percentile bootstrap. A percentile's, for independent values (one per request),
+    is the distribution-free order-statistic interval (`quantile_ci`): an end the sample cannot give is
+    -inf/+inf (unbounded), never the sample's extreme. ITL's gaps within one request are dependent, so the
+    order-statistic interval (which assumes independent values) would be too narrow; its percentiles keep
+    the cluster bootstrap over whole requests, but an end at or beyond the sample's extreme, which a
+    bootstrap cannot exceed, is reported unbounded."""
     d = describe(values)
     out: dict[str, float] = {f"{prefix}_n": d["n"]}
     ci = bootstrap_ci(values, clusters, n_boot=n_boot, seed=seed) if n_boot else {}
     for stat in ("mean", "std", *(f"p{q}" for q in PERCENTILES)):
         out[f"{prefix}_{stat}_ms"] = d[stat] * 1e3
-        if stat != "std":
-            lo, hi = ci.get(stat, (np.nan, np.nan))
-            out[f"{prefix}_{stat}_ms_lo"] = lo * 1e3
-            out[f"{prefix}_{stat}_ms_hi"] = hi * 1e3
+        if stat == "std":
+            continue
+        lo, hi = ci.get(stat, (np.nan, np.nan))
+        if stat != "mean" and n_boot and values.size:
+            if clusters is None:
+                lo, hi = quantile_ci(values, int(stat[1:]) / 100)
+            else:
+                lo = -np.inf if not lo > values.min() else lo
+                hi = np.inf if not hi < values.max() else hi
+        out[f"{prefix}_{stat}_ms_lo"] = lo * 1e3
+        out[f"{prefix}_{stat}_ms_hi"] = hi * 1e3
     return out
 
 
@@ -330,7 +512,7 @@ def summarize(
         row = _summarize_group(
             dict(zip(GROUP_KEYS, key, strict=True)), group, gaps, gaps_event, points, slo, n_boot, seed
         )
-        rows.append(row | _gpu_columns(group, t0, telemetry))
+        rows.append(row | _gpu_columns(group, t0, telemetry, points))
     out = pd.DataFrame(rows)
     return out[
         [c for c in summary_columns() if c in out.columns]
@@ -398,51 +580,64 @@ def _throughput_columns(
     n_boot: int,
     seed: int,
 ) -> dict[str, Any]:
-    """Throughput over the measured window, summed over the point's runs (repeats of a point add up), and
-    goodput."""
+    """Throughput over each run's throughput window (`throughput_window`), summed over the point's runs
+    (repeats of a point add up): the ok requests' time shares inside each window (with their tokens) over
+    the windows' length; `window` says which kind of window was used, `window_requests` how many requests'
+    worth it counted. Goodput likewise."""
     row: dict[str, Any] = {}
-    duration = 0.0
+    duration, kinds = 0.0, []
+    share = pd.Series(0.0, index=group.index)
+    samples = []
     for rid, pinfo in zip(run_ids, infos, strict=True):
         part = group[group["run_id"] == rid]
-        window = (
-            pinfo.duration_s
-            if pinfo.duration_s is not None
-            else measured_window_s(part["send_s"], part["end_s"])
-        )
-        duration += window if np.isfinite(window) else 0.0
+        if pinfo.duration_s is not None:  # imported: the other tool's duration, every request counted
+            kind, seconds = IMPORTED, pinfo.duration_s
+            share[part.index] = 1.0
+        else:
+            window = window_of(part, concurrency_of("", pinfo) or 0)
+            kind, seconds = window.kind, window.seconds
+            share[part.index] = window.shares(output_begin(part), part["end_s"])
+            samples.append(window_sample(part, "output_tokens", window))
+        kinds.append(kind)
+        duration += seconds if np.isfinite(seconds) else 0.0
+    w = share[ok.index]
     row["duration_s"] = duration if duration > 0 else np.nan
+    row["window"] = ", ".join(dict.fromkeys(kinds))
+    row["window_requests"] = float(w.sum())
     row["input_tokens"] = int(ok["input_tokens"].sum())
     row["output_tokens"] = int(ok["output_tokens"].sum())
-    row["input_tok_s"] = row["input_tokens"] / duration if duration > 0 else np.nan
-    row["output_tok_s"] = row["output_tokens"] / duration if duration > 0 else np.nan
-    row["request_rps"] = len(ok) / duration if duration > 0 else np.nan
-    lo, hi = (
-        throughput_ci(ok["output_tokens"].to_numpy(dtype=float), busy_seconds(ok), n_boot=n_boot, seed=seed)
-        if n_boot
-        else (np.nan, np.nan)
-    )
+    row["input_tok_s"] = float((ok["input_tokens"] * w).sum()) / duration if duration > 0 else np.nan
+    row["output_tok_s"] = float((ok["output_tokens"] * w).sum()) / duration if duration > 0 else np.nan
+    row["request_rps"] = float(w.sum()) / duration if duration > 0 else np.nan
+    lo, hi = throughput_ci(samples, level=CI_LEVEL) if n_boot and samples else (np.nan, np.nan)
     row["output_tok_s_lo"], row["output_tok_s_hi"] = row["output_tok_s"] * lo, row["output_tok_s"] * hi
     if slo:
-        good = int(meets_slo(group, slo).sum())
-        row["goodput_n"] = good
-        row["goodput_rps"] = good / duration if duration > 0 else np.nan
-        row["goodput_frac"] = good / len(group) if len(group) else np.nan
+        meets = meets_slo(group, slo)
+        row["goodput_n"] = int(meets.sum())
+        row["goodput_rps"] = float(share[meets].sum()) / duration if duration > 0 else np.nan
+        row["goodput_frac"] = row["goodput_n"] / len(group) if len(group) else np.nan
     else:
         row["goodput_n"], row["goodput_rps"], row["goodput_frac"] = np.nan, np.nan, np.nan
     return row
 
 
 def _gpu_columns(
-    group: pd.DataFrame, t0: Mapping[str, float], telemetry: pd.DataFrame | None
+    group: pd.DataFrame,
+    t0: Mapping[str, float],
+    telemetry: pd.DataFrame | None,
+    points: Mapping[str, PointInfo],
 ) -> dict[str, Any]:
-    """GPU energy, power, memory and utilisation over each run's measured window (the throughput columns'
-    window), on the samples' clock: the records' start stamp plus the window's offsets."""
+    """GPU energy, power, memory and utilisation over each run's throughput window (the throughput
+    columns' window) and the output tokens it counts, on the samples' clock: the records' start stamp plus
+    the window's offsets."""
     windows = []
     if telemetry is not None and len(telemetry):
         for rid, part in group.groupby("run_id", sort=False):
-            start, end = measured_window(part["send_s"], part["end_s"])
-            tokens = int(part.loc[part["status"] == "ok", "output_tokens"].sum())
-            windows.append(Window(str(rid), t0[rid] + start, t0[rid] + end, tokens))
+            concurrency = concurrency_of(part["load_point"].iloc[0], points.get(str(rid)))
+            window = window_of(part, concurrency or 0)
+            shares = window.shares(output_begin(part), part["end_s"]) * (part["status"] == "ok").to_numpy()
+            tokens = float((part["output_tokens"].to_numpy(dtype=float) * shares).sum())
+            windows.append(Window(str(rid), t0[rid] + window.start, t0[rid] + window.end, tokens))
     return window_columns(telemetry, windows)
 
 
@@ -512,6 +707,8 @@ def summary_columns() -> list[str]:
         "itl_event_p50_ms",
         "itl_event_p99_ms",
         "duration_s",
+        "window",
+        "window_requests",
         "input_tokens",
         "output_tokens",
         "input_tok_s",

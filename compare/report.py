@@ -32,7 +32,7 @@ from compare.costs import add_normalized
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.declared import declared_settings, forced_lengths
 from compare.importers import ImportParity, import_parity
-from compare.metrics import LATENCY, request_table, summarize
+from compare.metrics import LATENCY, WINDOW_DEFINITION, request_table, summarize
 from compare.parity import Declared, Finding, findings, parity_table
 from compare.selection import break_even_rows, capacity_picks, qualify, selection, touches_a_verdict
 from compare.serving_match import serving_match_lines
@@ -179,9 +179,12 @@ def _ci(row: pd.Series, col: str) -> str:
     v, lo, hi = row.get(col), row.get(col + "_lo"), row.get(col + "_hi")
     if v is None or not np.isfinite(v):
         return "–"
-    if lo is None or not (np.isfinite(lo) and np.isfinite(hi)):
+    if lo is None or hi is None or np.isnan(lo) or np.isnan(hi):
         return f"{v:,.1f}"
-    return f"{v:,.1f} [{lo:,.1f}–{hi:,.1f}]"
+    if not (np.isfinite(lo) or np.isfinite(hi)):
+        return f"{v:,.1f} [unbounded]"  # too few values to bound this percentile either way
+    low = f"{lo:,.1f}" if np.isfinite(lo) else "unbounded"
+    return f"{v:,.1f} [{low}–{hi:,.1f}]" if np.isfinite(hi) else f"{v:,.1f} [{low}–unbounded]"
 
 
 def _header(res: Results) -> list[Block]:
@@ -473,8 +476,8 @@ def _results(res: Results) -> list[Block]:
         else "–"
     )
     explained = (
-        "Latencies in ms over the ok requests: value [95% bootstrap interval]; n is the number of "
-        "values. Throughput over the measured window (first send to last end)."
+        "Latencies in ms over the ok requests: value [95% interval; unbounded where too few values bound "
+        "it]; n is the number of values. Throughput over the steady window (Definitions)."
     )
     return [
         ("h2", "Results per load point"),
@@ -529,12 +532,12 @@ def _gpu_energy(res: Results) -> list[Block]:
         for key, b in (entry.get("backends") or {}).items()
     )
     definitions = [
-        "Energy: what the backend's GPUs used over the point's measured window (first send to last end, the "
-        "window of the throughput columns), summed over its GPUs (and launches): the difference of NVML's "
+        "Energy: what the backend's GPUs used over the point's throughput window (the steady window of the "
+        "throughput columns), summed over its GPUs (and launches): the difference of NVML's "
         "total-energy counter (nvmlDeviceGetTotalEnergyConsumption) at the window's ends, interpolated "
         "between samples; on a GPU without that counter, the trapezoid integral of its power readings "
         "(energy from: power integral).",
-        "J per output token: that energy over the output tokens of the window's ok requests.",
+        "J per output token: that energy over the output tokens of the ok requests the window counts.",
         "Power mean: that energy over the window's length. Power max: the highest of NVML's power readings "
         "(nvmlDeviceGetPowerUsage; many GPUs average it over the last second), summed over the GPUs.",
         "Memory peak: the most device memory in use (nvmlDeviceGetMemoryInfo: every process on the GPU, "
@@ -801,15 +804,15 @@ def _definitions(res: Results) -> list[Block]:
                 *(f"{m.label}: {m.definition}" for m in LATENCY),
                 "Output tokens: the server's usage when given, else the stream's per-event counts; "
                 "re-tokenisation is a cross-check only.",
-                "Goodput: ok requests meeting every SLO, per second of the measured window. Client lag: send "
+                "Goodput: ok requests meeting every SLO, counted as requests/s are (below), per second of "
+                "the throughput window. Client lag: send "
                 "minus scheduled time (open-loop and trace points; a closed loop schedules each request as "
                 "it sends it).",
-                "Percentiles: numpy's linear interpolation; intervals: 95% percentile bootstrap "
-                "(1000 resamples).",
-                "Output tokens/s: output tokens of the ok requests over the measured window (first send to "
-                "last end), the same number the progress bar shows while a point runs. Its interval, and the "
-                "throughput decision's, resamples whole requests: each resample's rate of service (output "
-                "tokens / request time) against the measured one, the load's concurrency held as measured.",
+                "Percentiles: numpy's linear interpolation; their 95% intervals are distribution-free "
+                "(order statistics), unbounded where the sample is too small to bound them (ITL: a bootstrap "
+                "over whole requests, unbounded where it reaches the largest or smallest gap); means: 95% "
+                "percentile bootstrap (1000 resamples).",
+                f"Output tokens/s and requests/s: {WINDOW_DEFINITION}.",
                 *([JOULES_PER_TOKEN] if _has_gpu_telemetry(res) else []),
             ],
         ),

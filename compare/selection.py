@@ -39,7 +39,7 @@ from compare.confidence import (
 )
 from compare.costs import break_even, graph_pool_trade
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
-from compare.metrics import busy_seconds
+from compare.metrics import busy_seconds, window_rate
 from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
@@ -347,8 +347,8 @@ def _get(row: Any, name: str) -> Any:
 
 
 def _throughput(group: pd.DataFrame) -> float:
-    window = group["end_s"].max() - group["send_s"].min()
-    return group["output_tokens"].sum() / window if window > 0 else math.nan
+    """Output tokens/s of one launch over its throughput window, as the summary counts it."""
+    return window_rate(group)
 
 
 def failure_sentences(rows: pd.DataFrame, where: str) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from scipy import stats
@@ -207,14 +209,113 @@ def _usable(tokens: np.ndarray, busy_s: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (tokens, busy_s) if tokens.size >= 2 and tokens.sum() > 0 else None
 
 
+@dataclass(frozen=True)
+class WindowSample:
+    """What a throughput window (`compare.metrics.throughput_window`) counts of one run: each finished ok
+    request's output span (first token to end; send to end without a token), amount (output tokens, or 1 for
+    requests/s), and the window (start, end). A request counts the share of its span that lies inside the
+    window (`time_shares`), as if its tokens arrived evenly over it."""
+
+    begin_s: np.ndarray
+    end_s: np.ndarray
+    amounts: np.ndarray
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start if self.end > self.start else math.nan
+
+    @property
+    def total(self) -> float:
+        """The amount the window counts: each request's amount times its share inside the window."""
+        shares = time_shares(self.begin_s, self.end_s, self.start, self.end)
+        return float((np.asarray(self.amounts, dtype=float) * shares).sum())
+
+
+def time_shares(begin_s: np.ndarray, end_s: np.ndarray, start: float, end: float) -> np.ndarray:
+    """Per request, the share of its span (begin to end) that falls within [start, end]; a span of no
+    length counts wholly when it ends inside. NaN times count nothing."""
+    sends, ends = np.asarray(begin_s, dtype=float), np.asarray(end_s, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inside = np.clip(np.minimum(ends, end) - np.maximum(sends, start), 0.0, None)
+        share = np.where(ends > sends, inside / (ends - sends), ((ends >= start) & (ends <= end)) * 1.0)
+    return np.nan_to_num(share, nan=0.0)
+
+
+MAX_BATCHES = 10  # a window is cut into at most this many sub-windows, ...
+SPANS_PER_BATCH = 2.0  # ... each at least this many median output spans long; fewer than 2: no interval
+
+
+def window_batches(sample: WindowSample) -> tuple[np.ndarray, np.ndarray]:
+    """The window cut into equal consecutive sub-windows (batch means): the amount each counts (requests'
+    shares within it) and its length. A sub-window lasts at least `SPANS_PER_BATCH` median output spans,
+    so that neighbouring sub-windows, which share the requests that straddle their boundary, are
+    nearly independent. Empty when the window is too short for two."""
+    sends, ends = np.asarray(sample.begin_s, dtype=float), np.asarray(sample.end_s, dtype=float)
+    amounts = np.asarray(sample.amounts, dtype=float)
+    seconds = sample.seconds
+    if not np.isfinite(seconds) or not ends.size:
+        return np.array([]), np.array([])
+    sojourn = float(np.nanmedian(ends - sends))
+    k = MAX_BATCHES if sojourn <= 0 else min(MAX_BATCHES, int(seconds / (SPANS_PER_BATCH * sojourn)))
+    if k < 2:
+        return np.array([]), np.array([])
+    edges = np.linspace(sample.start, sample.end, k + 1)
+    counted = np.array([(amounts * time_shares(sends, ends, lo, hi)).sum() for lo, hi in pairwise(edges)])
+    return counted, np.diff(edges)
+
+
+def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
+    """Rate over the samples' windows together (amount over seconds), the standard error of its logarithm
+    from the sub-windows' variation (a ratio estimator over all batches), and its degrees of freedom."""
+    parts = [window_batches(s) for s in samples]
+    if not parts:
+        return math.nan, math.nan, 0
+    amounts = np.concatenate([p[0] for p in parts])
+    seconds = np.concatenate([p[1] for p in parts])
+    if amounts.size < 2 or amounts.sum() <= 0:
+        return math.nan, math.nan, 0
+    rate = amounts.sum() / seconds.sum()
+    residual = amounts - rate * seconds
+    se = math.sqrt((residual**2).sum() / (amounts.size - 1) / amounts.size) / seconds.mean()
+    return float(rate), se / rate, amounts.size - 1
+
+
+def _as_samples(value: object) -> list[WindowSample] | None:
+    if isinstance(value, WindowSample):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, WindowSample) for v in value):
+        return value  # a point's runs; none: no interval
+    return None
+
+
 def throughput_ci(
-    tokens: np.ndarray, busy_s: np.ndarray, n_boot: int = N_BOOT, level: float = CI_LEVEL, seed: int = 0
+    tokens: WindowSample | list[WindowSample] | np.ndarray,
+    busy_s: np.ndarray | None = None,
+    n_boot: int = N_BOOT,
+    level: float = CI_LEVEL,
+    seed: int = 0,
 ) -> tuple[float, float]:
-    """Interval of a point's output rate, as factors of the measured rate: whole requests are resampled
-    (tokens and time together) and each resample's rate of service (`_rate`) divided by the measured one.
-    The load's concurrency (request time over the window) is held as measured, so the spread is the
-    requests' own variation, and enough requests give a tight interval however short the window."""
-    usable = _usable(tokens, busy_s)
+    """Interval of a point's output rate, as factors of the measured rate.
+
+    Given the windows (`WindowSample`, one per run of the point): batch means. Each window is cut into up
+    to `MAX_BATCHES` equal consecutive sub-windows (`window_batches`) and a t interval (`scipy.stats.t`) is
+    put on the rate from their spread, so the interval carries how the rate varies over time within the
+    window (stalls, drift, bursts), which resampling requests with the concurrency held fixed cannot. A
+    window shorter than two sub-windows of `SPANS_PER_BATCH` output spans gives no interval (NaN).
+
+    Legacy form, `(tokens, busy_s)` per request: whole requests resampled and each resample's rate of
+    service (tokens over summed request time) against the measured one; it holds the concurrency as
+    measured and so misses the window's own variation (kept for callers not yet passing windows)."""
+    samples = _as_samples(tokens)
+    if samples is not None:
+        _, se, df = _batch_rate(samples)
+        if not (df >= 1 and np.isfinite(se)):
+            return math.nan, math.nan
+        t = float(stats.t.ppf(0.5 + level / 2, df))
+        return math.exp(-t * se), math.exp(t * se)
+    usable = _usable(np.asarray(tokens), np.asarray(busy_s))
     if usable is None:
         return np.nan, np.nan
     measured = _rate(*usable)
@@ -223,15 +324,29 @@ def throughput_ci(
 
 
 def throughput_ratio_ci(
-    a: tuple[np.ndarray, np.ndarray],
-    b: tuple[np.ndarray, np.ndarray],
+    a: WindowSample | list[WindowSample] | tuple[np.ndarray, np.ndarray],
+    b: WindowSample | list[WindowSample] | tuple[np.ndarray, np.ndarray],
     n_boot: int = N_BOOT,
     level: float = CI_LEVEL,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Interval of the ratio of two points' output rates (as factors of the measured ratio), each point's
-    requests (tokens, request times) resampled on its own, as `throughput_ci` does for one point."""
-    ua, ub = _usable(*a), _usable(*b)
+    """Interval of the ratio of two points' output rates (as factors of the measured ratio).
+
+    Given windows (`WindowSample`s): each rate's batch-means standard error (`throughput_ci`) on the log
+    scale, combined as independent, with Welch-Satterthwaite degrees of freedom for the t quantile. Legacy
+    `(tokens, busy_s)` pairs: each point's requests resampled on their own (concurrency held fixed)."""
+    sa, sb = _as_samples(a), _as_samples(b)
+    if sa is not None and sb is not None:
+        _, se_a, df_a = _batch_rate(sa)
+        _, se_b, df_b = _batch_rate(sb)
+        if not (df_a >= 1 and df_b >= 1 and np.isfinite(se_a) and np.isfinite(se_b)):
+            return math.nan, math.nan
+        va, vb = se_a**2, se_b**2
+        se = math.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va**2 / df_a + vb**2 / df_b) if va + vb > 0 else float(df_a + df_b)
+        t = float(stats.t.ppf(0.5 + level / 2, df))
+        return math.exp(-t * se), math.exp(t * se)
+    ua, ub = _usable(*a), _usable(*b)  # type: ignore[misc]
     if ua is None or ub is None:
         return np.nan, np.nan
     measured = _rate(*ua) / _rate(*ub)

@@ -85,8 +85,19 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
             assert row[f"{name}_mean_ms"] == pytest.approx(values.mean(), rel=1e-4)
         gaps = np.concatenate([timing.itl(r) for r in ok]) * 1e3
         assert row["itl_n"] == gaps.size and row["itl_p50_ms"] == pytest.approx(np.median(gaps), rel=1e-4)
-        window = max(r.end_s for r in measured) - min(r.send_s for r in measured)
-        assert row["output_tok_s"] == pytest.approx(sum(r.output_tokens for r in ok) / window, rel=1e-4)
+        # the throughput window: from the c-th first token (all c workers busy with measured requests) to the
+        # last, each request's tokens counted by the share of its output span (first token to end) inside it
+        sends = sorted(r.send_s for r in measured)
+        begins = sorted(r.send_s + timing.ttft(r) for r in measured)
+        start, end = begins[int(load_point[2:]) - 1], begins[-1]
+        if end > start and sum(start <= r.end_s <= end for r in measured) >= 2:
+            spans = [(r.send_s + timing.ttft(r), r.end_s) for r in ok]
+            shares = [max(0.0, min(e, end) - max(b, start)) / (e - b) for b, e in spans]
+        else:
+            start, end, shares = sends[0], max(r.end_s for r in measured), [1.0] * len(ok)
+        assert row["window"] == ("steady" if shares != [1.0] * len(ok) else "full")
+        tokens = sum(r.output_tokens * w for r, w in zip(ok, shares, strict=True))
+        assert row["output_tok_s"] == pytest.approx(tokens / (end - start), rel=1e-4)
         assert row["output_tokens"] == 9 * 12  # the reference adapter forces the output length
         assert row["goodput_n"] == sum(timing.ttft(r) <= 2 and timing.tpot(r) <= 1 for r in ok)
     # different prompts at each load point, the same for every backend: no prefix-cache help

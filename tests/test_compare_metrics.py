@@ -137,13 +137,15 @@ def test_summary_by_hand(records):
     assert row["itl_p50_ms"] == pytest.approx(62.5)
     assert row["itl_p90_ms"] == pytest.approx(100)
     assert row["itl_event_n"] == 3 and row["itl_event_p50_ms"] == pytest.approx(100)
-    # window: first measured send 1.0 to last end 4.45
-    assert row["duration_s"] == pytest.approx(3.45)
-    assert row["output_tokens"] == 7 and row["output_tok_s"] == pytest.approx(7 / 3.45)
-    assert row["input_tokens"] == 11 + 20 + 30 and row["input_tok_s"] == pytest.approx(61 / 3.45)
-    assert row["request_rps"] == pytest.approx(3 / 3.45)
-    # SLO ttft <= 250 ms and tpot <= 60 ms: only r1 meets both
-    assert row["goodput_n"] == 1 and row["goodput_rps"] == pytest.approx(1 / 3.45)
+    # the steady window of c=2: from the second first token (r2's, 2.20) to the last (r6's, 4.40), two ends
+    # inside it (2.32, 3.11); of the ok requests' output spans only r2's (2.20 to 2.32) lies in it, wholly
+    assert row["window"] == "steady" and row["window_requests"] == pytest.approx(1.0)
+    assert row["duration_s"] == pytest.approx(2.2)
+    assert row["output_tokens"] == 7 and row["output_tok_s"] == pytest.approx(2 / 2.2)
+    assert row["input_tokens"] == 11 + 20 + 30 and row["input_tok_s"] == pytest.approx(20 / 2.2)
+    assert row["request_rps"] == pytest.approx(1 / 2.2)
+    # SLO ttft <= 250 ms and tpot <= 60 ms: only r1 meets both, and it lies before the window
+    assert row["goodput_n"] == 1 and row["goodput_rps"] == 0.0
     assert row["goodput_frac"] == pytest.approx(1 / 5)
     # sends at 1, 2, 3, 4 s: achieved 1 request/s; lags 1, 2, 3, 4 ms
     assert row["achieved_rps"] == pytest.approx(1.0)

@@ -4,6 +4,7 @@ the HTML report rendered in headless Chromium."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 import subprocess
@@ -322,7 +323,12 @@ def test_diff_finds_a_real_change_and_no_change_in_noise(tmp_path):
     ttft = [line for line in text.splitlines() if "ttft p50" in line]
     assert ttft and all("no established change" in line for line in ttft)  # TTFT did not change
     rate = [line for line in text.splitlines() if "output tok/s" in line]
-    assert len(rate) == 2 and all("B worse" in line for line in rate)  # its interval from resampled requests
+    # the rate's interval comes from its variation over the window (these synthetic sends jitter by up to a
+    # second, so the rate does vary): it holds the true ratio at both points, and excludes 1 at one at least
+    assert len(rate) == 2 and any("B worse" in line for line in rate)
+    for cells in (line.split("|") for line in rate):  # (1.05 + 0.01) / (1.24 + 0.01) s per request or wave
+        lo, hi = (float(x) for x in cells[7].strip().split("-"))
+        assert lo <= 1.06 / 1.25 <= hi
     result = runner.invoke(app, ["diff", str(a.path), str(same.path), "--out", str(tmp_path / "s.md")])
     assert result.exit_code == 0, result.output
     lines = [line for line in (tmp_path / "s.md").read_text().splitlines() if " p50 (ms)" in line]
@@ -551,9 +557,9 @@ def test_a_twofold_throughput_over_96_requests_is_established(tmp_path):
     assert throughput.confidence.startswith("indicated (one launch each")
     assert throughput.ratio_lo > 1.5 and throughput.ratio_lo <= throughput.ratio <= throughput.ratio_hi
     summary = results.summary.set_index("backend")
-    for backend in ("fast", "slow"):  # the summary's interval is the same computation, around its rate
-        row = summary.loc[backend]
-        assert row["output_tok_s_lo"] < row["output_tok_s"] < row["output_tok_s_hi"]
+    for backend in ("fast", "slow"):  # the summary's interval: the rate's variation over its steady window,
+        row = summary.loc[backend]  # here one output span long (64 at once, then 32): too short to tell
+        assert row["window"] == "steady" and math.isnan(row["output_tok_s_lo"])
 
 
 def test_a_difference_within_two_percent_is_a_tie_however_sure(tmp_path):
@@ -669,7 +675,8 @@ def test_open_loop_throughput_is_not_called_a_capacity_difference(tmp_path):
     so would compare diff between two such runs."""
     run = open_loop_run(tmp_path / "run", {"fast": 0.010, "slow": 0.013})
     throughput = analyze(run, n_boot=200).picks[1]
-    assert throughput.winner == "fast" and throughput.ratio == pytest.approx(1.0, abs=0.01)
+    # both serve the offered 2 requests/s over their windows: either may be a hair ahead
+    assert throughput.winner in ("fast", "slow") and throughput.ratio == pytest.approx(1.0, abs=0.01)
     assert not throughput.decisive and "offered load sets the rate" in throughput.confidence
     from compare.diff import diff_runs
 

@@ -329,7 +329,7 @@ def _record(run_id: str, i: int, send: float, tokens: int) -> RequestRecord:
 
 def _run_with_samples(path: Path, rng: np.random.Generator) -> tuple[RunDir, dict[str, tuple[float, float]]]:
     """Two points, c=1 with telemetry (GPU 0 with a counter, GPU 1 without) and c=2 without; the absolute
-    measured window of c=1."""
+    throughput window of c=1."""
     run = RunDir.create(path, {"model": "m"}, ["compare", "run"])
     windows = {}
     with RecordWriter(run.requests_path) as writer:
@@ -339,7 +339,9 @@ def _run_with_samples(path: Path, rng: np.random.Generator) -> tuple[RunDir, dic
             records = [_record(run_id, i, 0.2 + 0.3 * i, 20) for i in range(5)]
             for r in records:
                 writer.append(r)
-            windows[run_id] = (5000.0 + records[0].send_s, 5000.0 + records[-1].end_s)
+            # the throughput window of a closed loop at c=1: its first first token to its last, which holds
+            # the first four requests' outputs wholly and none of the fifth's
+            windows[run_id] = (5000.0 + records[0].events[0][0], 5000.0 + records[-1].events[0][0])
     start, end = windows["c=1"]
     lines, counter = [], 1000.0
     for tick, t in enumerate(np.arange(start - 0.15, end + 0.15, 0.05)):
@@ -372,7 +374,7 @@ def test_summary_columns_and_report_from_the_run_directory(tmp_path):
     e1 = gpu_telemetry.integral(gpu1["t"].to_numpy(), gpu1["power_w"].to_numpy(), start, end)
     row = summary.loc["c=1"]
     assert row["gpu_energy_j"] == pytest.approx(e0 + e1, rel=1e-5)
-    assert row["gpu_joules_per_out_token"] == pytest.approx((e0 + e1) / 100, rel=1e-5)  # 5 requests x 20
+    assert row["gpu_joules_per_out_token"] == pytest.approx((e0 + e1) / 80, rel=1e-5)  # 4 requests x 20
     assert row["gpu_power_mean_w"] == pytest.approx((e0 + e1) / (end - start), rel=1e-5)
     assert row["gpu_energy_source"] == "counter, power integral"
     # the highest and the mean: the ticks from the last one before the window to the first one after it
@@ -478,8 +480,8 @@ def test_compare_run_samples_every_point_against_the_scripted_server(tmp_path, f
     assert (summary["gpu_energy_j"] > 0).all()
     assert set(summary["gpu_energy_source"]) == {"counter, power integral"}
     assert summary["gpu_joules_per_out_token"].tolist() == pytest.approx(
-        (summary["gpu_energy_j"] / summary["output_tokens"]).tolist(), rel=1e-4
-    )
+        (summary["gpu_energy_j"] / (summary["window_requests"] * 6)).tolist(), rel=1e-4
+    )  # over the output tokens the throughput window counts: 6 for each of its completions
     assert "## GPU energy and power" in (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     section = html.split('aria-label="GPU power over time: vllm"', 1)[1].split("</svg>", 1)[0]
