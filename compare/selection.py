@@ -39,7 +39,7 @@ from compare.confidence import (
 )
 from compare.costs import break_even, graph_pool_trade
 from compare.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
-from compare.metrics import busy_seconds, window_rate
+from compare.metrics import busy_seconds, window_rate, window_samples
 from compare.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.text import plural
 
@@ -270,22 +270,12 @@ def compare_throughput(
         )
         return Comparison(ratio, nan, nan, nan, Verdict(Confidence.NOT_ESTABLISHED, words), launches)
     a, b = _ok_requests(requests, first), _ok_requests(requests, other)
-    factor = throughput_ratio_ci(
-        (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
-        (b["output_tokens"].to_numpy(dtype=float), busy_seconds(b)),
-        seed=seed,
-    )
-    # The interval resamples whole requests around their rate of service (tokens over summed request
-    # times); the ratio compared is over the points' windows, which also carry the window's ramp and drain.
-    # Where the two disagree the interval spans both, so a window effect cannot pass for a difference.
-    service = _service_ratio(a, b)
-    low, high = (min(ratio, service), max(ratio, service)) if np.isfinite(service) else (ratio, ratio)
-    lo, hi = low * factor[0], high * factor[1]
+    lo, hi = _throughput_interval(ratio, a, b, seed)
     olo, ohi, olaunches = _oriented(ratio, lo, hi, launches)
     shown = (
-        f"95% interval {olo:.2f}-{ohi:.2f}x, resampling whole requests"
+        f"95% interval {olo:.2f}-{ohi:.2f}x, over the rates' variation in time and between requests"
         if np.isfinite(lo) and np.isfinite(hi)
-        else ""
+        else "no interval: the window is too short to see the rate vary"
     )
     found = verdict(olo, ohi, (len(a), len(b)), olaunches, nan, shown)
     if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
@@ -294,13 +284,29 @@ def compare_throughput(
     return Comparison(ratio, lo, hi, nan, found, launches)
 
 
-def _service_ratio(a: pd.DataFrame, b: pd.DataFrame) -> float:
-    """Output tokens over summed request times, `a`'s over `b`'s: the rate `throughput_ratio_ci` resamples."""
-    rate = [
-        float(x["output_tokens"].sum()) / float(np.nansum(busy_seconds(x))) if len(x) else math.nan
-        for x in (a, b)
-    ]
-    return rate[0] / rate[1] if rate[1] > 0 else math.nan
+def _throughput_interval(ratio: float, a: pd.DataFrame, b: pd.DataFrame, seed: int) -> tuple[float, float]:
+    """The ratio's 95 % interval, as wide as either way of seeing its uncertainty makes it: the rates'
+    variation over time within their windows (batch means over sub-windows, `throughput_ratio_ci` of
+    `WindowSample`s), and the requests' variation at the load as measured (whole requests resampled around
+    their rate of service, tokens over summed request times, which may differ from the windows' ratio: the
+    interval spans both ratios). Either alone passed for a difference in A/A pairs more often than 5 %."""
+    if not (len(a) and len(b)):
+        return math.nan, math.nan
+    windows = throughput_ratio_ci(window_samples(a), window_samples(b), seed=seed)
+    served = throughput_ratio_ci(
+        (a["output_tokens"].to_numpy(dtype=float), busy_seconds(a)),
+        (b["output_tokens"].to_numpy(dtype=float), busy_seconds(b)),
+        seed=seed,
+    )
+    rates = [float(x["output_tokens"].sum()) / float(np.nansum(busy_seconds(x))) for x in (a, b)]
+    service = rates[0] / rates[1] if rates[1] > 0 else math.nan
+    if not (np.isfinite(windows[0] * windows[1]) or np.isfinite(served[0] * served[1])):
+        return math.nan, math.nan
+    ends = [ratio, ratio * windows[0], ratio * windows[1]]  # the interval holds the ratio it is about
+    if np.isfinite(service):
+        ends += [service * served[0], service * served[1]]
+    ends = [e for e in ends if np.isfinite(e)]
+    return (min(ends), max(ends)) if ends else (math.nan, math.nan)
 
 
 def _practically_equal(lo: float, hi: float) -> bool:

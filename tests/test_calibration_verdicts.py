@@ -27,6 +27,7 @@ from compare_cli import run_compare
 from scipy import stats
 
 from compare.confidence import Confidence, requests_needed
+from compare.metrics import window_rate
 from compare.selection import compare_latency, compare_throughput
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
@@ -50,7 +51,8 @@ def _turn(rng: np.random.Generator, key: str, repeat: int, n: int, scale: float)
         free[slot] = end[i]
     return pd.DataFrame({
         "backend": key, "variant": "", "workload": "wl", "load_point": f"c={CONCURRENCY}", "status": "ok",
-        "warmup": False, "repeat": repeat, "e2e_s": e2e, "output_tokens": 64.0, "send_s": send, "end_s": end,
+        "warmup": False, "repeat": repeat, "run_id": f"{key}-{repeat}", "e2e_s": e2e, "ttft_s": 0.1 * e2e,
+        "output_tokens": 64.0, "send_s": send, "end_s": end,
     })
 
 
@@ -67,11 +69,10 @@ def _table(seed: int, scales: dict[str, float], n: int, launches: int, drift: fl
 
 
 def _row(requests: pd.DataFrame, key: str) -> dict[str, object]:
-    """The summary row `compare_throughput` reads: output tokens over the window, a closed-loop point."""
+    """The summary row `compare_throughput` reads: output tokens over the throughput window, a closed-loop
+    point (each launch's window rate, averaged)."""
     mine = requests[requests["backend"] == key]
-    rate = float(np.mean([
-        g["output_tokens"].sum() / (g["end_s"].max() - g["send_s"].min()) for _, g in mine.groupby("repeat")
-    ]))
+    rate = float(np.mean([window_rate(g) for _, g in mine.groupby("repeat")]))
     return {"backend": key, "variant": "", "workload": "wl", "load_point": f"c={CONCURRENCY}",
             "mode": "closed", "output_tok_s": rate}
 

@@ -40,10 +40,13 @@ def requests_for(
     """`n` ok requests of 100 prompt tokens and 20 output tokens: TTFT 0.1 s, then a token every `tpot`
     (times `1 + noise` when `rng` is given); a closed loop of `concurrency` streams."""
     out = []
+    free = [0.001 * k for k in range(concurrency)]  # when each stream sends next
     for i in range(n):
         scale = 1.0 + (rng.normal(0, 0.03) if rng is not None else 0.0)
         e2e = (0.1 + 19 * tpot) * scale
-        send = (i // concurrency) * (e2e + 0.01) + 0.001 * (i % concurrency)
+        stream = i % concurrency
+        send = free[stream]
+        free[stream] = send + e2e + 0.01
         events = [(send + 0.1 * scale + k * tpot * scale, 1, 4) for k in range(20)]
         out.append(
             RequestRecord(
