@@ -125,10 +125,11 @@ def repeated_prompt_qualifiers(
     records: list[Any], workloads: dict[str, str] | None = None
 ) -> list[Qualifier]:
     """One per load point whose measured requests reused its prompts: the load generator cycles a point's
-    prompts (ids suffixed `~k`) when it runs out, which a duration-bound point does once it has sent its pool
-    (DURATION_BOUND_PROMPTS without --num-requests). A server with a prefix cache then computes only the
-    last block of a repeated prompt, so prefill cost, TTFT and the stalls prefills cause read low for every
-    backend alike, and unlike a workload of distinct prompts. `workloads`: run id -> workload."""
+    prompts (ids suffixed `~k`) when it runs out: with --prompt-pool, with a file dataset smaller than the
+    point, on Ray load generators, and in runs made before every request had a prompt of its own. A server
+    with a prefix cache then computes only the last block of a repeated prompt, so prefill cost, TTFT and
+    the stalls prefills cause read low for every backend alike, and unlike a workload of distinct prompts.
+    `workloads`: run id -> workload."""
     points: dict[str, list[Any]] = {}
     for r in records:
         if not r.warmup:
@@ -146,9 +147,8 @@ def repeated_prompt_qualifiers(
                 "mostly from a prefix cache",
                 (key,), (workloads or {}).get(run_id, ""), first.load_point,
                 detail=f"{key} {first.load_point}: {share} repeated a prompt this point had sent "
-                f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill (give "
-                "--num-requests at least the requests a point completes, so that each gets a prompt of its "
-                "own).",
+                f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill (without "
+                "--prompt-pool every request of a generated dataset gets a prompt of its own).",
             ))
     return out
 

@@ -106,15 +106,9 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         + setup_qualifiers(setups)
     )
     qualify(results.picks, results.qualifiers)
-    results.warnings = list(run.manifest.get("notes") or []) + results.imports.sentences + [
-        line
-        for kind, found in _grouped(results)
-        for line in (
-            [f"{kind} ({_counts(found)}): {COLLAPSED[kind]}"]
-            if _collapsed(kind, found)
-            else [q.detail for q in found]
-        )
-    ]
+    results.warnings = (
+        list(run.manifest.get("notes") or []) + results.imports.sentences + grouped_warning_lines(results)
+    )
     first: dict[str, RequestRecord] = {}
     for r in records:
         if r.send_s is None:
@@ -284,6 +278,26 @@ def _grouped(res: Results) -> list[tuple[str, list[Qualifier]]]:
 def _collapsed(kind: str, found: list[Qualifier]) -> bool:
     """A kind of note that changes no number is one line of counts."""
     return kind in COLLAPSED and not any(q.verdict for q in found)
+
+
+WARNING_ITEM = "  - "  # a line of `grouped_warning_lines` that belongs to the heading above it
+
+
+def grouped_warning_lines(res: Results) -> list[str]:
+    """The caveats as the terminal shows them, grouped as the report's Warnings: per kind a heading with its
+    counts per backend and point (whether it touches a verdict, and the advice its lines share), then its
+    lines, each starting with `WARNING_ITEM`; the kinds that touch a verdict first."""
+    out = []
+    for kind, found in _grouped(res):
+        touching = any(touches_a_verdict(q, res.picks) for q in found)
+        head = f"{kind} ({_counts(found)})" + (": touches a verdict in the Decision." if touching else ".")
+        if _collapsed(kind, found):
+            out.append(f"{head} {COLLAPSED[kind]}")
+            continue
+        lines, advice = _common_tail([q.detail for q in found])
+        out.append(f"{head} {advice}" if advice else head)
+        out += [WARNING_ITEM + line for line in lines]
+    return out
 
 
 def _common_tail(lines: list[str]) -> tuple[list[str], str]:

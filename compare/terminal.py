@@ -128,19 +128,28 @@ def _min_width(table: Table) -> int:
     return Measurement.get(wide, wide.options, table).minimum
 
 
+def _print_warnings(console: Console, warnings: list[str]) -> None:
+    """Each warning after "warning:", the lines of a kind (`report.WARNING_ITEM`) indented under it."""
+    from compare.report import WARNING_ITEM
+
+    for w in warnings:
+        if w.startswith(WARNING_ITEM):
+            console.print(escape(w), highlight=False)
+        else:
+            console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
+
+
 def print_summary(console: Console, results: Any, shown: Collection[str] = ()) -> None:
     """On `console`: the summary tables, the picks and the warnings (not those in `shown`, said already)."""
     warnings = [w for w in results.warnings if w not in shown]
     s = results.summary
     if s.empty:
         console.print("no measured requests")
-        for w in warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        _print_warnings(console, warnings)
         return
     for table in summary_tables(s, console.width):
         console.print(table)
     for pick in results.picks:
         for sentence in pick.sentences:
             console.print(sentence.replace("**", ""), highlight=False)
-    for w in warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    _print_warnings(console, warnings)
