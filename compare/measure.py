@@ -603,7 +603,8 @@ def _generated(w: WorkloadSpec) -> bool:
 def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: int, n: int | None) -> Any:
     """The prompts of slice `k` (a point, launch and block) of a generated workload: `n` of them, or as many
     as its duration needs (None). Chunk c is seeded by (seed, k, c) alone. A shared-prefix workload keeps its
-    groups' prefixes, drawn per slice, so that no point is served from the prefix cache another filled."""
+    groups' prefixes, drawn per slice, so that no point is served from the prefix cache another filled. Ids
+    carry the slice (`random3-17`, `prefix3-g0-4`, `session3-2`), so that each is unique in the run."""
     from workloads.datasets import (
         STREAM_CHUNK,
         Draw,
@@ -619,7 +620,7 @@ def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: in
         ins, outs = (w.input_len, w.output_len) if w.dataset == "random" else (512, 128)
 
         def make(c: int) -> list:
-            return random_dataset(tokenizer, size, ins, outs, seed=[seed, k, c], id_prefix=w.dataset,
+            return random_dataset(tokenizer, size, ins, outs, seed=[seed, k, c], id_prefix=f"{w.dataset}{k}",
                                   allowed=allowed(), first_index=c * size)
 
     elif w.dataset == "prefix":
@@ -641,7 +642,8 @@ def _stream(w: WorkloadSpec, tokenizer: Any, allowed: _Allowed, seed: int, k: in
 
         def make(c: int) -> list:
             return synthetic_sessions(tokenizer, size, w.turns or 1, w.input_len, w.output_len,
-                                      w.think_time or 0.0, seed=Draw([seed, k, c], allowed(), first=c * size))
+                                      w.think_time or 0.0, seed=Draw([seed, k, c], allowed(), first=c * size),
+                                      id_prefix=f"session{k}")
 
     return PromptStream(make, size, limit=n)
 

@@ -110,7 +110,7 @@ def test_generated_workloads_give_every_request_a_prompt_of_its_own(tokenizer, m
     allowed = measure._Allowed(tokenizer)
     random = WorkloadSpec("random", "uniform:4:12", "3")
     specs = measure._stream(random, tokenizer, allowed, seed, 0, None).first(20)
-    assert [s.request_id for s in specs] == [f"random-{i}" for i in range(20)]
+    assert [s.request_id for s in specs] == [f"random0-{i}" for i in range(20)]
     assert len({s.prompt_token_ids for s in specs}) == 20
     assert measure._stream(random, tokenizer, allowed, seed, 0, None).first(20) == specs
     other = measure._stream(random, tokenizer, allowed, seed, 1, None).first(20)
@@ -125,7 +125,7 @@ def test_generated_workloads_give_every_request_a_prompt_of_its_own(tokenizer, m
 
     turns = WorkloadSpec("multi-turn", "5", "2", turns=2)
     sessions = measure._stream(turns, tokenizer, allowed, seed, 0, None).first(7)
-    assert [s.session_id for s in sessions] == [f"session-{i}" for i in range(7)]
+    assert [s.session_id for s in sessions] == [f"session0-{i}" for i in range(7)]
     assert len({t.prompt_token_ids for s in sessions for t in s.turns}) == 14
 
 
@@ -216,7 +216,8 @@ def test_a_duration_bound_point_gives_every_request_its_own_prompt_in_alternatin
     sent: dict[tuple[str, int], list] = {}
     for p in points:
         ids = [r.request_id for r in by_run[p["run_id"]]]
-        assert len(set(ids)) == len(ids) and set(ids) == {f"random-{i}" for i in range(len(ids))}
+        head = ids[0].split("-")[0]  # "random<k>": the point's (and block's) own, so ids differ across points
+        assert len(set(ids)) == len(ids) and set(ids) == {f"{head}-{i}" for i in range(len(ids))}
         # each closed-loop worker takes one more that it does not send once the duration is over
         assert p["prompts"]["kind"] == "per_request" and len(ids) <= p["prompts"]["handed"] <= len(ids) + 2
         prompts = [s.prompt_token_ids for s in made[(p["variant"], p["run_id"])][: len(ids)]]
@@ -243,8 +244,8 @@ def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeyp
     records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
     for p in points:
         ids = sorted(r.request_id for r in records if r.run_id == p["run_id"])
-        assert ids == sorted(["random-0", "random-1", "random-2", "random-0~1", "random-1~1", "random-2~1",
-                              "random-0~2", "random-1~2"])
+        assert ids == sorted(["random0-0", "random0-1", "random0-2", "random0-0~1", "random0-1~1",
+                              "random0-2~1", "random0-0~2", "random0-1~2"])
     warnings = repeated_prompt_warnings(records)
     assert len(warnings) == 2 and all("5 of 8 requests" in w for w in warnings)
 
