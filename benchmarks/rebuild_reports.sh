@@ -2,7 +2,7 @@
 # Rebuilds the report of every committed run directory under benchmarks/results/ from its own files
 # (`compare report`: summary.csv, report.md, report.html), so that the committed reports follow the current
 # metric definitions and verdicts. A directory that kept no request records (only its summary) cannot be
-# rebuilt and is listed, untouched. What `compare report` writes beside that a committed directory did not
+# rebuilt and is listed, untouched (the READMEs beside the runs say how to bring records back from git). What `compare report` writes beside that a committed directory did not
 # keep (summary.parquet, which summary.csv repeats; report.html where only report.md was kept) is removed, so
 # that the tracked tree stays small.
 #   bash benchmarks/rebuild_reports.sh [RESULTS_DIR]
