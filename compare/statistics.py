@@ -266,6 +266,9 @@ def window_batches(sample: WindowSample) -> tuple[np.ndarray, np.ndarray]:
     return counted, np.diff(edges)
 
 
+MIN_BATCHES = 4  # fewer sub-windows give a t interval (df < 3) too wide to say anything: none is given
+
+
 def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
     """Rate over the samples' windows together (amount over seconds), the standard error of its logarithm
     from the sub-windows' variation (a ratio estimator over all batches), and its degrees of freedom."""
@@ -274,7 +277,7 @@ def _batch_rate(samples: list[WindowSample]) -> tuple[float, float, int]:
         return math.nan, math.nan, 0
     amounts = np.concatenate([p[0] for p in parts])
     seconds = np.concatenate([p[1] for p in parts])
-    if amounts.size < 2 or amounts.sum() <= 0:
+    if amounts.size < MIN_BATCHES or amounts.sum() <= 0:
         return math.nan, math.nan, 0
     rate = amounts.sum() / seconds.sum()
     residual = amounts - rate * seconds
