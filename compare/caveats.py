@@ -34,8 +34,7 @@ def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[
     for multi-turn sessions, before every session had sent all its turns; interrupted points are warned
     about elsewhere, and imported points had bounds of their own."""
     config = run.manifest.get("config") or {}
-    asked, duration = config.get("num_requests"), config.get("duration_s")
-    if not duration:
+    if not config.get("duration_s"):
         return []
     points = {p["run_id"]: p for p in run.manifest.get("points", [])}
     repeated = int(config.get("repeats") or 1) > 1
@@ -46,7 +45,10 @@ def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[
         point = points.get(s.run_id)
         if point is None or s.interrupted:
             continue
-        if s.wall_s - s.measured_start_s < duration:  # ended for another reason (too few prompts)
+        # a block, or a capacity point sized for its percentile, has bounds of its own (the manifest's entry)
+        asked = point.get("num_requests", config.get("num_requests"))
+        duration = point.get("duration_s", config.get("duration_s"))
+        if not duration or s.wall_s - s.measured_start_s < duration:  # ended for another reason
             continue
         key = key_of(s.backend, s.variant)
         where = point.get("workload") or ""

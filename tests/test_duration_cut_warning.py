@@ -81,3 +81,29 @@ def test_a_point_that_reused_its_prompts_is_warned_about(tmp_path, repeats):
     text = (f"reference:eager c=4: {repeats} of 12 requests repeated a prompt this point had sent "
             f"({distinct} distinct)")
     assert any(text in w for w in results.warnings) is bool(repeats)
+
+
+@pytest.mark.parametrize(
+    "n, wall_s, warned",
+    [
+        (5, 16.0, True),  # the block's own 15 s ended it at 5 of its 8
+        (8, 16.0, False),  # it got its 8
+        (5, 9.0, False),  # it ended before its duration
+    ],
+)
+def test_a_block_is_judged_by_its_own_bounds(tmp_path, n, wall_s, warned):
+    """A point measured in two blocks gives each half the requests and half the duration (the manifest's
+    point entry says so): a block is cut short against those, not against the whole point's."""
+    config = {"model": "m", "slo_s": {}, "num_requests": 16, "duration_s": 30.0, "repeats": 1, "blocks": 2}
+    run = RunDir.create(tmp_path / "run", config, ["compare", "run"])
+    run.add_point("p1", "reference", "eager", "wl", "c=1", {"kind": "closed", "concurrency": 1})
+    run.manifest["points"][-1].update({"block": 0, "blocks": 2, "num_requests": 8, "duration_s": 15.0})
+    with RecordWriter(run.requests_path) as writer, RecordWriter(run.runs_path) as runs:
+        for record in requests_for("reference", "eager", "p1", "c=1", n, 0.2):
+            writer.append(record)
+        runs.append(summary_of("p1", "c=1", n, wall_s))
+    run.manifest["status"] = "complete"
+    run.save()
+    results = analyze(RunDir.open(run.path), n_boot=50)
+    text = "c=1 on reference:eager (wl): 5 of 8 requests before the 15 s duration ended the point"
+    assert any(text in w for w in results.warnings) is warned
