@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+from scipy import stats
 
 from compare.text import plural
 
 TIE_MARGIN = 0.02  # a difference whose whole 95% interval lies within 2% either way is a tie, however sure
 MIN_N = 10  # fewer requests than this on either side cannot establish or indicate a difference
 POWER = 0.8  # the chance that the sample size `requests_needed` names finds a real difference of that size
-Z_HALF = 1.959963984540054  # two-sided 95%
-Z_POWER = 0.8416212335729143  # one-sided 80%
+Z_HALF = float(stats.norm.ppf(0.975))  # two-sided 95%
+Z_POWER = float(stats.norm.ppf(POWER))  # one-sided, the power asked for
 
 
 class Confidence(Enum):
