@@ -19,14 +19,10 @@ import pandas as pd
 
 from adapters.request_spec import is_resend
 from compare.confidence import Qualifier
-from compare.datatypes import Pick, SetupReport, key_of
-from compare.parity import Declared, Finding, differences
+from compare.datatypes import SetupReport, key_of
+from compare.parity import Finding
+from compare.plan import MULTI_TURN_TURNS
 from compare.text import plural
-
-
-def duration_cut_warnings(run: Any) -> list[str]:
-    """`duration_cut_qualifiers` as warning lines."""
-    return [q.detail for q in duration_cut_qualifiers(run)]
 
 
 def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[Qualifier]:
@@ -39,7 +35,7 @@ def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[
     points = {p["run_id"]: p for p in run.manifest.get("points", [])}
     repeated = int(config.get("repeats") or 1) > 1
     sessions = _session_turns(records if records is not None else _records(run))
-    wanted_turns = _wanted_turns(config, sessions)
+    wanted_turns = _wanted_turns(config)
     out = []
     for s in run.run_summaries():
         point = points.get(s.run_id)
@@ -105,14 +101,14 @@ def _session_turns(records: list[Any]) -> dict[str, dict[str, int]]:
     return out
 
 
-def _wanted_turns(config: dict[str, Any], sessions: dict[str, dict[str, int]]) -> dict[str, int]:
+def _wanted_turns(config: dict[str, Any]) -> dict[str, int]:
     """The turns a session of each workload should have: `--turns` where the workload says, else 0 (no
     telling; sharegpt-turns conversations differ in length)."""
     out = {}
     for w in config.get("workloads") or []:
         turns = w.get("turns")
         if turns is None and w.get("dataset") == "multi-turn":
-            turns = 3  # the multi-turn dataset's default
+            turns = MULTI_TURN_TURNS
         if turns:
             out[w.get("label") or w.get("name") or ""] = int(turns)
     return out
@@ -257,24 +253,6 @@ def late_client(r: Any) -> str:
     rates = f"achieved {achieved:.2f} of {offered:.2f} requests/s offered"
     chance = f", fewer than chance explains (p = {p:.2g})" if behind else ""
     return f"lag p99 {lag:.1f} ms, {rates}" + chance
-
-
-def unequal_settings(pick: Pick, declared: dict[str, Declared]) -> str:
-    """A sentence for a pick whose winner and runner-up differ in a setting both declare (empty if none):
-    part of the difference it reports may be that setting's, not the backend's."""
-    if not pick.winner or not pick.runner_up:
-        return ""
-    a, b = declared.get(pick.winner), declared.get(pick.runner_up)
-    if a is None or b is None:
-        return ""
-    found = differences(a, b)
-    if not found:
-        return ""
-    return (
-        f"This result rests on unequal settings: {pick.winner} and {pick.runner_up} differ in "
-        f"{'; '.join(found)} (see Parity of the backends), so part of the difference may be the setting's, "
-        "not the backend's."
-    )
 
 
 def parity_qualifiers(found: list[Finding]) -> list[Qualifier]:

@@ -39,7 +39,6 @@ __all__ = [
     "check_health",
     "endpoint_report",
     "free_port",
-    "healthy",
 ]
 
 LOG_TAIL_CHARS = 3000
@@ -85,10 +84,6 @@ def _failed(exc: BaseException, timeout: float) -> Health:
     if isinstance(exc, TimeoutError):
         return Health(False, f"no answer within {timeout:g} s")
     return Health(False, f"unreachable: {exc}")
-
-
-def healthy(url: str, timeout: float = 1.0) -> bool:
-    return check_health(url, timeout).ok
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -353,31 +353,6 @@ def throughput_window(
     return ThroughputWindow(float(sends.min()), float(end), FULL)
 
 
-def measured_window(
-    send_s: Iterable[float],
-    end_s: Iterable[float],
-    now: float | None = None,
-    concurrency: int | None = None,
-    begin_s: Iterable[float] | None = None,
-) -> tuple[float, float]:
-    """(start, end) of `throughput_window`: every rate of a point (output tokens/s, requests/s, goodput)
-    and its GPU energy are over it (give `begin_s`, `output_begin`, and `concurrency` for the summary's
-    window); NaN where there is no send."""
-    window = throughput_window(send_s, end_s, concurrency, now, begin_s)
-    return window.start, window.end
-
-
-def measured_window_s(
-    send_s: Iterable[float],
-    end_s: Iterable[float],
-    now: float | None = None,
-    concurrency: int | None = None,
-    begin_s: Iterable[float] | None = None,
-) -> float:
-    """The length of `measured_window`; NaN when it is empty."""
-    return throughput_window(send_s, end_s, concurrency, now, begin_s).seconds
-
-
 def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None:
     """The closed loop's concurrency of a point, None for an open loop or trace (`throughput_window`)."""
     info = info or point_info_from_label(str(load_point))

@@ -133,15 +133,6 @@ def findings(declared: Mapping[str, Declared]) -> list[Finding]:
     return out
 
 
-def differences(a: Declared, b: Declared) -> list[str]:
-    """The settings two backends differ on, each as `label value against value`."""
-    return [
-        f"{s.label} {s.show(getattr(a, s.name))} against {s.show(getattr(b, s.name))}"
-        for s in SETTINGS
-        if s.compared and differs(s, getattr(a, s.name), getattr(b, s.name))
-    ]
-
-
 def parity_table(declared: Mapping[str, Declared]) -> tuple[list[str], list[list[str]]]:
     """One row per setting, one column per backend (settings outnumber backends); a value on which backends
     differ is flagged `⚠`, a known value says where it came from, an unknown one why where that is known."""
