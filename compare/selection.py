@@ -31,7 +31,6 @@ from compare.confidence import (
     Confidence,
     Qualifier,
     Verdict,
-    practically_equal,
     qualifier_sentence,
     qualifiers_for,
     requests_needed,
@@ -230,14 +229,8 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
         else ""
     )
     found = verdict(olo, ohi, (a.size, b.size), olaunches, p, shown)
-    if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
-        need = requests_needed(max(ratio, 1 / ratio) if ratio > 0 else math.nan, olo, min(a.size, b.size))
-        if need:
-            found = Verdict(
-                found.level, found.reason + f"; about {need} requests each would find a difference this size "
-                "in most runs"
-            )
-    return Comparison(ratio, lo, hi, p, found, launches)
+    better = max(ratio, 1 / ratio) if ratio > 0 else math.nan
+    return Comparison(ratio, lo, hi, p, _with_size_hint(found, better, olo, min(a.size, b.size)), launches)
 
 
 def compare_throughput(
@@ -278,10 +271,9 @@ def compare_throughput(
         else "no interval: the window is too short to see the rate vary"
     )
     found = verdict(olo, ohi, (len(a), len(b)), olaunches, nan, shown)
-    if found.level is Confidence.NOT_ESTABLISHED and found.reason.endswith("the interval holds 1"):
-        found = Verdict(found.level, found.reason + "; " + _longer_run_hint(max(ratio, 1 / ratio), olo,
-                                                                           min(len(a), len(b))))
-    return Comparison(ratio, lo, hi, nan, found, launches)
+    hinted = _with_size_hint(found, max(ratio, 1 / ratio), olo, min(len(a), len(b)),
+                             "a longer run would not make it a win")
+    return Comparison(ratio, lo, hi, nan, hinted, launches)
 
 
 def _throughput_interval(ratio: float, a: pd.DataFrame, b: pd.DataFrame, seed: int) -> tuple[float, float]:
@@ -309,17 +301,15 @@ def _throughput_interval(ratio: float, a: pd.DataFrame, b: pd.DataFrame, seed: i
     return (min(ends), max(ends)) if ends else (math.nan, math.nan)
 
 
-def _practically_equal(lo: float, hi: float) -> bool:
-    """`compare.confidence.practically_equal`, kept for the callers that import it from here."""
-    return practically_equal(lo, hi)
-
-
-def _longer_run_hint(ratio: float, lo: float, n: int) -> str:
-    """How many requests each would find a difference this size in most runs (`requests_needed`)."""
+def _with_size_hint(found: Verdict, ratio: float, lo: float, n: int, otherwise: str | None = None) -> Verdict:
+    """A verdict whose interval holds 1, with how many requests each would find a difference of this size in
+    most runs (`requests_needed`), or `otherwise` where no number of requests would."""
+    if found.level is not Confidence.NOT_ESTABLISHED or not found.reason.endswith("the interval holds 1"):
+        return found
     need = requests_needed(ratio, lo, n)
-    if need is None:
-        return "a longer run would not make it a win"
-    return f"about {plural(need, 'request')} each would find a difference this size in most runs"
+    hint = f"about {plural(need, 'request')} each would find a difference this size in most runs" if need \
+        else otherwise
+    return found if hint is None else Verdict(found.level, f"{found.reason}; {hint}")
 
 
 def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
@@ -614,13 +604,6 @@ def pair_level(
     return cmp.verdict.level.value if cmp.ratio > 1 else ""
 
 
-def pair_decisive(
-    pick: Pick, summary: pd.DataFrame, requests: pd.DataFrame, first: str, other: str, seed: int = 0
-) -> bool:
-    """Is `first` established as better than `other` in the pick's class?"""
-    return pair_level(pick, summary, requests, first, other, seed) == Confidence.ESTABLISHED.value
-
-
 def describe_setup(setup: SetupReport | None) -> str:
     if setup is None:
         return "not measured (imported results, or not started by llm-compare)"
@@ -735,7 +718,7 @@ def break_even_rows(
     """Every pair of launched candidates, per workload and class: which one is faster per request, how much
     longer it takes to be ready, and after how many requests (and how long at its measured rate) that pays
     back. Rows: workload, class, faster, other, ready s (faster / other), per request (faster / other),
-    verdict. A pair whose difference is not established (`pair_decisive`, the decision's own verdict) pays
+    verdict. A pair whose difference is not established (`pair_level`, the decision's own verdict) pays
     nothing back."""
     rows = []
     for pick in picks:
