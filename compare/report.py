@@ -254,17 +254,27 @@ def _warnings(res: Results) -> list[Block]:
     blocks: list[Block] = [("h2", "Warnings")]
     if notes:
         blocks.append(("ul", notes))
+    for kind, head, lines in _warning_groups(res):
+        blocks.append(("p", f"**{kind}**{head.removeprefix(kind)}"))  # each heading starts with its kind
+        if lines:
+            blocks.append(("ul", lines))
+    return blocks
+
+
+def _warning_groups(res: Results) -> list[tuple[str, str, list[str]]]:
+    """Per kind of caveat, the verdict-touching kinds first: (kind, its heading with its counts per backend
+    and point, whether it touches a verdict and the advice its lines share, its lines). A kind that can
+    change no number is its heading alone. The report's Warnings and the terminal's both read this."""
+    out = []
     for kind, found in _grouped(res):
         touching = any(touches_a_verdict(q, res.picks) for q in found)
-        head = f"**{kind}** ({_counts(found)})" + (
-            ": touches a verdict in the Decision." if touching else "."
-        )
+        head = f"{kind} ({_counts(found)})" + (": touches a verdict in the Decision." if touching else ".")
         if _collapsed(kind, found):
-            blocks.append(("p", f"{head} {COLLAPSED[kind]}"))
+            out.append((kind, f"{head} {COLLAPSED[kind]}", []))
             continue
         lines, advice = _common_tail([q.detail for q in found])
-        blocks += [("p", f"{head} {advice}" if advice else head), ("ul", lines)]
-    return blocks
+        out.append((kind, f"{head} {advice}" if advice else head, lines))
+    return out
 
 
 def _grouped(res: Results) -> list[tuple[str, list[Qualifier]]]:
@@ -284,20 +294,11 @@ WARNING_ITEM = "  - "  # a line of `grouped_warning_lines` that belongs to the h
 
 
 def grouped_warning_lines(res: Results) -> list[str]:
-    """The caveats as the terminal shows them, grouped as the report's Warnings: per kind a heading with its
-    counts per backend and point (whether it touches a verdict, and the advice its lines share), then its
-    lines, each starting with `WARNING_ITEM`; the kinds that touch a verdict first."""
-    out = []
-    for kind, found in _grouped(res):
-        touching = any(touches_a_verdict(q, res.picks) for q in found)
-        head = f"{kind} ({_counts(found)})" + (": touches a verdict in the Decision." if touching else ".")
-        if _collapsed(kind, found):
-            out.append(f"{head} {COLLAPSED[kind]}")
-            continue
-        lines, advice = _common_tail([q.detail for q in found])
-        out.append(f"{head} {advice}" if advice else head)
-        out += [WARNING_ITEM + line for line in lines]
-    return out
+    """The caveats as the terminal shows them, grouped as the report's Warnings (`_warning_groups`): each
+    kind's heading, then its lines, each starting with `WARNING_ITEM`."""
+    return [
+        line for _, head, lines in _warning_groups(res) for line in (head, *(WARNING_ITEM + x for x in lines))
+    ]
 
 
 def _common_tail(lines: list[str]) -> tuple[list[str], str]:
