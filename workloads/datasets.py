@@ -126,8 +126,7 @@ def _encode_batch(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-encode_text = _encode  # public names for the other dataset modules (workloads/sessions.py)
-decode_ids = _decode
+encode_text = _encode  # a public name for the other dataset modules (workloads/sessions.py)
 
 
 def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
