@@ -101,7 +101,8 @@ class ScriptedSchedule(BaseModel):
         sizes = self.tokens_per_event if isinstance(self.tokens_per_event, list) else [self.tokens_per_event]
         if not sizes or any(k < 1 for k in sizes):
             raise ValueError("tokens_per_event must be >= 1")
-        out, left = [], n_tokens
+        out: list[int] = []
+        left = n_tokens
         for k in itertools.cycle(sizes):
             if left <= 0:
                 return out
