@@ -15,11 +15,19 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from adapters.request_spec import RequestSpec
 
+if TYPE_CHECKING:
+    from adapters.launch_spec import LaunchSpec, ModelSource, Variant
+    from adapters.startup_log import ConfigLine, LogClock, StartupPattern
+
 FinalEvent = Literal["done", "finish", "none"]
+#: common setting name -> the launch flag that sets it and its aliases (`--tensor-parallel-size`, `-tp`)
+SettingFlags = Mapping[str, tuple[str, ...]]
+#: `/metrics` info gauge -> {its label: the common setting name the label's value gives}
+InfoMetrics = Mapping[str, Mapping[str, str]]
 
 
 class MalformedEvent(ValueError):
@@ -94,19 +102,25 @@ class Adapter:
     - `health_path`, `info_path`, `metrics_path`, `metric_names` (backend metric -> common name)
     - `startup_patterns`, `log_clock`: its server's start-up log lines; `launch_spec(...)`: how to start it
     - `config_lines`, `declared_defaults`: where its log prints its settings, and its documented defaults
+    - `setting_flags`, `info_metrics`: the flags and `/metrics` info gauges that carry the audited settings
+
+    The launch and log side is written as mixins (`_VLLMLaunch`, ...) that subclass `Adapter` too, so that
+    they see its attributes; in every concrete adapter they come before the protocol class.
     """
 
     name: ClassVar[str] = "base"
     health_path: ClassVar[str] = "/health"
-    info_path: ClassVar[str | None] = None
+    info_path: str | None = None  # an instance's own where the route names its model (Triton)
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[Mapping[str, str]] = {}
-    startup_patterns: ClassVar[list] = []  # adapters.startup_log.StartupPattern: its start-up lines' facts
-    log_clock: ClassVar[Any] = None  # adapters.startup_log.LogClock: how those lines carry the time
+    startup_patterns: ClassVar[list[StartupPattern]] = []  # its server's start-up lines' facts
+    log_clock: ClassVar[LogClock | None] = None  # how those lines carry the time
     server_family: ClassVar[str | None] = None  # which server `launch_spec` starts (vllm, tgi, trtllm, ...)
-    config_lines: ClassVar[list] = []  # adapters.startup_log.ConfigLine: where its log prints its settings
+    config_lines: ClassVar[list[ConfigLine]] = []  # where its log prints its settings
     #: settings its server has unless told otherwise (the parity audit's last resort: documented defaults)
     declared_defaults: ClassVar[Mapping[str, Any]] = {}
+    setting_flags: ClassVar[SettingFlags] = {}  # the launch flags of the audited settings
+    info_metrics: ClassVar[InfoMetrics] = {}  # the `/metrics` info gauges that carry settings
     final_event: ClassVar[FinalEvent] = "done"
 
     #: the request asks the server to produce exactly `wanted_output_tokens` (ignore_eos / min_tokens)
@@ -115,9 +129,9 @@ class Adapter:
     cumulative_usage: bool = False
 
     @classmethod
-    def launch_spec(cls, model: Any, variant: Any, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> Any:
-        """How to start this backend's server (an `adapters.launch_spec.LaunchSpec`)."""
+    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
+                    executable: str | None = None) -> LaunchSpec:
+        """How to start this backend's server."""
         from adapters.launch_spec import LaunchSpecError
 
         raise LaunchSpecError(f"{cls.name}: llm-compare does not start this server; give its --endpoint")

@@ -64,8 +64,7 @@ class OpenAICompletionsAdapter(Adapter):
     route: ClassVar[str] = "/v1/completions"
     chat: ClassVar[bool] = False
     health_path: ClassVar[str] = "/v1/models"  # the OpenAI API has no /health
-    info_path: ClassVar[str | None] = "/v1/models"
-    final_event = "done"
+    info_path = "/v1/models"
 
     def __init__(self, model: str | None = None, *, include_usage: bool = True,
                  continuous_usage: bool = False, force_output_length: bool = False,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
+from adapters.base import Adapter, InfoMetrics, SettingFlags
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant
 from adapters.startup_log import clock, config_line, pattern
 from adapters.tgi import TGIAdapter
@@ -104,7 +105,7 @@ REFERENCE_CONFIG = [
     config_line(r"\d+ front-end processes share the port", api_servers=r"(\d+) front-end processes"),
 ]
 #: our server's flags for the audited settings (named as vLLM's)
-REFERENCE_SETTING_FLAGS = {
+REFERENCE_SETTING_FLAGS: SettingFlags = {
     "api_servers": ("--api-server-count",),
     "max_num_seqs": ("--max-num-seqs",),
     "max_batched_tokens": ("--max-num-batched-tokens",),
@@ -118,12 +119,14 @@ REFERENCE_SETTING_FLAGS = {
 REFERENCE_CACHE_VOLUME = "llm-compare-reference-cache"
 
 
-class _ReferenceLaunch:
+class _ReferenceLaunch(Adapter):
+    """How to start our server, and what its launch and log declare."""
+
     server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
     declared_defaults = REFERENCE_DEFAULTS
     setting_flags = REFERENCE_SETTING_FLAGS
-    info_metrics: ClassVar[dict] = {}
-    config_lines: ClassVar[list] = REFERENCE_CONFIG
+    info_metrics: ClassVar[InfoMetrics] = {}  # not vLLM's gauges
+    config_lines = REFERENCE_CONFIG
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

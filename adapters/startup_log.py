@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypedDict, Unpack
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _DURATION = re.compile(r"^(?P<n>[\d.]+)(?P<unit>ns|µs|us|ms|s|m|h)?$")
@@ -147,9 +148,22 @@ def parse_startup_log(
     return phases
 
 
-def pattern(name: str, regex: str, **yields: object) -> StartupPattern:
+class PatternYields(TypedDict, total=False):
+    """What a `StartupPattern` yields besides its name and regex (its fields of the same names)."""
+
+    phase: str | None
+    memory: str | None
+    weak: bool
+    begins: str | None
+    ends: str | None
+    ready: bool
+    repeat: str
+    detail: str
+
+
+def pattern(name: str, regex: str, **yields: Unpack[PatternYields]) -> StartupPattern:
     """A `StartupPattern` from a regex string; `yields` as the dataclass fields."""
-    return StartupPattern(name, re.compile(regex), **yields)  # type: ignore[arg-type]
+    return StartupPattern(name, re.compile(regex), **yields)
 
 
 def patterns(*pairs: tuple[str, str]) -> list[StartupPattern]:

@@ -21,7 +21,16 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, Usage, as_int, loads_event
+from adapters.base import (
+    Adapter,
+    HttpRequest,
+    MalformedEvent,
+    SettingFlags,
+    StreamEvent,
+    Usage,
+    as_int,
+    loads_event,
+)
 from adapters.launch_spec import LaunchSpec, LaunchSpecError, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
 from adapters.request_spec import RequestSpec
@@ -92,7 +101,7 @@ def tgi_flags(model: ModelSource, variant: Variant) -> list[str]:
 
 #: text-generation-launcher's flags for the audited settings (launcher/src/main.rs): its batch limit, its
 #: prefill token budget per batch, its shard count (tensor parallel), its KV-cache dtype
-TGI_SETTING_FLAGS = {
+TGI_SETTING_FLAGS: SettingFlags = {
     "max_num_seqs": ("--max-batch-size",),
     "max_batched_tokens": ("--max-batch-prefill-tokens",),
     "tensor_parallel": ("--num-shard",),
@@ -100,7 +109,9 @@ TGI_SETTING_FLAGS = {
 }
 
 
-class _TGILaunch:
+class _TGILaunch(Adapter):
+    """How to start TGI (text-generation-launcher)."""
+
     server_family = "tgi"
     setting_flags = TGI_SETTING_FLAGS
 
@@ -127,12 +138,12 @@ class _TGILaunch:
         return spec
 
 
-class TGIAdapter(_TGILaunch, Adapter):
+class TGIAdapter(_TGILaunch):
     """TGI's native protocol. Options: `sampling` (extra `parameters`; default greedy `do_sample: false`)."""
 
     name: ClassVar[str] = "tgi"
     health_path: ClassVar[str] = "/health"
-    info_path: ClassVar[str | None] = "/info"
+    info_path = "/info"
     metric_names = TGI_METRICS
     startup_patterns = TGI_STARTUP
     log_clock = TGI_CLOCK
@@ -173,14 +184,17 @@ class TGIAdapter(_TGILaunch, Adapter):
             return StreamEvent(error=message)
         if not isinstance(obj.get("generated_text"), str):
             raise MalformedEvent(f"TGI response without generated_text: {str(obj)[:200]}")
-        details = obj.get("details") if isinstance(obj.get("details"), dict) else {}
+        given = obj.get("details")
+        details = given if isinstance(given, dict) else {}
         generated = as_int(details.get("generated_tokens"))
         usage = Usage(None, generated) if generated is not None else None
         return StreamEvent(generated or 0, obj["generated_text"], details.get("finish_reason"), usage,
                            is_done=True, is_output=True, exact=generated is not None)
 
 
-class _TGIOpenAIMixin(_TGILaunch):
+class _TGIOpenAIMixin(_TGILaunch, OpenAICompletionsAdapter):
+    """TGI's OpenAI routes: its start-up log and metrics, one chunk per token."""
+
     health_path = "/health"
     info_path = "/info"
     metric_names = TGI_METRICS

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, loads_event
+from adapters.base import Adapter, HttpRequest, MalformedEvent, SettingFlags, StreamEvent, loads_event
 from adapters.launch_spec import CONFIG_MOUNT, LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter, error_message
 from adapters.request_spec import RequestSpec
@@ -112,7 +112,7 @@ def trtllm_options(model: ModelSource, variant: Variant) -> dict[str, Any]:
 
 #: trtllm-serve's flags for the audited settings: the most requests in a batch, the tokens a batch may
 #: carry, tensor and pipeline parallel
-TRTLLM_SETTING_FLAGS = {
+TRTLLM_SETTING_FLAGS: SettingFlags = {
     "max_num_seqs": ("--max_batch_size",),
     "max_batched_tokens": ("--max_num_tokens",),
     "tensor_parallel": ("--tp_size",),
@@ -120,7 +120,9 @@ TRTLLM_SETTING_FLAGS = {
 }
 
 
-class _TrtllmLaunch:
+class _TrtllmLaunch(Adapter):
+    """How to start trtllm-serve."""
+
     server_family = "trtllm"
     setting_flags = TRTLLM_SETTING_FLAGS
 
@@ -160,7 +162,9 @@ class _TrtllmLaunch:
         )
 
 
-class _TrtllmServeMixin(_TrtllmLaunch):
+class _TrtllmServeMixin(_TrtllmLaunch, OpenAICompletionsAdapter):
+    """trtllm-serve's OpenAI routes, which refuse any request field their models do not know."""
+
     health_path = "/health"
     info_path = "/v1/models"
     metrics_path = "/prometheus/metrics"
@@ -214,10 +218,7 @@ class TritonGenerateAdapter(Adapter):
         self.forces_output_length = force_output_length
         self.min_length_field = min_length_field
         self.sampling = dict(sampling or {})
-
-    @property
-    def info_path(self) -> str:  # type: ignore[override]
-        return f"/v2/models/{self.model}"
+        self.info_path = f"/v2/models/{model}"
 
     def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
         body: dict[str, Any] = {"text_input": spec.prompt_text, "max_tokens": spec.wanted_output_tokens,

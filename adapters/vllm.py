@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from adapters.base import Adapter, InfoMetrics, SettingFlags
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
 from adapters.startup_log import clock, config_line, pattern
@@ -144,7 +145,7 @@ VLLM_CONFIG = [
 ]
 #: settings in the labels of vLLM's `*_info` gauges on `/metrics` (`vllm:cache_config_info{block_size="16",
 #: cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",...} 1.0`), common names
-VLLM_INFO_METRICS = {
+VLLM_INFO_METRICS: InfoMetrics = {
     "vllm:cache_config_info": {
         "block_size": "block_size",
         "cache_dtype": "kv_cache_dtype",
@@ -164,7 +165,7 @@ VLLM_DEFAULTS = {
     "pipeline_parallel": 1,
 }
 #: vLLM's flags for the audited settings (short aliases as its argument parser has them)
-VLLM_SETTING_FLAGS = {
+VLLM_SETTING_FLAGS: SettingFlags = {
     "api_servers": ("--api-server-count", "-asc"),
     "data_parallel": ("--data-parallel-size", "-dp"),
     "max_num_seqs": ("--max-num-seqs",),
@@ -226,7 +227,9 @@ def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
     return env, scratch
 
 
-class _VLLMLaunch:
+class _VLLMLaunch(Adapter):
+    """How to start vLLM, and what its launch and `/metrics` declare."""
+
     server_family = "vllm"
     declared_defaults = VLLM_DEFAULTS
     setting_flags = VLLM_SETTING_FLAGS
@@ -263,7 +266,9 @@ class _VLLMLaunch:
         )
 
 
-class _VLLMMixin:
+class _VLLMMixin(OpenAICompletionsAdapter):
+    """vLLM's routes, metric names and start-up log; its token rule for chunks without token ids."""
+
     health_path = "/health"
     info_path = "/v1/models"
     metric_names = VLLM_METRICS

@@ -3,7 +3,7 @@
 Accuracy: N concurrent streams (closed loop, each request with a random TTFT and output length, a fixed
 inter-token gap that keeps the total event rate moderate) against the scripted server, which logs the
 monotonic time of every write. Errors are client arrival minus server write per event, and the TTFT, ITL
-and TPOT errors that follow (see `workloads/accuracy.py`). A second variant ("aligned") makes every stream
+and TPOT errors that follow (see `instruments/accuracy.py`). A second variant ("aligned") makes every stream
 emit on a shared decode-step clock, as a batching engine does, so N events arrive at once.
 
 Rate: many streams with short gaps, at rising offered event rates; the client's achieved event rate and
@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
-from workloads.accuracy import compare
+from instruments.accuracy import compare
+from instruments.scripted_server import read_event_log, scripted_server
 from workloads.kernel_stamps import stamped_loop_factory
 from workloads.loadgen import PointJob, new_runner, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import read_event_log, scripted_server
 
 # streams -> (inter-token gap s, requests per stream): ~3-10k events/s in total, 10k+ events per point
 ACCURACY = {1: (0.01, 20), 64: (0.02, 3), 256: (0.05, 2), 1000: (0.1, 2)}

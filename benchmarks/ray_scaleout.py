@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.records import RequestRecord
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 
 def process_cpu_s(pid: int) -> float:

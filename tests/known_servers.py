@@ -6,7 +6,7 @@ distribution (constant, exponential or lognormal, of mean `service_s`). The firs
 capacity is `slots / service_s` requests/s, and the TTFT of a request is its wait for a slot plus
 `TTFT_SHARE` x its service time: `simulate_ttft` computes that for any arrival times.
 
-Written apart from `workloads/scripted_server.py`, on purpose: a calibration against the tool's own test
+Written apart from `instruments/scripted_server.py`, on purpose: a calibration against the tool's own test
 server could share its mistakes. Run as a subprocess (`known_server`), so that the server's event loop does
 not compete with the load generator's for one interpreter: `python tests/known_servers.py --slots 2 ...`
 prints `PORT <n>` once it listens on 127.0.0.1.

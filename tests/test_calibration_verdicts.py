@@ -29,7 +29,7 @@ from scipy import stats
 from compare.confidence import Confidence, requests_needed
 from compare.metrics import window_rate
 from compare.selection import compare_latency, compare_throughput
-from workloads.scripted_server import ScriptedSchedule, scripted_server
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 
 SEEDS = 200
 FALSE_POSITIVE = 0.05

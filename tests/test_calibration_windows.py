@@ -175,10 +175,10 @@ def test_percentile_intervals_are_distribution_free_and_unbounded_beyond_the_dat
 def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, slots, service_s):
     from adapters import get_adapter
     from adapters.request_spec import RequestSpec
+    from instruments.scripted_server import ScriptedSchedule, scripted_server
     from workloads.loadgen import PointJob, run_load_sync
     from workloads.records import read_records
     from workloads.schedule import ClosedLoop
-    from workloads.scripted_server import ScriptedSchedule, scripted_server
 
     seed = fresh_seed()
     rng = np.random.default_rng(seed)

@@ -1,6 +1,7 @@
 """The comparator's packages import one way, compare -> workloads -> adapters, with no import cycle among
 their modules, and the engine imports none of them (imports inside functions count; those under
-`if TYPE_CHECKING:` do not, as they never run). Functions stay short enough to read: at most 100 lines and
+`if TYPE_CHECKING:` do not, as they never run). The test instruments (`instruments/`) may use workloads and
+adapters, and no production package imports them. Functions stay short enough to read: at most 100 lines and
 8 parameters; `compare/cli.py` only parses, prints and calls the runner."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from test_engine_layout import cycles
 from test_engine_layout import import_graph as package_import_graph
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("compare", "workloads", "adapters")  # the packages the size and cycle rules apply to
+CHECKED = ("compare", "workloads", "adapters", "instruments")  # the size and cycle rules apply to these
+PRODUCTION = ("compare", "workloads", "adapters", "reference_engine")  # what a comparison runs
 PACKAGES = (*CHECKED, "reference_engine")
 MAX_FUNCTION_LINES = 100
 MAX_PARAMETERS = 8
@@ -20,7 +22,7 @@ MAX_CLI_LINES = 400
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the four packages' modules it imports, at the top or inside functions."""
+    """module -> the five packages' modules it imports, at the top or inside functions."""
     return package_import_graph(PACKAGES)
 
 
@@ -61,10 +63,24 @@ def test_packages_import_one_way():
         "workloads": {"compare"},
         "adapters": {"workloads", "compare"},
         "reference_engine": {"compare", "workloads", "adapters"},
+        "instruments": {"compare", "reference_engine"},
     }
     wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in sorted(targets)
              if _package(t) in forbidden.get(_package(m), ())]
     assert wrong == []
+
+
+def production_imports_of_instruments(graph: dict[str, set[str]]) -> list[str]:
+    """'module -> instruments module' for every production module that imports a test instrument."""
+    return [f"{m} -> {t}" for m, targets in graph.items() for t in sorted(targets)
+            if _package(m) in PRODUCTION and _package(t) == "instruments"]
+
+
+def test_production_never_imports_instruments():
+    graph = import_graph()
+    assert production_imports_of_instruments(graph) == []
+    # the rule sees the instruments' own imports: they use the load generator, so an edge into it must show
+    assert "workloads.loadgen" in graph["instruments.scripted_server"]
 
 
 def test_functions_short():

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import compare.cli as cli
 from compare.cli import app
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads.records import read_records
 from workloads.schedule import TraceReplay
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 runner = CliRunner()
 

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import timing
 from workloads.records import read_records
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 ARTIFACTS = [
     "manifest.json",

@@ -12,10 +12,10 @@ from adapters.request_spec import RequestSpec
 from compare.diff import diff_runs
 from compare.report import analyze, write_reports
 from compare.store import RunDir
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop, OpenLoop
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 pytestmark = pytest.mark.timing
 

@@ -16,7 +16,7 @@ from compare.parity import Declared, findings, parity_table
 from compare.report import analyze, write_reports
 from compare.setup_log import parse_log
 from compare.store import RunDir
-from workloads.scripted_server import scripted_server
+from instruments.scripted_server import scripted_server
 
 DATA = Path(__file__).parent / "data"
 

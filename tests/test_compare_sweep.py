@@ -17,7 +17,7 @@ from compare.measure import Watcher
 from compare.plan import build_plan
 from compare.runner import run_plan
 from compare.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
-from workloads.scripted_server import ScriptedSchedule, scripted_server
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 
 
 def point(rate: float | None, ttft_ms: float, completed: float | None = None, *,

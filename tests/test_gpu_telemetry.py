@@ -27,8 +27,8 @@ from compare.gpu_telemetry import Window, gpu_energy_j, open_telemetry, window_c
 from compare.launch import ProcessLauncher, ServerProcess
 from compare.report import analyze, write_reports
 from compare.store import RunDir
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads.records import RecordWriter, RequestRecord
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 runner = CliRunner()
 LOCAL = "http://127.0.0.1:1"

@@ -1,5 +1,5 @@
 """The load generator's timings against the scripted server's own write times, at 64 concurrent streams: every
-event is matched to the server's truth, the errors follow their definitions (`workloads/accuracy.py`), and
+event is matched to the server's truth, the errors follow their definitions (`instruments/accuracy.py`), and
 no event is stamped before the data its socket read brought had been sent (tests/causality.py says why that,
 and not "no event before its own write", is what holds on a busy machine).
 
@@ -19,10 +19,10 @@ from causality import stamped_before_sent
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
-from workloads.accuracy import compare
+from instruments.accuracy import compare
+from instruments.scripted_server import read_event_log, scripted_server
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import read_event_log, scripted_server
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

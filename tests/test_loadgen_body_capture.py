@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.body_capture import StampingConnector, StampingHandler, _cut, read_stamped
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, stamped_listener
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

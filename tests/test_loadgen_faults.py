@@ -10,10 +10,10 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads.loadgen import PointJob, Timeouts, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

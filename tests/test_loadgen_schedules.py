@@ -17,11 +17,11 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads import timing
 from workloads.loadgen import PointJob, new_runner, run_load, run_load_sync
 from workloads.records import ErrorKind, read_records, read_run_summaries
 from workloads.schedule import ClosedLoop, OpenLoop, TraceReplay
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 

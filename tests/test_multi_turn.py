@@ -16,7 +16,7 @@ from adapters import get_adapter
 from adapters.prometheus import common_metrics
 from workloads.datasets import LengthDist
 from workloads.loadgen import PointJob, run_load_sync
-from workloads.records import RequestRecord, append_record, read_records
+from workloads.records import RecordWriter, RequestRecord, read_records
 from workloads.schedule import ClosedLoop, OpenLoop
 from workloads.sessions import ThinkTime, conversation_turn, sharegpt_sessions, synthetic_sessions
 
@@ -112,7 +112,8 @@ def test_session_fields_round_trip(tmp_path):
     base = dict(run_id="r", backend="b", t0_monotonic=1.0, prompt_tokens=3, wanted_output_tokens=2,
                 output_length_forced=True, scheduled_s=0.0)
     path = tmp_path / "requests.jsonl"
-    append_record(path, RequestRecord(**base, request_id="s-0-t1", session_id="s-0", turn=1))
+    with RecordWriter(path) as writer:
+        writer.append(RequestRecord(**base, request_id="s-0-t1", session_id="s-0", turn=1))
     # a record of a run before sessions existed (schema 1, without the fields) still reads
     old = RequestRecord(**base, request_id="old").model_dump(exclude={"session_id", "turn"})
     with path.open("a") as f:

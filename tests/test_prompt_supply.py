@@ -19,11 +19,11 @@ from compare.measure import Watcher, block_budget, block_order
 from compare.plan import build_plan
 from compare.run_options import PlanError, WorkloadSpec
 from compare.store import RunDir
+from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import datasets
 from workloads.datasets import PromptStream
 from workloads.loadgen import run_load_sync
 from workloads.records import read_records
-from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads import accuracy
+from instruments import accuracy
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.records import read_records, read_run_summaries
 from workloads.schedule import OpenLoop
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 
 pytest.importorskip("ray")
 

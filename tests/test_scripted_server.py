@@ -14,9 +14,9 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server, token_texts
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
@@ -133,7 +133,7 @@ def test_whole_responses(server, adapter_name, flavor):
 
 
 def test_command_line_refuses_a_bad_default_schedule():
-    result = subprocess.run([sys.executable, "-m", "workloads.scripted_server", "--port", "0",
+    result = subprocess.run([sys.executable, "-m", "instruments.scripted_server", "--port", "0",
                              "--default-schedule", '{"itl_s": "slow"}'], capture_output=True, text=True,
                             cwd=REPO, timeout=60)
     assert result.returncode == 2 and "--default-schedule" in result.stderr

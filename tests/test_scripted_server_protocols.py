@@ -10,9 +10,9 @@ from causality import stamped_before_sent
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server
 
 pytestmark = pytest.mark.timing  # run again beside CPU burners in CI (.ci/under_load.sh)
 
@@ -137,7 +137,7 @@ def test_the_trtllm_adapter_checks_the_fields_trtllm_serve_documents():
     request models): an adapter list that drifts from it, by a typo or a field the server never had, would
     let requests through that the real server refuses, or refuse ones it accepts."""
     from adapters.trtllm import TrtllmChatAdapter, TrtllmCompletionsAdapter
-    from workloads.scripted_formats import TRTLLM_ACCEPTED_FIELDS
+    from instruments.scripted_formats import TRTLLM_ACCEPTED_FIELDS
 
     assert TrtllmCompletionsAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["completions"]
     assert TrtllmChatAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["chat"]

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.truth import importers
 from benchmarks.truth.definitions import compare, true_metrics, truth_from_log
-from workloads.scripted_server import ScriptedSchedule
+from instruments.scripted_server import ScriptedSchedule
 
 ROLE_LOG = {"request_id": "r0", "received_s": 100.0, "events": [
     [100.001, 0, "role"], [100.1, 1, "token"], [100.11, 1, "token"], [100.12, 1, "token"],

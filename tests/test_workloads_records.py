@@ -10,9 +10,9 @@ import pytest
 from workloads import timing
 from workloads.records import (
     ErrorKind,
+    RecordWriter,
     RequestRecord,
     RunSummary,
-    append_record,
     read_records,
     read_run_summaries,
 )
@@ -45,8 +45,9 @@ def test_json_round_trip_and_append(tmp_path):
     records.append(random_record(rng, "failed", error_kind=ErrorKind.CONNECTION_RESET, error_message="reset",
                                  send_s=None, events=[]))
     path = tmp_path / "run" / "requests.jsonl"
-    for record in records:
-        append_record(path, record)
+    for record in records:  # one writer per record: each append reopens the file and adds to it
+        with RecordWriter(path) as writer:
+            writer.append(record)
     assert read_records(path) == records
     line = json.loads(path.read_text().splitlines()[-1])
     assert line["error_kind"] == "connection_reset" and line["send_s"] is None
@@ -62,8 +63,9 @@ def test_compressed_records_read_as_written(tmp_path):
     rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**32))
     records = [random_record(rng, f"r{i}") for i in range(int(rng.integers(5, 30)))]
     path = tmp_path / "requests.jsonl"
-    for record in records:
-        append_record(path, record)
+    with RecordWriter(path) as writer:
+        for record in records:
+            writer.append(record)
     packed = tmp_path / "requests.jsonl.xz"
     packed.write_bytes(lzma.compress(path.read_bytes()))
     assert read_records(packed) == records
@@ -76,8 +78,9 @@ def test_compressed_records_read_as_written(tmp_path):
 def test_warmup_filter_and_partial_last_line(tmp_path):
     rng = np.random.default_rng(12)
     path = tmp_path / "requests.jsonl"
-    append_record(path, random_record(rng, "w", warmup=True))
-    append_record(path, random_record(rng, "m"))
+    with RecordWriter(path) as writer:
+        writer.append(random_record(rng, "w", warmup=True))
+        writer.append(random_record(rng, "m"))
     with path.open("a") as f:
         f.write('{"run_id": "run1", "request_id": "cut sh')  # a crash in the middle of a write
     assert [r.request_id for r in read_records(path)] == ["w", "m"]
@@ -101,7 +104,8 @@ def test_run_summary_round_trip(tmp_path):
                          measured_start_s=0.1, wall_s=10.0, n_warmup=2, n_measured=10, n_sent=10, n_ok=9,
                          errors={"timeout": 1}, offered_rate=2.0, achieved_rate=1.98, lag_p50_s=1e-4,
                          lag_p99_s=3e-4, lag_max_s=4e-4)
-    append_record(tmp_path / "runs.jsonl", summary)
+    with RecordWriter(tmp_path / "runs.jsonl") as writer:
+        writer.append(summary)
     assert read_run_summaries(tmp_path / "runs.jsonl") == [summary]
 
 

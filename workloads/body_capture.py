@@ -78,7 +78,8 @@ class StampingConnector(aiohttp.TCPConnector):
         super().__init__(socket_factory=stamped_socket_factory, **kwargs)
         factory = getattr(self, "_factory", None)
         if isinstance(factory, functools.partial) and factory.func is ResponseHandler:
-            self._factory = functools.partial(StampingHandler, *factory.args, **factory.keywords)
+            handler: type[ResponseHandler] = StampingHandler  # the attribute's type: partial[ResponseHandler]
+            self._factory = functools.partial(handler, *factory.args, **factory.keywords)
         else:
             log.warning("aiohttp %s: socket-read stamping unavailable; pieces are stamped when reads return",
                         aiohttp.__version__)
@@ -125,9 +126,7 @@ async def read_stamped(response: aiohttp.ClientResponse, chunks: Chunks) -> None
         await content.wait_eof()
         body = await content.read()
     except BaseException:
-        body = _unread(content)
-        if body is None:  # no access to the buffer: nothing to recover
-            body = b""
+        body = _unread(content) or b""  # None: no access to the buffer, nothing to recover
         raise
     finally:
         protocol.unwatch()

@@ -65,7 +65,7 @@ class LengthDist:
         if isinstance(value, LengthDist):
             return value
         arity = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
-        return cls(*parse_distribution(value, arity, "length", LENGTH_FORMS))  # type: ignore[arg-type]
+        return cls(*parse_distribution(value, arity, "length", LENGTH_FORMS))
 
     def __post_init__(self) -> None:
         if self.kind in ("fixed", "uniform", "normal", "lognormal") and self.a < 1 and self.kind != "normal":
@@ -126,8 +126,7 @@ def _encode_batch(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-encode_text = _encode  # public names for the other dataset modules (workloads/sessions.py)
-decode_ids = _decode
+encode_text = _encode  # a public name for the other dataset modules (workloads/sessions.py)
 
 
 def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
@@ -195,7 +194,9 @@ def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.G
     if pending:
         raise ValueError(f"could not find a {lengths[min(pending)]}-token prompt that survives decode/encode "
                          f"in {attempts} tries")
-    return done  # type: ignore[return-value]
+    found = [pair for pair in done if pair is not None]
+    assert len(found) == len(done), "a prompt left the pending set without being found"
+    return found
 
 
 def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,

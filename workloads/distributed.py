@@ -393,12 +393,21 @@ class RayLoad:
         return self._tokenizers[key]
 
 
+def _labels(job: PointJob) -> RecordLabels:
+    """The labels of every record of a resolved job (`PointJob.resolved` fills them in)."""
+    if job.run_id is None or job.backend is None or job.load_point is None:
+        raise ValueError("the load point's job is not resolved (PointJob.resolved)")
+    return RecordLabels(run_id=job.run_id, backend=job.backend, variant=job.variant,
+                        load_point=job.load_point, output_length_forced=job.adapter.forces_output_length)
+
+
 class _Point:
     def __init__(
         self, owner: RayLoad, job: PointJob, shares: list[Share], slots: list[Slot], tokenizer: Any
     ) -> None:
         """`job` resolved (`PointJob.resolved`); `tokenizer` an ObjectRef to its tokenizer, or None."""
         self.owner, self.job, self.shares, self.slots = owner, job, shares, slots
+        self.labels = _labels(job)
         # what every actor's share has in common
         self.common = PointJob(
             job.url,
@@ -426,7 +435,8 @@ class _Point:
         self.t0 = perf_counter()
         interrupted = False
         consumers = [asyncio.create_task(self._consume(s)) for s in self.streams]
-        progress = asyncio.create_task(self._report_progress()) if self.job.progress is not None else None
+        report = self.job.progress
+        progress = asyncio.create_task(self._report_progress()) if report is not None else None
         try:
             await asyncio.gather(*(s.warm.wait() for s in self.streams))
             lead = START_LEAD_S + PREPARE_S_PER_REQUEST * max(len(s.share.specs) for s in self.streams)
@@ -443,12 +453,12 @@ class _Point:
                 task.uncancel()
             await self._stop(consumers)
         finally:
-            if progress is not None:
+            if progress is not None and report is not None:
                 progress.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await progress
                 with contextlib.suppress(Exception):
-                    self.job.progress(self.records)  # type: ignore[misc]
+                    report(self.records)
         end = perf_counter()
         interrupted = interrupted or any(s.done.get("interrupted") for s in self.streams)
         self._finish(end, interrupted)
@@ -506,13 +516,9 @@ class _Point:
             self.writer.append(record)
 
     def _lose(self, stream: _Stream, kind: ErrorKind, reason: str) -> None:
-        job = self.job
-        labels = RecordLabels(run_id=job.run_id, backend=job.backend, variant=job.variant,
-                              load_point=job.load_point,
-                              output_length_forced=job.adapter.forces_output_length)
         for started in list(stream.inflight.values()):
             record = lost_record(
-                started, labels, t0=self.t0, offset_s=stream.offset.offset_s, host=stream.slot.host,
+                started, self.labels, t0=self.t0, offset_s=stream.offset.offset_s, host=stream.slot.host,
                 reason=reason,
             )
             if kind != ErrorKind.CLIENT_LOST:
@@ -568,7 +574,7 @@ class _Point:
             with RecordWriter(self.job.summary_path) as writer:
                 writer.append(summary)
         if self.owner.on_point is not None:
-            self.owner.on_point(self.job.run_id, self._placement())
+            self.owner.on_point(self.labels.run_id, self._placement())
 
     def _placement(self) -> dict[str, Any]:
         out = []

@@ -177,6 +177,7 @@ class StampedSocket(socket.socket):
 
     @classmethod
     def from_accepted(cls, listener: socket.socket) -> tuple[StampedSocket, Any]:
+        # socket.accept's own first step, which returns the bare descriptor; typeshed leaves it out
         fd, address = listener._accept()  # type: ignore[attr-defined]
         sock = cls(listener.family, listener.type, listener.proto, fileno=fd)
         sock.enable_stamps()
@@ -191,7 +192,7 @@ class StampedListener(socket.socket):
 
     stamp_sends = False
 
-    def accept(self) -> tuple[StampedSocket, Any]:  # type: ignore[override]
+    def accept(self) -> tuple[StampedSocket, Any]:
         return StampedSocket.from_accepted(self)
 
 

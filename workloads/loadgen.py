@@ -679,6 +679,7 @@ def build_summary(records: Sequence[RequestRecord], job: PointJob, *, t0: float,
                   end: float, interrupted: bool, describe: dict) -> RunSummary:
     """The run summary of `records` of the resolved `job`, whose times are all relative to `t0` (one clock:
     several load generators' records must first be put on one timeline)."""
+    assert job.run_id is not None and job.backend is not None and job.load_point is not None, "not resolved"
     schedule = job.schedule
     measured = [r for r in records if not r.warmup]
     sends = sorted(r.send_s for r in measured if r.send_s is not None)

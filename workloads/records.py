@@ -164,12 +164,6 @@ class RecordWriter:
         self.close()
 
 
-def append_record(path: str | Path, record: BaseModel) -> None:
-    """Append one record (or run summary) as one flushed JSON line."""
-    with RecordWriter(path) as writer:
-        writer.append(record)
-
-
 def read_json_lines(path: str | Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) of each JSON line of a file appended to as things happen; a partial last line
     (a write cut short by a crash) is skipped with a warning, any other bad line is an error. A `.xz` file

@@ -65,7 +65,7 @@ class ThinkTime:
         if isinstance(value, ThinkTime):
             return value
         arity = {"fixed": 1, "uniform": 2, "exponential": 1}
-        return cls(*parse_distribution(value, arity, "think time", THINK_FORMS))  # type: ignore[arg-type]
+        return cls(*parse_distribution(value, arity, "think time", THINK_FORMS))
 
     def __post_init__(self) -> None:
         if not (self.a >= 0 and self.b >= 0) or not np.isfinite([self.a, self.b]).all():

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from instruments.scripted_server import ScriptedSchedule, token_texts
 from workloads import timing
-from workloads.scripted_server import ScriptedSchedule, token_texts
 
 DEFINITIONS = ("ours", "vllm", "aiperf", "guidellm")
 METRICS = ("ttft", "tpot", "itl")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.truth import importers  # noqa: E402
 from benchmarks.truth.definitions import Measured, compare, truth_from_log  # noqa: E402
-from workloads.scripted_server import ScriptedSchedule, read_event_log, scripted_server  # noqa: E402
+from instruments.scripted_server import ScriptedSchedule, read_event_log, scripted_server  # noqa: E402
 
 CLIENTS = ("ours", "ours-poll", "vllm", "aiperf", "guidellm")  # ours-poll: ours with --busy-poll
 OURS = ("ours", "ours-poll")

@@ -1,7 +1,7 @@
 """A server whose truth is known: it streams each response on a given schedule and logs when it wrote
 every event, so measured TTFT, ITL and TPOT can be checked against what really happened.
 
-    python -m workloads.scripted_server --port 8123 [--host 127.0.0.1] [--flavor vllm|trtllm|tgi]
+    python -m instruments.scripted_server --port 8123 [--host 127.0.0.1] [--flavor vllm|trtllm|tgi]
         [--model NAME] [--default-schedule JSON|@file.json] [--event-log events.jsonl] [--max-streams N]
 
 It serves the OpenAI routes (`/v1/completions`, `/v1/chat/completions`) in vLLM's, TensorRT-LLM's or
@@ -52,9 +52,9 @@ from typing import IO, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from instruments.scripted_formats import TRTLLM_ACCEPTED_FIELDS, Flavor, Protocol, StreamFormat, error_body
 from workloads.kernel_stamps import StampedSocket, kernel_stamps_supported, socket_of, stamped_listener
 from workloads.loadgen import new_runner
-from workloads.scripted_formats import TRTLLM_ACCEPTED_FIELDS, Flavor, Protocol, StreamFormat, error_body
 
 SCHEDULE_HEADER = "X-Scripted-Schedule"
 GC_EVERY_REQUESTS = 500
@@ -101,7 +101,8 @@ class ScriptedSchedule(BaseModel):
         sizes = self.tokens_per_event if isinstance(self.tokens_per_event, list) else [self.tokens_per_event]
         if not sizes or any(k < 1 for k in sizes):
             raise ValueError("tokens_per_event must be >= 1")
-        out, left = [], n_tokens
+        out: list[int] = []
+        left = n_tokens
         for k in itertools.cycle(sizes):
             if left <= 0:
                 return out
@@ -581,7 +582,7 @@ async def serve(host: str, port: int, server: ScriptedServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workloads.scripted_server",
+    parser = argparse.ArgumentParser(prog="python -m instruments.scripted_server",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
@@ -664,7 +665,7 @@ def scripted_server(*, flavor: Flavor = "vllm", model: str = "scripted-model",
                     port: int = 0, startup_timeout_s: float = 30.0,
                     max_model_len: int = 4096, max_streams: int | None = None) -> Iterator[ServerHandle]:
     """Start the scripted server as a separate process on 127.0.0.1 and stop it afterwards."""
-    cmd = [sys.executable, "-m", "workloads.scripted_server", "--port", str(port), "--flavor", flavor,
+    cmd = [sys.executable, "-m", "instruments.scripted_server", "--port", str(port), "--flavor", flavor,
            "--model", model, "--max-model-len", str(max_model_len)]
     if max_streams is not None:
         cmd += ["--max-streams", str(max_streams)]
