@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.markup import escape
 
-from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from compare.measure import Watcher, measure
-from compare.run_options import RunPlan
+from compare.common.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from compare.measure.loop import Watcher, measure
+from compare.plan.run_options import RunPlan
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Outcome:
 def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher: Watcher) -> Outcome:
     """Measure `plan` into the new run directory `out` and write its reports. FileExistsError: `out` is
     taken."""
-    from compare.store import RunDir
+    from compare.measure.run_dir import RunDir
 
     with watcher.wait("creating the run directory (recording the machine, GPUs and library versions)"):
         run_dir = RunDir.create(out, plan.describe(), command)
@@ -76,7 +76,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
 
 def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     """Analyse `run_dir` and write its reports; the analysis."""
-    from compare.report import analyze, write_reports
+    from compare.report.sections import analyze, write_reports
 
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
@@ -84,7 +84,7 @@ def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
 
 
 def _measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
-    from compare.ray_run import measure_on_ray
+    from compare.measure.ray_run import measure_on_ray
 
     return measure_on_ray(plan, run_dir, watcher)
 

@@ -9,9 +9,9 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
-from compare.diff import diff_runs
-from compare.report import analyze, write_reports
-from compare.store import RunDir
+from compare.analysis.diff import diff_runs
+from compare.measure.run_dir import RunDir
+from compare.report.sections import analyze, write_reports
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop, OpenLoop

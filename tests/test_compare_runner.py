@@ -13,9 +13,9 @@ from rich.console import Console
 from test_compare_report import requests_for
 
 import compare.cli as cli
-from compare import measure
-from compare.metrics import summarize
-from compare.store import RunDir
+from compare.analysis.metrics import summarize
+from compare.measure import loop as measure
+from compare.measure.run_dir import RunDir
 
 
 def test_launch_order_alternates():

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from checkpoints import make_tokenizer
 
-from compare import capacity, sweep
-from compare.measure import Watcher
-from compare.plan import build_plan
+from compare.analysis import capacity, sweep
+from compare.analysis.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
+from compare.measure.loop import Watcher
+from compare.plan.build import build_plan
 from compare.runner import run_plan
-from compare.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
 
@@ -266,7 +266,7 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
 def test_capacity_sentences_never_claim_more_than_the_points_show():
     """Too few requests a point for a p99: the capacity is undetermined (and says how many it takes), never
     'holds'; a decided one states its bracket and the rates left undetermined above it."""
-    from compare.report import _capacity_row, _capacity_sentence
+    from compare.report.sections import _capacity_row, _capacity_sentence
 
     slo = {"ttft": 0.05}
     few = capacity.Capacity(0.0, 20.0, 99, smallest_n=16, undetermined=[10.0])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_compare_report import requests_for
 
-from compare.report import analyze, build_blocks, to_markdown
-from compare.store import RunDir
+from compare.measure.run_dir import RunDir
+from compare.report.sections import analyze, build_blocks, to_markdown
 from workloads.records import RecordWriter, RunSummary
 
 

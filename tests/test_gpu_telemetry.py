@@ -1,8 +1,9 @@
-"""GPU telemetry (compare/gpu_telemetry.py) against a fake NVML whose power, energy, memory and utilisation
-readings are drawn at random and remembered: the sampler writes what NVML said, the energy over a window is
-the counter's difference or, without a counter, the power's trapezoid integral, the summary's GPU columns and
-the report's section come from the run directory alone, and without NVML nothing is sampled and nothing
-fails. No assert depends on how fast this machine is: samples are awaited, never counted after a sleep."""
+"""GPU telemetry (compare/measure/gpu_sampling.py) against a fake NVML whose power, energy, memory and
+utilisation readings are drawn at random and remembered: the sampler writes what NVML said, the energy over a
+window is the counter's difference or, without a counter, the power's trapezoid integral, the summary's GPU
+columns and the report's section come from the run directory alone, and without NVML nothing is sampled and
+nothing fails. No assert depends on how fast this machine is: samples are awaited, never counted after a
+sleep."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ from checkpoints import make_tokenizer
 from typer.testing import CliRunner
 
 import compare.cli as cli
-from compare import gpu_telemetry
 from compare.cli import app
-from compare.gpu_telemetry import Window, gpu_energy_j, open_telemetry, window_columns
-from compare.launch import ProcessLauncher, ServerProcess
-from compare.report import analyze, write_reports
-from compare.store import RunDir
+from compare.launch.launcher import ProcessLauncher, ServerProcess
+from compare.measure import gpu_sampling as gpu_telemetry
+from compare.measure.gpu_sampling import Window, gpu_energy_j, open_telemetry, window_columns
+from compare.measure.run_dir import RunDir
+from compare.report.sections import analyze, write_reports
 from workloads.records import RecordWriter, RequestRecord
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 
@@ -435,7 +436,7 @@ def test_a_bad_telemetry_option_exits_2_before_any_run_directory(args, message, 
 
 
 def test_the_telemetry_options_reach_the_plan_from_the_command_line_and_a_run_file(tmp_path):
-    from compare.plan import build_plan
+    from compare.plan.build import build_plan
 
     endpoint = {"backends": "vllm", "endpoints": ["vllm=http://h:1"], "tokenizer": "gpt2"}
     plan = build_plan(endpoint)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from checkpoints import make_tokenizer
 
-from compare import measure
-from compare.caveats import repeated_prompt_warnings
-from compare.measure import Watcher, block_budget, block_order
-from compare.plan import build_plan
-from compare.run_options import PlanError, WorkloadSpec
-from compare.store import RunDir
+from compare.analysis.caveats import repeated_prompt_warnings
+from compare.measure import loop as measure
+from compare.measure.loop import Watcher, block_budget, block_order
+from compare.measure.run_dir import RunDir
+from compare.plan.build import build_plan
+from compare.plan.run_options import PlanError, WorkloadSpec
 from workloads import datasets
 from workloads.datasets import PromptStream
 from workloads.loadgen import run_load_sync

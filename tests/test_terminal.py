@@ -25,9 +25,11 @@ from test_compare_report import requests_for
 from typer.testing import CliRunner
 
 import compare.cli as cli
-from compare import launch, measure, terminal
+from compare import terminal
 from compare.cli import app
-from compare.store import RunDir
+from compare.launch import launcher as launch
+from compare.measure import loop as measure
+from compare.measure.run_dir import RunDir
 
 runner = CliRunner()
 BOX = re.compile(r"[\u2500-\u257f]")  # box-drawing characters of rich's panels
