@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from compare.analysis.gpu_energy import COLUMNS as GPU_COLUMNS
+from compare.analysis.gpu_energy import Window, window_columns
 from compare.analysis.statistics import (
     CI_LEVEL,
     N_BOOT,
@@ -46,8 +48,6 @@ from compare.analysis.statistics import (
     time_shares,
 )
 from compare.common.datatypes import PointInfo, point_info_from_label
-from compare.measure.gpu_sampling import COLUMNS as GPU_COLUMNS
-from compare.measure.gpu_sampling import Window, window_columns
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from compare.analysis import capacity, sweep
+from compare.analysis import capacity, gpu_energy, sweep
 from compare.analysis.caveats import (
     duration_cut_qualifiers,
     parity_qualifiers,
@@ -36,7 +36,6 @@ from compare.analysis.turns import TURN, turn_table, write_turns
 from compare.common.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.launch.declared import declared_settings, forced_lengths
 from compare.launch.serving_match import serving_match_lines
-from compare.measure import gpu_sampling as gpu_telemetry
 from compare.measure.importers import ImportParity, import_parity
 from compare.measure.run_dir import RunDir
 from compare.report import plots
@@ -525,7 +524,7 @@ def _has_gpu_telemetry(res: Results) -> bool:
 
 def _gpu_energy(res: Results) -> list[Block]:
     """Energy, power, memory and utilisation of each backend's GPUs per load point, where NVML sampled them
-    (compare/measure/gpu_sampling.py); nothing without telemetry."""
+    (compare/analysis/gpu_energy.py); nothing without telemetry."""
     if not _has_gpu_telemetry(res):
         return []
     rows = [
@@ -997,7 +996,7 @@ def power_plots(res: Results) -> list[str]:
         p = points.get(str(run_id))
         if p is None:
             continue
-        ticks = gpu_telemetry.tick_totals(samples)
+        ticks = gpu_energy.tick_totals(samples)
         ticks = ticks.iloc[:: max(1, math.ceil(len(ticks) / MAX_PLOTTED_SAMPLES))]
         label = p["load_point"] + (f" {p['workload']}" if several["workload"] else "") + (
             f" (launch {int(p.get('repeat', 0)) + 1})" if several["repeat"] else ""
