@@ -9,9 +9,10 @@ from pathlib import Path
 
 from test_compare_report import make_run
 
+from compare.analysis.declared_settings import declared_settings
 from compare.analysis.parity import Declared, findings, parity_table
 from compare.common.datatypes import SetupReport
-from compare.launch.declared import collect, declared_settings, tokenizer_identity
+from compare.launch.declared import collect, tokenizer_identity
 from compare.launch.launcher import endpoint_report
 from compare.launch.setup_log import parse_log
 from compare.measure.run_dir import RunDir

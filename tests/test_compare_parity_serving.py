@@ -21,11 +21,11 @@ from adapters import ADAPTERS
 from adapters.launch_spec import ModelSource, Variant
 from adapters.prometheus import info_settings
 from adapters.vllm import VLLM_INFO_METRICS, non_default_args
+from compare.analysis.declared_settings import declared_settings
 from compare.analysis.parity import Declared, findings
 from compare.cli import app
 from compare.common.datatypes import SetupReport
 from compare.launch.backend_launch import make_launcher
-from compare.launch.declared import declared_settings
 from compare.launch.serving_match import plan_match, serving_match_lines
 from compare.launch.setup_log import parse_log
 from compare.measure.run_dir import RunDir

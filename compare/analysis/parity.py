@@ -6,9 +6,10 @@ parallel, GPU memory fraction, prefix caching, CUDA graphs, the KV block size (s
 the kernel's choice, not a serving limit).
 
 A comparison is only of backends when the settings are equal; where they differ, part of a difference in
-latency or throughput may be the setting's. The report shows the table and flags each difference; the
-decision says when its winner and runner-up differ. An unknown value is shown as unknown and never counts as
-a difference: only two known values can disagree. Pure: the values come from `compare.launch.declared`.
+latency or throughput may be the setting's. The report shows the table and flags each difference; the decision
+says when its winner and runner-up differ. An unknown value is shown as unknown and never counts as a
+difference: only two known values can disagree. Pure: the values come from
+`compare.analysis.declared_settings`.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from adapters.launch_spec import LaunchSpec
+from compare.launch.declared import setting_flags
 
 #: the settings matched, with their labels (as `compare.analysis.parity` names them)
 MATCHED = {
@@ -55,9 +56,7 @@ class MatchedSetting:
 
 def _explicit(cls: Any, spec: LaunchSpec, setting: str) -> int | None:
     """The value a launch spec already sets (the last of the adapter's flags for it), else None."""
-    from compare.launch.declared import _setting_flags
-
-    value = _setting_flags(cls, spec.command).get(setting)
+    value = setting_flags(cls, spec.command).get(setting)
     if value is None and setting == "api_servers" and "--no-engine-process" in spec.command:
         return 1  # our server in one process has one front end
     try:
