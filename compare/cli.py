@@ -243,8 +243,9 @@ def diff(
 ) -> None:
     """Compare two runs point by point: change in each latency median, its interval, and whether it is
     significant (Mann-Whitney U, Holm-corrected), plus the change in throughput."""
-    from compare.analysis.diff import diff_runs, to_markdown
+    from compare.analysis.diff import diff_runs
     from compare.measure.run_dir import RunDir
+    from compare.report.diff_markdown import to_markdown
 
     try:
         a, b = RunDir.open(run_a), RunDir.open(run_b)

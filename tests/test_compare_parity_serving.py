@@ -284,7 +284,7 @@ def test_imported_results_of_another_workload_are_never_ranked(tmp_path):
 
 
 def test_model_names_are_compared_by_their_last_part():
-    from compare.measure.importers import same_model
+    from compare.analysis.import_parity import same_model
 
     assert same_model("/tmp/ckpt-llama-3.2-1b", "meta-llama/Llama-3.2-1B") is True
     assert same_model("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m") is True

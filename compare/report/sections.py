@@ -30,13 +30,13 @@ from compare.analysis.caveats import (
 from compare.analysis.confidence import Qualifier, legend
 from compare.analysis.costs import add_normalized
 from compare.analysis.declared_settings import declared_settings, forced_lengths
+from compare.analysis.import_parity import ImportParity, import_parity
 from compare.analysis.metrics import LATENCY, WINDOW_DEFINITION, request_table, summarize
 from compare.analysis.parity import Declared, Finding, findings, parity_table
 from compare.analysis.selection import break_even_rows, capacity_picks, qualify, selection, touches_a_verdict
 from compare.analysis.turns import TURN, turn_table, write_turns
 from compare.common.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.launch.serving_match import serving_match_lines
-from compare.measure.importers import ImportParity, import_parity
 from compare.measure.run_dir import RunDir
 from compare.report import plots
 from workloads import timing
