@@ -76,7 +76,8 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
 
 def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     """Analyse `run_dir` and write its reports; the analysis."""
-    from compare.report.sections import analyze, write_reports
+    from compare.analysis.results import analyze
+    from compare.report.write import write_reports
 
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)

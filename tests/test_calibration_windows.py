@@ -202,9 +202,9 @@ def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, s
 
 
 def test_report_writes_an_unbounded_end_as_such():
-    from compare.report.sections import _ci
+    from compare.report.blocks import with_interval
 
     row = pd.Series({"x": 10.0, "x_lo": 9.0, "x_hi": math.inf, "y": 5.0, "y_lo": -math.inf, "y_hi": math.inf})
-    assert _ci(row, "x") == "10.0 [9.0–unbounded]" and _ci(row, "y") == "5.0 [unbounded]"
+    assert with_interval(row, "x") == "10.0 [9.0–unbounded]" and with_interval(row, "y") == "5.0 [unbounded]"
     row = pd.Series({"x": 10.0, "x_lo": math.nan, "x_hi": math.nan})
-    assert _ci(row, "x") == "10.0"
+    assert with_interval(row, "x") == "10.0"

@@ -10,8 +10,9 @@ import pytest
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
 from compare.analysis.diff import diff_runs
+from compare.analysis.results import analyze
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, write_reports
+from compare.report.write import write_reports
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync
 from workloads.schedule import ClosedLoop, OpenLoop

@@ -11,12 +11,13 @@ from test_compare_report import make_run
 
 from compare.analysis.declared_settings import declared_settings
 from compare.analysis.parity import Declared, findings, parity_table
+from compare.analysis.results import analyze
 from compare.common.datatypes import SetupReport
 from compare.launch.declared import collect, tokenizer_identity
 from compare.launch.launcher import endpoint_report
 from compare.launch.setup_log import parse_log
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, write_reports
+from compare.report.write import write_reports
 from workloads.scripted_server import scripted_server
 
 DATA = Path(__file__).parent / "data"

@@ -23,13 +23,14 @@ from adapters.prometheus import info_settings
 from adapters.vllm import VLLM_INFO_METRICS, non_default_args
 from compare.analysis.declared_settings import declared_settings
 from compare.analysis.parity import Declared, findings
+from compare.analysis.results import analyze
 from compare.cli import app
 from compare.common.datatypes import SetupReport
 from compare.launch.backend_launch import make_launcher
 from compare.launch.serving_match import plan_match, serving_match_lines
 from compare.launch.setup_log import parse_log
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, write_reports
+from compare.report.write import write_reports
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent

@@ -17,11 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from compare.analysis.metrics import summarize
+from compare.analysis.results import analyze
 from compare.cli import app
 from compare.common.datatypes import Phase, SetupReport
 from compare.measure.importers import import_file
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, write_reports
+from compare.report.write import write_reports
 from workloads.records import RecordWriter, RequestRecord, RunSummary
 
 GIB = 2**30

@@ -266,13 +266,13 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
 def test_capacity_sentences_never_claim_more_than_the_points_show():
     """Too few requests a point for a p99: the capacity is undetermined (and says how many it takes), never
     'holds'; a decided one states its bracket and the rates left undetermined above it."""
-    from compare.report.sections import _capacity_row, _capacity_sentence
+    from compare.report.sweep_section import capacity_row, capacity_sentence
 
     slo = {"ttft": 0.05}
     few = capacity.Capacity(0.0, 20.0, 99, smallest_n=16, undetermined=[10.0])
-    text = _capacity_sentence(few, slo)
+    text = capacity_sentence(few, slo)
     assert "undetermined" in text and "16 requests" in text and "299" in text and "holds" in text
-    assert _capacity_row("a", "w", few, slo)[2] == "undetermined"
+    assert capacity_row("a", "w", few, slo)[2] == "undetermined"
     found = capacity.Capacity(10.0, 20.0, 99, smallest_n=400, undetermined=[15.0])
-    text = _capacity_sentence(found, slo)
+    text = capacity_sentence(found, slo)
     assert text.startswith("capacity under the SLO 10 requests/s") and "undetermined at 15" in text

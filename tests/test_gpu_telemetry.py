@@ -24,11 +24,12 @@ from typer.testing import CliRunner
 import compare.cli as cli
 from compare.analysis import gpu_energy
 from compare.analysis.gpu_energy import Window, gpu_energy_j, window_columns
+from compare.analysis.results import analyze
 from compare.cli import app
 from compare.launch.launcher import ProcessLauncher, ServerProcess
 from compare.measure.gpu_sampling import open_telemetry
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, write_reports
+from compare.report.write import write_reports
 from workloads.records import RecordWriter, RequestRecord
 from workloads.scripted_server import ScriptedSchedule, scripted_server
 

@@ -136,7 +136,7 @@ def test_without_ray_nothing_imports_it():
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from compare.cli import app\n"
-        "import compare.report.sections, compare.measure.run_dir, workloads.loadgen\n"
+        "import compare.report.write, compare.measure.run_dir, workloads.loadgen\n"
         "result = CliRunner().invoke(app, ['run', '--help'])\n"
         "assert result.exit_code == 0 and '--ray' in result.output, result.output\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"

@@ -24,11 +24,14 @@ from compare.analysis.confidence import (
     verdict,
 )
 from compare.analysis.costs import break_even
+from compare.analysis.results import analyze
 from compare.analysis.selection import setup_gap, throughput_pick
 from compare.analysis.turns import TURN, turn_table
 from compare.common.datatypes import SetupReport
 from compare.measure.run_dir import RunDir
-from compare.report.sections import analyze, build_blocks, to_markdown, write_reports
+from compare.report.render import to_markdown
+from compare.report.sections import build_blocks
+from compare.report.write import write_reports
 from workloads.records import RecordWriter
 
 
