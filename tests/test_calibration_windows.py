@@ -35,19 +35,10 @@ import pytest
 from window_sim import TOKENS, FifoServer, closed_loop, open_loop
 
 from compare.analysis import selection
-from compare.analysis.metrics import (
-    FULL,
-    STEADY,
-    itl_table,
-    latency_columns,
-    request_table,
-    running_output_rate,
-    summarize,
-    throughput_window,
-    window_samples,
-)
+from compare.analysis.metrics import itl_table, latency_columns, request_table, summarize, window_samples
 from compare.analysis.statistics import quantile_ci, throughput_ci, throughput_ratio_ci
 from compare.analysis.sweep import point_facts
+from compare.common.throughput_window import FULL, STEADY, running_output_rate, throughput_window
 
 CASES = [(16, 4, 0.2), (32, 8, 0.4)]  # (concurrency, slots, service s): 20 requests/s each
 

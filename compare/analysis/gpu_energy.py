@@ -34,7 +34,7 @@ COLUMNS = (
 @dataclass(frozen=True)
 class Window:
     """One run of a load point: its throughput window on the samples' clock, and the output tokens of its ok
-    requests that the window counts (`compare.analysis.metrics.throughput_window`)."""
+    requests that the window counts (`compare.common.throughput_window.throughput_window`)."""
 
     run_id: str
     start: float

@@ -7,22 +7,7 @@ statistics with intervals (`compare.analysis.statistics`), throughput over the t
 offered against achieved rate, client lag and the token-count cross-checks. Warm-up requests are never
 counted.
 
-Throughput window (`throughput_window`, `WINDOW_DEFINITION`): every rate of a point (output and input
-tokens/s, requests/s, goodput), its interval and its GPU energy count only the time in which measured
-requests alone keep the server busy. It runs from the first token of the concurrency-th measured request to
-begin its output (closed loop; by then every worker has sent a measured request, so every warm-up request
-has ended), or from the first measured request's end (open loop: its warm-up ends before the schedule
-starts, and the server starts empty), to the first token of the last measured request (until then measured
-requests are waiting or in hand; after it the load drains).
-Each ok request counts the share of its output span (first token to end; send to end without a token) that
-lies inside the window, and its tokens likewise, as if they arrived evenly over the span (token arrivals, as
-SGLang's and vLLM's benchmarks count them, approximated from the request table); a rate is that sum over the
-window's length. By Little's law this is the pace at which requests pass through decoding, whatever the
-queue before it (a saturated open loop reads the server's pace, not the offered rate), and it does not
-depend on where the window's ends fall among completions that finish together (a batch), which a count of
-completions would. A run too short for such a window (fewer than `MIN_STEADY_COMPLETIONS` ends inside it)
-uses the first measured send to the last end instead, every request wholly counted; summary.csv's `window`
-column says which (`steady`, `full`, or `imported`: the other tool's own duration).
+The throughput window every rate is counted over is defined in `compare/common/throughput_window.py`.
 """
 
 from __future__ import annotations
@@ -45,9 +30,14 @@ from compare.analysis.statistics import (
     describe,
     quantile_ci,
     throughput_ci,
-    time_shares,
 )
 from compare.common.datatypes import PointInfo, point_info_from_label
+from compare.common.throughput_window import (
+    IMPORTED,
+    ThroughputWindow,
+    concurrency_of,
+    throughput_window,
+)
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
@@ -266,98 +256,10 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     return pd.DataFrame({"row": np.repeat(owner, k), "gap_s": np.repeat(gaps / k, k)})
 
 
-WINDOW_DEFINITION = (
-    "over the steady window: from the first token of the concurrency-th measured request to begin its "
-    "output (closed loop: by then every warm-up request has ended; open loop: from the first request's end) "
-    "to the first token of the last, so the warm-up's tail, the ramp and the drain are not counted. Each ok "
-    "request counts the share of its output span (first token to end) inside the window, with its tokens "
-    "as if they arrived evenly over the span, over the window's length. summary.csv `window`: steady, or "
-    "full where a point is too short for one (first send to last end). Its interval, and the throughput "
-    "decision's, come from the rate's variation over time: the window cut into up to 10 equal sub-windows "
-    "(batch means) and a t interval"
-)
-STEADY = "steady"  # the `window` column: the steady window (module doc)
-FULL = "full"  # too short for one, or no full load: first send to last end, every request counted
-IMPORTED = "imported"  # imported results: the other tool's own benchmark duration
-MIN_STEADY_COMPLETIONS = 2  # a steady window in which fewer requests end than this is not used
-
-
-@dataclass(frozen=True)
-class ThroughputWindow:
-    """The window a point's rates are counted over, [start, end], and which kind it is (`STEADY`, `FULL`)."""
-
-    start: float
-    end: float
-    kind: str
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start if self.end > self.start else np.nan
-
-    def shares(self, begin_s: Iterable[float], end_s: Iterable[float]) -> np.ndarray:
-        """Per request, the share of its output span (`output_begin`: first token to end) inside the window
-        (`time_shares`); 0 for a request not finished."""
-        return time_shares(_floats(begin_s), _floats(end_s), self.start, self.end)
-
-
 def output_begin(requests: pd.DataFrame) -> np.ndarray:
     """Where each request's output span begins: its first token (send + TTFT), or its send without one."""
     sends = requests["send_s"].to_numpy(dtype=float)
     return sends + np.nan_to_num(requests["ttft_s"].to_numpy(dtype=float), nan=0.0)
-
-
-def _floats(values: Iterable[float]) -> np.ndarray:
-    return values.to_numpy(dtype=float) if isinstance(values, pd.Series) else np.asarray(list(values), float)
-
-
-def throughput_window(
-    send_s: Iterable[float],
-    end_s: Iterable[float],
-    concurrency: int | None = None,
-    now: float | None = None,
-    begin_s: Iterable[float] | None = None,
-) -> ThroughputWindow:
-    """The throughput window of one run of a point from its measured requests' send, end and output-begin
-    times (`output_begin`: first token; the sends when not given), warm-up requests excluded, on the clock
-    of the times given (module doc: `WINDOW_DEFINITION`).
-
-    Steady: from the `concurrency`-th output begin (closed loop) to the last. The concurrency-th begin is
-    never before the concurrency-th send, when each worker has sent its first measured request and so every
-    warm-up request has ended (a worker sends its first measured request when its last warm-up one ends),
-    and from then on the server holds `concurrency` measured requests; until the last measured request
-    begins its output the server has measured work waiting or in hand, and after it the load drains. An open
-    loop (`concurrency` None; its warm-up ends before its schedule starts) starts empty, so its window opens
-    at its first end, not its first begin: before it the outputs begun before the window, which a loaded
-    server would hold, are missing, and the rate would read low by about half an output span over the
-    window.
-
-    Fallback (`FULL`): where fewer than `MIN_STEADY_COMPLETIONS` requests end inside the steady window (a
-    point too short, or a closed loop with fewer requests than its concurrency), the first measured send to
-    the last end (or `now`)."""
-    sends = _floats(send_s)
-    begins = np.sort(sends if begin_s is None else _floats(begin_s))
-    ends = _floats(end_s)
-    sends, begins, ends = sends[np.isfinite(sends)], begins[np.isfinite(begins)], ends[np.isfinite(ends)]
-    if not sends.size:
-        return ThroughputWindow(np.nan, np.nan, FULL)
-    if concurrency is None:  # not before the first output has ended: an empty server's start
-        full_from = max(begins[0], ends.min()) if begins.size and ends.size else np.nan
-    elif 1 <= concurrency <= begins.size:
-        full_from = begins[concurrency - 1]
-    else:
-        full_from = np.nan
-    if np.isfinite(full_from):
-        inside = (ends >= full_from) & (ends <= begins[-1])
-        if begins[-1] > full_from and inside.sum() >= MIN_STEADY_COMPLETIONS:
-            return ThroughputWindow(float(full_from), float(begins[-1]), STEADY)
-    end = now if now is not None else (ends.max() if ends.size else np.nan)
-    return ThroughputWindow(float(sends.min()), float(end), FULL)
-
-
-def concurrency_of(load_point: str, info: PointInfo | None = None) -> int | None:
-    """The closed loop's concurrency of a point, None for an open loop or trace (`throughput_window`)."""
-    info = info or point_info_from_label(str(load_point))
-    return info.concurrency if info.mode == "closed" else None
 
 
 def window_of(requests: pd.DataFrame, concurrency: int | None = None) -> ThroughputWindow:
@@ -393,28 +295,6 @@ def window_rate(requests: pd.DataFrame, amount: str | None = "output_tokens") ->
 def window_samples(requests: pd.DataFrame, amount: str | None = "output_tokens") -> list[WindowSample]:
     """`window_sample` of each run (`run_id`) of a point's measured requests."""
     return [window_sample(part, amount) for _, part in requests.groupby("run_id", sort=False)]
-
-
-def running_output_rate(records: Iterable[RequestRecord], now: float) -> float:
-    """Output tokens/s of a point still running, as the summary will count it: the measured ok requests'
-    output tokens over its throughput window so far (a steady window once one exists, else the first send
-    to `now`; record time base: each record's t0_monotonic plus its offsets). At the point's last end it is
-    the summary's output_tok_s."""
-    sends, begins, ends, tokens, concurrency = [], [], [], [], None
-    for r in records:
-        if r.warmup or r.send_s is None:
-            continue
-        concurrency = concurrency_of(r.load_point)
-        sends.append(r.t0_monotonic + r.send_s)
-        begins.append(sends[-1] + (timing.ttft(r) or 0.0))
-        ends.append(np.nan if r.end_s is None else r.t0_monotonic + r.end_s)
-        tokens.append(r.output_tokens if r.error_kind is None and r.end_s is not None else 0)
-    window = throughput_window(sends, ends, concurrency, None, begins)
-    if window.kind != STEADY:
-        window = ThroughputWindow(window.start, now, FULL)
-    counted = float((np.asarray(tokens, dtype=float) * window.shares(begins, ends)).sum()) if sends else 0.0
-    seconds = window.seconds
-    return counted / seconds if np.isfinite(seconds) and seconds > 0 else np.nan
 
 
 # -- statistics -------------------------------------------------------------------------------------------

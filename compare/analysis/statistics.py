@@ -18,6 +18,8 @@ from itertools import pairwise
 import numpy as np
 from scipy import stats
 
+from compare.common.throughput_window import time_shares
+
 PERCENTILES = (50, 90, 95, 99)
 CI_LEVEL = 0.95
 N_BOOT = 1000
@@ -211,7 +213,7 @@ def _usable(tokens: np.ndarray, busy_s: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 @dataclass(frozen=True)
 class WindowSample:
-    """What a throughput window (`compare.analysis.metrics.throughput_window`) counts of one run: each
+    """What a throughput window (`compare.common.throughput_window.throughput_window`) counts of one run: each
     finished ok request's output span (first token to end; send to end without a token), amount (output
     tokens, or 1 for requests/s), and the window (start, end). A request counts the share of its span that
     lies inside the window (`time_shares`), as if its tokens arrived evenly over it."""
@@ -231,16 +233,6 @@ class WindowSample:
         """The amount the window counts: each request's amount times its share inside the window."""
         shares = time_shares(self.begin_s, self.end_s, self.start, self.end)
         return float((np.asarray(self.amounts, dtype=float) * shares).sum())
-
-
-def time_shares(begin_s: np.ndarray, end_s: np.ndarray, start: float, end: float) -> np.ndarray:
-    """Per request, the share of its span (begin to end) that falls within [start, end]; a span of no
-    length counts wholly when it ends inside. NaN times count nothing."""
-    sends, ends = np.asarray(begin_s, dtype=float), np.asarray(end_s, dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        inside = np.clip(np.minimum(ends, end) - np.maximum(sends, start), 0.0, None)
-        share = np.where(ends > sends, inside / (ends - sends), ((ends >= start) & (ends <= end)) * 1.0)
-    return np.nan_to_num(share, nan=0.0)
 
 
 MAX_BATCHES = 10  # a window is cut into at most this many sub-windows, ...

@@ -436,7 +436,7 @@ class _Point:
     ) -> bool:
         """Run the point with its progress shown; True when it was interrupted. `source`: its prompts, a list
         or a `PromptStream` (`_Prompts`)."""
-        from compare.analysis.metrics import running_output_rate
+        from compare.common.throughput_window import running_output_rate
         from workloads.loadgen import PointJob, Timeouts
         from workloads.records import read_run_summaries
 

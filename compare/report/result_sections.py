@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compare.analysis.metrics import LATENCY, WINDOW_DEFINITION
+from compare.analysis.metrics import LATENCY
 from compare.analysis.results import Results
 from compare.analysis.turns import TURN
 from compare.common.datatypes import ARRIVAL_DRIVEN, key_of
+from compare.common.throughput_window import WINDOW_DEFINITION
 from compare.report.blocks import Block, number, with_interval
 from compare.report.charts import make_plots
 
