@@ -35,7 +35,7 @@ from typer.core import TyperCommand
 from compare import terminal
 from compare.common.exit_codes import EXIT_USAGE
 from compare.common.text import plural
-from compare.measure.loop import Watcher
+from compare.measure.watcher import Watcher
 from compare.plan.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
 from compare.terminal import console_watcher
 

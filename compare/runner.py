@@ -16,7 +16,8 @@ from typing import Any
 from rich.markup import escape
 
 from compare.common.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from compare.measure.loop import Watcher, measure
+from compare.measure.loop import measure
+from compare.measure.watcher import Watcher
 from compare.plan.run_options import RunPlan
 
 
@@ -45,7 +46,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     with _interruptible():
         try:
             outcome.code = (
-                _measure_on_ray(plan, run_dir, watcher) if plan.ray else measure(plan, run_dir, watcher)
+                _measure_on_ray(plan, run_dir, watcher) if plan.ray else _measure(plan, run_dir, watcher)
             )
         except KeyboardInterrupt:
             outcome.code = EXIT_INTERRUPTED
@@ -82,6 +83,14 @@ def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
     return results
+
+
+def _measure(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+    """The measuring loop here, its load points proposed by the plan's source (a sweep chooses them as it
+    goes, from the analysis of those measured)."""
+    from compare.analysis.load_search import point_source
+
+    return measure(plan, run_dir, watcher, points=point_source(plan))
 
 
 def _measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:

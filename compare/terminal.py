@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Column, Table
 
-from compare.measure.loop import ShowProgress, ShowStatus, Watcher
+from compare.measure.watcher import ShowProgress, ShowStatus, Watcher
 
 
 def console_watcher(console: Console) -> Watcher:

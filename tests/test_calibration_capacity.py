@@ -146,7 +146,7 @@ LIVE = [  # slots, mean service time, its distribution, arrivals, seed
 def test_sweep_and_capacity_bracket_the_known_capacity(
     tmp_path, slots: int, service_s: float, distribution: str, arrival: str, seed: int
 ) -> None:
-    from compare.measure.loop import Watcher
+    from compare.measure.watcher import Watcher
     from compare.plan.build import build_plan
     from compare.runner import run_plan
 
@@ -203,7 +203,7 @@ def test_capacity_points_are_sized_so_that_their_percentile_can_be_decided(tmp_p
     the search is raised to that many, with its prompts, and the manifest records the raised bounds; the
     closed loops keep the asked size."""
     from compare.analysis.statistics import min_n_for_bound
-    from compare.measure.loop import Watcher
+    from compare.measure.watcher import Watcher
     from compare.plan.build import build_plan
     from compare.runner import run_plan
 

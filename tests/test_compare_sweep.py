@@ -13,8 +13,9 @@ import pytest
 from checkpoints import make_tokenizer
 
 from compare.analysis import capacity, sweep
-from compare.analysis.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
-from compare.measure.loop import Watcher
+from compare.analysis.load_search import MAX_BISECTIONS, Sweep, next_rate, sweep_rates
+from compare.analysis.sweep import PointFacts, first_saturated, knee, saturation
+from compare.measure.watcher import Watcher
 from compare.plan.build import build_plan
 from compare.runner import run_plan
 from workloads.scripted_server import ScriptedSchedule, scripted_server
@@ -109,7 +110,7 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
         over = schedule.rate > 30
         return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
 
-    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant", seed=7))
+    driver = Sweep(4, "linear", 16, OpenLoop(1.0, "constant", seed=7))
     points = driver.run(measure)
     rates = [p.offered_rps for p in points[2:]]
     assert asked[:2] == [ClosedLoop(1), ClosedLoop(16)]
@@ -118,7 +119,7 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
     seeds = [s.seed for s in asked[2:]]
     assert len(set(seeds)) == len(seeds) and 7 not in seeds
     assert seeds == [point_seed(7, k) for k in range(2, 2 + len(seeds))]  # the place in the sweep's order
-    failed = sweep.Sweep(4, "linear", 16, OpenLoop(1.0)).run(
+    failed = Sweep(4, "linear", 16, OpenLoop(1.0)).run(
         lambda s: point(None, math.nan, math.nan, concurrency=getattr(s, "concurrency", 0), failed=1.0)
     )
     assert len(failed) == 2  # nothing was served: no rate to sweep
@@ -130,17 +131,17 @@ H, M, U = capacity.HOLDS, capacity.MISSES, capacity.UNDETERMINED
 def test_capacity_bracket_and_bisection():
     verdicts = [(10.0, H), (20.0, H), (30.0, M), (25.0, H), (40.0, M)]
     assert capacity.bracket(verdicts) == (25.0, 30.0)
-    assert capacity.next_rate(verdicts, 0.1) == pytest.approx(27.5)
-    assert capacity.next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
+    assert next_rate(verdicts, 0.1) == pytest.approx(27.5)
+    assert next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
     assert capacity.bracket([(10.0, H), (20.0, H)]) == (20.0, None)
-    assert capacity.next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
+    assert next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
     # a rate that met the SLO above the lowest miss (noise) does not widen the bracket upwards
     assert capacity.bracket([(10.0, H), (20.0, M), (30.0, H)]) == (10.0, 20.0)
     # an undetermined rate is neither end: the bracket stays, and the search splits the widest gap around it
     assert capacity.bracket([(10.0, H), (20.0, U), (40.0, M)]) == (10.0, 40.0)
-    assert capacity.next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
-    assert capacity.next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
-    assert capacity.next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
+    assert next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
+    assert next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
+    assert next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
 
 
 def test_capacity_verdicts_from_distribution_free_bounds():
@@ -219,7 +220,7 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     # (which no bisection can decide) is at most a tenth of the upper end, unless the search ran out of points
     inside = sorted({result.lo, result.hi, *(r for r in result.undetermined if result.lo < r < result.hi)})
     widest = max(b - a for a, b in itertools.pairwise(inside))
-    assert widest <= 0.1 * result.hi or len(rates) - (stop + 1) >= capacity.MAX_BISECTIONS, (result, rates)
+    assert widest <= 0.1 * result.hi or len(rates) - (stop + 1) >= MAX_BISECTIONS, (result, rates)
     # the truth lies in the bracket, widened by the precision (and the machine's own overhead per request,
     # which only lowers the capacity)
     assert result.lo - result.width <= TRUE_CAPACITY <= result.hi + result.width

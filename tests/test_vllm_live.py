@@ -98,7 +98,7 @@ def test_sweep_and_capacity_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     closed loops first, then open-loop rates upwards until one saturates (or the extra rates run out), then
     only bisection below it; the report states each point's role and the capacity found under a loose SLO."""
     from compare.analysis import capacity, sweep
-    from compare.measure.loop import Watcher
+    from compare.measure.watcher import Watcher
     from compare.plan.build import build_plan
     from compare.runner import run_plan
 

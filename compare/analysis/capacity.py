@@ -1,5 +1,5 @@
-"""`compare run --capacity`: the highest request rate at which a backend meets `--slo`, found by bisection
-over open-loop rates, reusing the points its sweep measured.
+"""`compare run --capacity`: the highest request rate at which a backend meets `--slo`, judged from the points
+measured (the search that chooses them: `compare/analysis/load_search.py`).
 
 Each point gets a **verdict** (`point_verdict`): for every metric the SLO names, the `--capacity-percentile`
 (p99 by default) of the population its requests were drawn from is judged by
@@ -14,26 +14,21 @@ is not a rate it serves), and is undetermined otherwise. Fewer than `statistics.
 undetermined, and the search says so rather than guessing.
 
 The **bracket** is [lo, hi): hi the lowest measured rate that misses the SLO, lo the highest rate below hi
-at which it holds (0 when none does); undetermined rates in between are listed. The next rate measured is
-the midpoint of the widest gap between lo, the undetermined rates inside the bracket and hi, until every gap
-is <= `--capacity-precision` x hi or `MAX_BISECTIONS` points were added; without points large enough to show
-a hold there is nothing to bisect. The capacity is lo: a rate at which the SLO was shown to hold with 95 %
-confidence.
+at which it holds (0 when none does); undetermined rates in between are listed. The capacity is lo: a rate
+at which the SLO was shown to hold with 95 % confidence.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from compare.analysis.statistics import CI_LEVEL, min_n_for_bound, quantile_ci, slo_verdict
-from compare.analysis.sweep import PointFacts, Sweep, saturation
+from compare.analysis.sweep import PointFacts, saturation
 
-MAX_BISECTIONS = 6  # points a search adds after the sweep
 FAILED_VALUE = 1e300  # a failed request's value of every SLO metric: beyond any limit (finite, so counted)
 HOLDS, MISSES, UNDETERMINED = "holds", "misses", "undetermined"
 
@@ -74,20 +69,6 @@ def bracket(verdicts: list[tuple[float, str]]) -> tuple[float, float | None]:
     hi = min(misses) if misses else None
     lo = max((rate for rate, v in verdicts if v == HOLDS and (hi is None or rate < hi)), default=0.0)
     return lo, hi
-
-
-def next_rate(verdicts: list[tuple[float, str]], precision: float) -> float | None:
-    """The rate to measure next: the midpoint of the widest gap between the bracket's ends and the rates left
-    undetermined inside it (the higher gap on a tie); None when every gap is narrow enough
-    (<= `precision` x hi) or the bracket is open above."""
-    lo, hi = bracket(verdicts)
-    if hi is None:
-        return None
-    inside = sorted({lo, hi, *(rate for rate, v in verdicts if v == UNDETERMINED and lo < rate < hi)})
-    width, start = max((b - a, a) for a, b in itertools.pairwise(inside))
-    if width <= precision * hi:
-        return None
-    return start + width / 2
 
 
 @dataclass
@@ -147,29 +128,3 @@ def _interval(values: np.ndarray, q: int) -> tuple[float, float, float, int]:
         return math.nan, math.nan, math.nan, 0
     lo, hi = quantile_ci(values, q / 100, CI_LEVEL)
     return float(np.percentile(values, q)) * 1e3, lo * 1e3, hi * 1e3, int(values.size)
-
-
-def search(
-    sweep: Sweep, measure: Callable, slo: Mapping[str, float], q: int, precision: float
-) -> list[PointFacts]:
-    """Bisect after `sweep` has run: measure midpoints of the bracket with `measure` until it is narrow
-    enough; the sweep's and the search's points."""
-    points = sweep.measured
-    sync = next((p for p in points if p.concurrency == 1 and p.offered_rps is None), None)
-    if sync is None or point_verdict(sync, sync, slo, q) == MISSES:
-        return points  # the SLO fails with one request at a time: no rate meets it
-    done = {p.offered_rps for p in points}
-    for _ in range(MAX_BISECTIONS):
-        opened = [p for p in points if p.offered_rps is not None]
-        if not any(p.sent >= min_n_for_bound(q / 100) for p in opened):
-            break  # no point is large enough to show the SLO holds: bisecting cannot narrow anything
-        verdicts = [(float(p.offered_rps), point_verdict(p, sync, slo, q)) for p in opened]  # type: ignore[arg-type]
-        rate = next_rate(verdicts, precision)
-        if rate is None:
-            break
-        schedule = sweep.open_loop(rate)
-        if schedule.rate in done:  # rounding met a rate already measured: the bracket is as narrow as labels
-            break
-        done.add(schedule.rate)
-        points.append(measure(schedule))
-    return points

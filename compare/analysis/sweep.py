@@ -1,15 +1,7 @@
-"""`compare run --sweep`: the load points of one backend chosen from its own measurements, and the rules that
-read a sweep (saturation, knee).
-
-A sweep starts with two closed loops: concurrency 1 (the synchronous point, the latency of an idle server)
-and `--sweep-concurrency` (the saturating point: more requests in flight than the backend can batch, so its
-throughput is the most the backend serves). A closed loop is chosen over an unbounded open-loop rate because
-it measures that maximum without building a queue that grows with the point's length. From their request
-throughputs (ok requests over the measured window) come `--sweep-points` open-loop rates, spaced
-geometrically or linearly from the synchronous throughput to `BEYOND` x the saturating one, so the last rate
-offers more than the backend served. They are run in increasing order; the first point at which the backend
-is saturated ends the sweep. Should none be, up to `MAX_EXTRA` more rates, each `EXTRA_STEP` x the last, are
-tried, so a sweep ends at a saturated point unless the saturating closed loop underestimated the backend.
+"""The rules that read a sweep's points (`compare run --sweep`): the facts of a measured point
+(`PointFacts`), whether it shows a saturated backend, the knee, and the most served. The sweep applies them
+as it runs to choose its next point (`compare/analysis/load_search.py`); the report applies them again from
+the run directory alone (`sweep_of`).
 
 An open-loop point is **saturated** (`saturation`) when any of the following holds. Each compares the point
 with what it actually sent, never with the nominal rate alone (a point's own draw of arrivals can send at
@@ -39,26 +31,19 @@ in a closed loop, and an open-loop point below the saturation may have served mo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from workloads.schedule import ClosedLoop, OpenLoop, Schedule, point_seed
-
 RATE_SHORTFALL = 0.10  # saturated: completions below 90 % of the rate of sends, beyond chance
 SATURATION_LEVEL = 0.01  # one-sided level of the saturation tests: how rarely one fires far below capacity
 TTFT_GROWTH = 4.0  # saturated: TTFT p50 above 4 x the synchronous one, and rising within the point
 KNEE_TTFT = 2.0  # knee: TTFT p50 within 2 x the synchronous one
 FAILED_SHARE = 0.10  # saturated: a tenth of the requests failed
-BEYOND = 1.25  # the last planned rate: 1.25 x the saturating closed loop's throughput
-EXTRA_STEP = 1.5  # no saturation by then: each further rate 1.5 x the last ...
-MAX_EXTRA = 3  # ... at most this many
-
-
 SLO_METRICS = ("ttft", "e2e", "tpot")  # what an SLO can name (`compare.plan.run_options.SLO_KEYS`)
 
 
@@ -216,57 +201,6 @@ def first_saturated(points: list[PointFacts], sync: PointFacts) -> tuple[PointFa
         if reason:
             return p, reason
     return None
-
-
-def sweep_rates(sync_rps: float, saturating_rps: float, n: int, spacing: str) -> list[float]:
-    """`n` rates above the synchronous throughput, the last `BEYOND` x the saturating one. A backend that
-    serves no more at high concurrency than at one (nothing to sweep between) gets rates from half its
-    throughput up."""
-    hi = BEYOND * max(saturating_rps, sync_rps)
-    lo = sync_rps if saturating_rps > 1.1 * sync_rps else hi / 2
-    if spacing == "linear":
-        return [lo + (hi - lo) * i / n for i in range(1, n + 1)]
-    return [lo * (hi / lo) ** (i / n) for i in range(1, n + 1)]
-
-
-@dataclass
-class Sweep:
-    """The adaptive sweep of one backend and workload: `run(measure)` measures each point it chooses with
-    `measure(schedule) -> PointFacts` and returns them in the order run."""
-
-    points: int
-    spacing: str
-    concurrency: int
-    template: OpenLoop  # arrival, burstiness, seed, max_concurrency of the open-loop points
-    measured: list[PointFacts] = field(default_factory=list)
-
-    def run(self, measure: Callable[[Schedule], PointFacts]) -> list[PointFacts]:
-        sync = self._do(measure, ClosedLoop(1))
-        top = self._do(measure, ClosedLoop(self.concurrency))
-        if not sync.throughput_rps > 0:  # nothing served one at a time (every request failed): no rates
-            return self.measured
-        most = top.throughput_rps if top.throughput_rps > 0 else sync.throughput_rps
-        rates = sweep_rates(sync.throughput_rps, most, self.points, self.spacing)
-        extra = 0
-        while rates:
-            point = self._do(measure, self.open_loop(rates.pop(0)))
-            if saturation(point, sync):
-                break
-            if not rates and extra < MAX_EXTRA:
-                extra += 1
-                rates.append(EXTRA_STEP * (point.offered_rps or 0.0))
-        return self.measured
-
-    def open_loop(self, rate: float) -> OpenLoop:
-        """The next point at `rate` (a short label, r=12.35), its arrivals a draw of their own: seeded from
-        the template's (the run's) seed and the point's place in the sweep's order."""
-        return replace(self.template, rate=float(f"{rate:.4g}"),
-                       seed=point_seed(self.template.seed, len(self.measured)))
-
-    def _do(self, measure: Callable[[Schedule], PointFacts], schedule: Schedule) -> PointFacts:
-        facts = measure(schedule)
-        self.measured.append(facts)
-        return facts
 
 
 def sweep_of(summary: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple[str, str, str], list[PointFacts]]:

@@ -21,7 +21,8 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-from compare.measure.loop import Watcher, measure
+from compare.measure.loop import measure
+from compare.measure.watcher import Watcher
 from compare.plan.run_options import RunPlan
 
 LOCAL = "local"
