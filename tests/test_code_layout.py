@@ -1,14 +1,15 @@
 """The comparator's packages import one way, compare -> workloads -> adapters, with no import cycle among
-their modules, and the engine imports none of them (imports inside functions count; those under
-`if TYPE_CHECKING:` do not, as they never run). Functions stay short enough to read: at most 100 lines and
-8 parameters; `compare/cli.py` only parses, prints and calls the runner."""
+their modules, and the engine imports none of them; inside `compare/`, no module imports from a later stage
+of the run (`STAGES`). Imports inside functions count; those under `if TYPE_CHECKING:` do not, as they never
+run. Functions stay short enough to read: at most 100 lines and 8 parameters; `compare/cli.py` only parses,
+prints and calls the runner."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from test_engine_layout import cycles
+from test_engine_layout import _runtime_nodes, cycles
 from test_engine_layout import import_graph as package_import_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,6 +18,11 @@ PACKAGES = (*CHECKED, "reference_engine")
 MAX_FUNCTION_LINES = 100
 MAX_PARAMETERS = 8
 MAX_CLI_LINES = 400
+#: `compare/`'s stages in the order a run goes through them, each a package; a module may import from its own
+#: stage and the earlier ones, never from a later one. `common` (types, text, exit codes, devices, the
+#: throughput window) lies beneath them all; the top-level modules (`TOP`: cli, runner, terminal) above.
+STAGES = ("common", "plan", "launch", "measure", "analysis", "report")
+TOP = "top"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -49,6 +55,27 @@ def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return len([n for n in names if n not in ("self", "cls")])
 
 
+def stage_of(module: str) -> str | None:
+    """The stage of a `compare` module (`TOP` for the modules beside the stages' packages); None outside."""
+    parts = module.split(".")
+    if parts[0] != "compare":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else TOP
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    """`module (stage) -> module (later stage)` for every import that points up the stage order."""
+    order = {name: i for i, name in enumerate((*STAGES, TOP))}
+    wrong = []
+    for module, targets in graph.items():
+        here = stage_of(module)
+        for target in sorted(targets):
+            there = stage_of(target)
+            if here is not None and there is not None and order[there] > order[here]:
+                wrong.append(f"{module} ({here}) -> {target} ({there})")
+    return sorted(wrong)
+
+
 def test_no_import_cycle():
     graph = import_graph()
     checked = {m: {t for t in targets if _package(t) in CHECKED} for m, targets in graph.items()
@@ -65,6 +92,32 @@ def test_packages_import_one_way():
     wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in sorted(targets)
              if _package(t) in forbidden.get(_package(m), ())]
     assert wrong == []
+
+
+def test_stages_import_in_order():
+    assert stage_violations(import_graph()) == []
+
+
+def test_every_package_of_compare_is_a_stage():
+    """A new package must take its place in `STAGES`, or the order says nothing about it."""
+    packages = {p.name for p in (ROOT / "compare").iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(STAGES)
+
+
+def test_the_stage_rule_sees_an_import_inside_a_function_and_ignores_one_for_type_checking():
+    code = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from compare.report.blocks import Block\n"
+        "def f():\n"
+        "    from compare.analysis.metrics import summarize\n"
+    )
+    imported = {node.module for node in _runtime_nodes(code) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"typing", "compare.analysis.metrics"}
+    graph = {"compare.measure.point": {"compare.analysis.metrics", "compare.plan.run_options"}}
+    assert stage_violations(graph) == [
+        "compare.measure.point (measure) -> compare.analysis.metrics (analysis)"
+    ]
 
 
 def test_functions_short():
@@ -93,6 +146,8 @@ if __name__ == "__main__":  # prints the numbers and the graph: python tests/tes
     print(f"compare/cli.py: {cli_lines} lines")
     edges = sum(map(len, graph.values()))
     print(f"{len(graph)} modules, {edges} import edges; cycles: {cycles(graph) or 'none'}")
+    print(f"stages of compare/: {' < '.join((*STAGES, TOP))}; "
+          f"imports up the order: {stage_violations(graph) or 'none'}")
     for m in sorted(graph):
         if _package(m) in CHECKED:
             print(f"  {m} -> {', '.join(sorted(graph[m])) or '-'}")
