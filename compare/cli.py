@@ -33,11 +33,11 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from compare import terminal
-from compare.exit_codes import EXIT_USAGE
-from compare.measure import Watcher
-from compare.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
+from compare.common.exit_codes import EXIT_USAGE
+from compare.common.text import plural
+from compare.measure.watcher import Watcher
+from compare.plan.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
 from compare.terminal import console_watcher
-from compare.text import plural
 
 APP_HELP = (
     "Compare LLM serving backends under one load generator: run a comparison and write its reports, "
@@ -130,7 +130,7 @@ def run(**given: Any) -> None:
     SIGTERM (in-flight requests are recorded as cancelled, launched servers stopped, a partial report
     written).
     """
-    from compare.plan import build_plan, run_file_out
+    from compare.plan.build import build_plan, run_file_out
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config, out, n_boot = given.pop("config"), given.pop("out"), given.pop("n_boot")
@@ -179,8 +179,8 @@ app.command(cls=RunCommand, help=reflowed(run.__doc__))(run)
 
 def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
     """Run `plan` with progress bars and messages on the console, then print its summary; the exit code."""
+    from compare.measure.run_dir import default_run_dir
     from compare.runner import run_plan
-    from compare.store import default_run_dir
 
     outcome = run_plan(plan, out or default_run_dir(), ["compare", *sys.argv[1:]], n_boot, _console_watcher())
     if outcome.results is not None:
@@ -224,7 +224,7 @@ def report(
     n_boot: int = typer.Option(1000, help="bootstrap resamples"),
 ) -> None:
     """Rebuild summary.csv, summary.parquet, report.md and report.html from a run directory."""
-    from compare.store import RunDir
+    from compare.measure.run_dir import RunDir
 
     try:
         run = RunDir.open(run_dir)
@@ -243,8 +243,9 @@ def diff(
 ) -> None:
     """Compare two runs point by point: change in each latency median, its interval, and whether it is
     significant (Mann-Whitney U, Holm-corrected), plus the change in throughput."""
-    from compare.diff import diff_runs, to_markdown
-    from compare.store import RunDir
+    from compare.analysis.diff import diff_runs
+    from compare.measure.run_dir import RunDir
+    from compare.report.diff_markdown import to_markdown
 
     try:
         a, b = RunDir.open(run_a), RunDir.open(run_b)
@@ -298,8 +299,8 @@ def import_(
     load_point: str | None = typer.Option(None, help="load point label, e.g. c=8"),
 ) -> None:
     """Read other tools' per-request results into a run directory's tables, beside ours."""
-    from compare.importers import ImportFormatError, import_file
-    from compare.store import IMPORTED, RunDir
+    from compare.measure.importers import ImportFormatError, import_file
+    from compare.measure.run_dir import IMPORTED, RunDir
     from workloads.records import RecordWriter
 
     if (into is None) == (out is None):

@@ -15,9 +15,10 @@ from typing import Any
 
 from rich.markup import escape
 
-from compare.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from compare.measure import Watcher, measure
-from compare.run_options import RunPlan
+from compare.common.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from compare.measure.loop import measure
+from compare.measure.watcher import Watcher
+from compare.plan.run_options import RunPlan
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Outcome:
 def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher: Watcher) -> Outcome:
     """Measure `plan` into the new run directory `out` and write its reports. FileExistsError: `out` is
     taken."""
-    from compare.store import RunDir
+    from compare.measure.run_dir import RunDir
 
     with watcher.wait("creating the run directory (recording the machine, GPUs and library versions)"):
         run_dir = RunDir.create(out, plan.describe(), command)
@@ -45,7 +46,7 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
     with _interruptible():
         try:
             outcome.code = (
-                _measure_on_ray(plan, run_dir, watcher) if plan.ray else measure(plan, run_dir, watcher)
+                _measure_on_ray(plan, run_dir, watcher) if plan.ray else _measure(plan, run_dir, watcher)
             )
         except KeyboardInterrupt:
             outcome.code = EXIT_INTERRUPTED
@@ -76,15 +77,24 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
 
 def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     """Analyse `run_dir` and write its reports; the analysis."""
-    from compare.report import analyze, write_reports
+    from compare.analysis.results import analyze
+    from compare.report.write import write_reports
 
     results = analyze(run_dir, n_boot=n_boot, seed=seed)
     write_reports(results)
     return results
 
 
+def _measure(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+    """The measuring loop here, its load points proposed by the plan's source (a sweep chooses them as it
+    goes, from the analysis of those measured)."""
+    from compare.analysis.load_search import point_source
+
+    return measure(plan, run_dir, watcher, points=point_source(plan))
+
+
 def _measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
-    from compare.ray_run import measure_on_ray
+    from compare.measure.ray_run import measure_on_ray
 
     return measure_on_ray(plan, run_dir, watcher)
 

@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Column, Table
 
-from compare.measure import ShowProgress, ShowStatus, Watcher
+from compare.measure.watcher import ShowProgress, ShowStatus, Watcher
 
 
 def console_watcher(console: Console) -> Watcher:
@@ -130,7 +130,7 @@ def _min_width(table: Table) -> int:
 
 def _print_warnings(console: Console, warnings: list[str]) -> None:
     """Each warning after "warning:", the lines of a kind (`report.WARNING_ITEM`) indented under it."""
-    from compare.report import WARNING_ITEM
+    from compare.analysis.warning_groups import WARNING_ITEM
 
     for w in warnings:
         if w.startswith(WARNING_ITEM):

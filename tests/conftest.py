@@ -110,9 +110,10 @@ TEST_LABEL = "llm-compare.test"
 
 @pytest.fixture(scope="session")
 def reference_image(docker_client):
-    """The reference CPU image, built the way `compare run --launch docker` builds it (compare/images.py):
-    reused while the sources are unchanged, else built offline (about 80 s cold)."""
-    from compare.images import ImageError, ensure_reference_cpu_image
+    """The reference CPU image, built the way `compare run --launch docker` builds it
+    (compare/launch/images.py): reused while the sources are unchanged, else built offline (about 80 s
+    cold)."""
+    from compare.launch.images import ImageError, ensure_reference_cpu_image
 
     try:
         return ensure_reference_cpu_image(docker_client, TEST_IMAGE, labels={TEST_LABEL: "1"})

@@ -65,7 +65,7 @@ def test_reference_graph_line_and_durations():
 
 
 def test_tgi_2x_log_recorded_from_a_public_start():
-    from compare.setup_log import parse_log
+    from compare.launch.setup_log import parse_log
 
     text = (DATA / "tgi_2x_startup.log").read_text()
     phases = phases_by_name(text, "tgi")
@@ -83,7 +83,7 @@ def test_tgi_2x_log_recorded_from_a_public_start():
 
 
 def test_tgi_3x_kv_blocks_and_graph_sizes():
-    from compare.setup_log import parse_log
+    from compare.launch.setup_log import parse_log
 
     text = (DATA / "tgi_3x_warmup.log").read_text()
     phases = phases_by_name(text, "tgi-openai")
@@ -94,7 +94,7 @@ def test_tgi_3x_kv_blocks_and_graph_sizes():
 
 
 def test_trtllm_serve_log_recorded_from_a_public_start():
-    from compare.setup_log import parse_log
+    from compare.launch.setup_log import parse_log
 
     text = (DATA / "trtllm_serve_startup.log").read_text()
     phases = phases_by_name(text, "trtllm")
@@ -111,7 +111,7 @@ def test_trtllm_serve_log_recorded_from_a_public_start():
 
 
 def test_trtllm_engine_build_lines():
-    from compare.setup_log import parse_log
+    from compare.launch.setup_log import parse_log
 
     parsed = parse_log("trtllm-chat", (DATA / "trtllm_build_engine.log").read_text())
     got = {p.name: p.seconds for p in parsed.phases}

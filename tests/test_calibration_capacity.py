@@ -32,10 +32,10 @@ import pytest
 from checkpoints import make_tokenizer
 from known_servers import TTFT_SHARE, known_server, service_times, simulate_ttft
 
-from compare import capacity, sweep
-from compare.caveats import late_client
-from compare.statistics import slo_verdict
-from compare.sweep import PointFacts, saturation
+from compare.analysis import capacity, sweep
+from compare.analysis.caveats import late_client
+from compare.analysis.statistics import slo_verdict
+from compare.analysis.sweep import PointFacts, saturation
 from workloads.schedule import OpenLoop, point_seed
 
 N_REQUESTS = 60
@@ -146,8 +146,8 @@ LIVE = [  # slots, mean service time, its distribution, arrivals, seed
 def test_sweep_and_capacity_bracket_the_known_capacity(
     tmp_path, slots: int, service_s: float, distribution: str, arrival: str, seed: int
 ) -> None:
-    from compare.measure import Watcher
-    from compare.plan import build_plan
+    from compare.measure.watcher import Watcher
+    from compare.plan.build import build_plan
     from compare.runner import run_plan
 
     make_tokenizer(tmp_path / "tok")
@@ -202,10 +202,10 @@ def test_capacity_points_are_sized_so_that_their_percentile_can_be_decided(tmp_p
     """With 8 requests a point a p90 could never be shown to hold (29 are needed): every open-loop point of
     the search is raised to that many, with its prompts, and the manifest records the raised bounds; the
     closed loops keep the asked size."""
-    from compare.measure import Watcher
-    from compare.plan import build_plan
+    from compare.analysis.statistics import min_n_for_bound
+    from compare.measure.watcher import Watcher
+    from compare.plan.build import build_plan
     from compare.runner import run_plan
-    from compare.statistics import min_n_for_bound
 
     make_tokenizer(tmp_path / "tok")
     needed = min_n_for_bound(0.9)

@@ -1,4 +1,4 @@
-"""Calibration of the verdicts: does "established" mean what `compare.confidence` says it means?
+"""Calibration of the verdicts: does "established" mean what `compare.analysis.confidence` says it means?
 
 (a) Statistics, fast: synthetic request tables drawn from known distributions, many seeds, through the real
 verdict functions (`compare_latency`, `compare_throughput`, and `selection` for the whole decision).
@@ -26,9 +26,9 @@ import pytest
 from compare_cli import run_compare
 from scipy import stats
 
-from compare.confidence import Confidence, requests_needed
-from compare.metrics import window_rate
-from compare.selection import compare_latency, compare_throughput
+from compare.analysis.confidence import Confidence, requests_needed
+from compare.analysis.metrics import window_rate
+from compare.analysis.selection import compare_latency, compare_throughput
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 
 SEEDS = 200

@@ -34,20 +34,11 @@ import pandas as pd
 import pytest
 from window_sim import TOKENS, FifoServer, closed_loop, open_loop
 
-from compare import selection
-from compare.metrics import (
-    FULL,
-    STEADY,
-    itl_table,
-    latency_columns,
-    request_table,
-    running_output_rate,
-    summarize,
-    throughput_window,
-    window_samples,
-)
-from compare.statistics import quantile_ci, throughput_ci, throughput_ratio_ci
-from compare.sweep import point_facts
+from compare.analysis import selection
+from compare.analysis.metrics import itl_table, latency_columns, request_table, summarize, window_samples
+from compare.analysis.statistics import quantile_ci, throughput_ci, throughput_ratio_ci
+from compare.analysis.sweep import point_facts
+from compare.common.throughput_window import FULL, STEADY, running_output_rate, throughput_window
 
 CASES = [(16, 4, 0.2), (32, 8, 0.4)]  # (concurrency, slots, service s): 20 requests/s each
 
@@ -107,7 +98,7 @@ def test_sweep_selection_and_progress_use_the_summary_window():
     row = summarize(records, n_boot=0).iloc[0]
     table = request_table([r for r in records if not r.warmup])
     # the sweep's throughput reading is the summary's (its completion pace, for the saturation test, counts
-    # ends against sends instead: compare.sweep)
+    # ends against sends instead: compare.analysis.sweep)
     assert point_facts(row.to_dict(), table).throughput_rps == pytest.approx(row["request_rps"])
     assert selection._throughput(table[table["status"] == "ok"]) == pytest.approx(row["output_tok_s"])
     last_end = max(r.end_s for r in records)
@@ -202,9 +193,9 @@ def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, s
 
 
 def test_report_writes_an_unbounded_end_as_such():
-    from compare.report import _ci
+    from compare.report.blocks import with_interval
 
     row = pd.Series({"x": 10.0, "x_lo": 9.0, "x_hi": math.inf, "y": 5.0, "y_lo": -math.inf, "y_hi": math.inf})
-    assert _ci(row, "x") == "10.0 [9.0–unbounded]" and _ci(row, "y") == "5.0 [unbounded]"
+    assert with_interval(row, "x") == "10.0 [9.0–unbounded]" and with_interval(row, "y") == "5.0 [unbounded]"
     row = pd.Series({"x": 10.0, "x_lo": math.nan, "x_hi": math.nan})
-    assert _ci(row, "x") == "10.0"
+    assert with_interval(row, "x") == "10.0"

@@ -1,15 +1,16 @@
 """The comparator's packages import one way, compare -> workloads -> adapters, with no import cycle among
-their modules, and the engine imports none of them (imports inside functions count; those under
-`if TYPE_CHECKING:` do not, as they never run). The test instruments (`instruments/`) may use workloads and
-adapters, and no production package imports them. Functions stay short enough to read: at most 100 lines and
-8 parameters; `compare/cli.py` only parses, prints and calls the runner."""
+their modules, and the engine imports none of them; inside `compare/`, no module imports from a later stage
+of the run (`STAGES`). Imports inside functions count; those under `if TYPE_CHECKING:` do not, as they never
+run. The test instruments (`instruments/`) may use workloads and adapters, and no production package imports
+them. Functions stay short enough to read: at most 100 lines and 8 parameters; `compare/cli.py` only parses,
+prints and calls the runner."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from test_engine_layout import cycles
+from test_engine_layout import _runtime_nodes, cycles
 from test_engine_layout import import_graph as package_import_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +20,11 @@ PACKAGES = (*CHECKED, "reference_engine")
 MAX_FUNCTION_LINES = 100
 MAX_PARAMETERS = 8
 MAX_CLI_LINES = 400
+#: `compare/`'s stages in the order a run goes through them, each a package; a module may import from its own
+#: stage and the earlier ones, never from a later one. `common` (types, text, exit codes, devices, the
+#: throughput window) lies beneath them all; the top-level modules (`TOP`: cli, runner, terminal) above.
+STAGES = ("common", "plan", "launch", "measure", "analysis", "report")
+TOP = "top"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -49,6 +55,27 @@ def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
     names += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
     return len([n for n in names if n not in ("self", "cls")])
+
+
+def stage_of(module: str) -> str | None:
+    """The stage of a `compare` module (`TOP` for the modules beside the stages' packages); None outside."""
+    parts = module.split(".")
+    if parts[0] != "compare":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else TOP
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    """`module (stage) -> module (later stage)` for every import that points up the stage order."""
+    order = {name: i for i, name in enumerate((*STAGES, TOP))}
+    wrong = []
+    for module, targets in graph.items():
+        here = stage_of(module)
+        for target in sorted(targets):
+            there = stage_of(target)
+            if here is not None and there is not None and order[there] > order[here]:
+                wrong.append(f"{module} ({here}) -> {target} ({there})")
+    return sorted(wrong)
 
 
 def test_no_import_cycle():
@@ -83,6 +110,32 @@ def test_production_never_imports_instruments():
     assert "workloads.loadgen" in graph["instruments.scripted_server"]
 
 
+def test_stages_import_in_order():
+    assert stage_violations(import_graph()) == []
+
+
+def test_every_package_of_compare_is_a_stage():
+    """A new package must take its place in `STAGES`, or the order says nothing about it."""
+    packages = {p.name for p in (ROOT / "compare").iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(STAGES)
+
+
+def test_the_stage_rule_sees_an_import_inside_a_function_and_ignores_one_for_type_checking():
+    code = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from compare.report.blocks import Block\n"
+        "def f():\n"
+        "    from compare.analysis.metrics import summarize\n"
+    )
+    imported = {node.module for node in _runtime_nodes(code) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"typing", "compare.analysis.metrics"}
+    graph = {"compare.measure.point": {"compare.analysis.metrics", "compare.plan.run_options"}}
+    assert stage_violations(graph) == [
+        "compare.measure.point (measure) -> compare.analysis.metrics (analysis)"
+    ]
+
+
 def test_functions_short():
     longer = [f"{where}: {function_lines(f)} lines" for where, f in _functions()
               if function_lines(f) > MAX_FUNCTION_LINES]
@@ -109,6 +162,8 @@ if __name__ == "__main__":  # prints the numbers and the graph: python tests/tes
     print(f"compare/cli.py: {cli_lines} lines")
     edges = sum(map(len, graph.values()))
     print(f"{len(graph)} modules, {edges} import edges; cycles: {cycles(graph) or 'none'}")
+    print(f"stages of compare/: {' < '.join((*STAGES, TOP))}; "
+          f"imports up the order: {stage_violations(graph) or 'none'}")
     for m in sorted(graph):
         if _package(m) in CHECKED:
             print(f"  {m} -> {', '.join(sorted(graph[m])) or '-'}")

@@ -327,7 +327,7 @@ def _readme_run_commands() -> list[list[str]]:
 
 def test_every_documented_run_command_parses(planned, monkeypatch, tmp_path):
     """The README's examples name files of the author's machine: only their existence is not checked."""
-    monkeypatch.setattr("compare.plan._check_local_path", lambda *_: None)
+    monkeypatch.setattr("compare.plan.build._check_local_path", lambda *_: None)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run.yaml").write_text("backends: [reference:eager]\nload: {concurrency: [1, 8]}\n")
     (tmp_path / "arrivals.txt").write_text("0\n0.25\n0.5\n")
@@ -366,7 +366,7 @@ def test_help_is_whole_and_grouped():
 
 def test_help_defaults_are_the_defaults():
     """A default written into a help text (`[default: X]`) is the value the option takes when not given."""
-    from compare.run_options import RUN_OPTIONS
+    from compare.plan.run_options import RUN_OPTIONS
 
     checked = 0
     for option in RUN_OPTIONS:
@@ -477,7 +477,7 @@ def test_every_run_option_answers_to_its_declared_flag():
     import typer
 
     from compare.cli import app
-    from compare.run_options import RUN_OPTIONS
+    from compare.plan.run_options import RUN_OPTIONS
 
     run = typer.main.get_command(app).commands["run"]
     opts = {opt for param in run.params for opt in param.opts}

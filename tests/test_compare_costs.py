@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from compare.costs import (
+from compare.analysis.costs import (
     break_even,
     cost_per_million_tokens,
     graph_pool_trade,
     prefill_ms_per_1k,
     roofline_tpot_ms,
 )
-from compare.datatypes import SetupReport
+from compare.common.datatypes import SetupReport
 
 
 def test_prefill_roofline_and_cost():
@@ -60,7 +60,7 @@ def test_ttft_per_input_token_only_where_no_request_queues():
     a prefill cost, so only a single-stream point gets the normalised TTFT."""
     import pandas as pd
 
-    from compare.costs import add_normalized
+    from compare.analysis.costs import add_normalized
 
     summary = pd.DataFrame(
         {
@@ -81,8 +81,8 @@ def test_ttft_per_input_token_only_where_no_request_queues():
 
 
 def test_counted_words_agree_with_their_number():
-    from compare.costs import BreakEven
-    from compare.text import plural
+    from compare.analysis.costs import BreakEven
+    from compare.common.text import plural
 
     assert plural(1, "request") == "1 request" and plural(2, "request") == "2 requests"
     assert plural(0, "launch", "launches") == "0 launches" and plural(1200, "token") == "1,200 tokens"
@@ -94,7 +94,7 @@ def test_counted_words_agree_with_their_number():
 def test_warnings_count_one_in_the_singular():
     import pandas as pd
 
-    from compare.caveats import point_caveats
+    from compare.analysis.caveats import point_caveats
 
     row = {
         "backend": "b",

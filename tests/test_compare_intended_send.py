@@ -9,9 +9,10 @@ import pytest
 
 from adapters import get_adapter
 from adapters.request_spec import RequestSpec
-from compare.diff import diff_runs
-from compare.report import analyze, write_reports
-from compare.store import RunDir
+from compare.analysis.diff import diff_runs
+from compare.analysis.results import analyze
+from compare.measure.run_dir import RunDir
+from compare.report.write import write_reports
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import timing
 from workloads.loadgen import PointJob, run_load_sync

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from compare.datatypes import SetupReport
-from compare.launch import LaunchError, ProcessLauncher, ServerProcess, free_port
-from compare.setup_log import apply_log, parse_log
+from compare.common.datatypes import SetupReport
+from compare.launch.launcher import LaunchError, ProcessLauncher, ServerProcess, free_port
+from compare.launch.setup_log import apply_log, parse_log
 
 DATA = Path(__file__).parent / "data"
 
@@ -63,7 +63,7 @@ def test_reference_log_phases_memory_and_offsets():
 def test_a_phase_that_ran_beside_others_says_so_in_the_set_up_line():
     """The front end's tokenizer loads while the engine core loads its weights (the log's clock shows both
     running at once): the set-up line must not read as a sum of sequential phases."""
-    from compare.selection import describe_setup
+    from compare.analysis.selection import describe_setup
 
     clock = "2025-03-01 12:00:0"
     log = "\n".join([
@@ -260,7 +260,7 @@ def test_a_server_that_is_healthy_but_cannot_generate_is_not_ready(tmp_path):
     """vLLM's CPU build answers /health for a model its kernels refuse; the first request is what tells."""
     from adapters import get_adapter
     from adapters.request_spec import RequestSpec
-    from compare.backend_launch import measure_cold_first_token
+    from compare.launch.backend_launch import measure_cold_first_token
 
     port = free_port()
     server = [
@@ -292,9 +292,9 @@ def test_launched_servers_number_gpus_as_nvidia_smi_does(tmp_path, monkeypatch, 
     """A server `compare` launches as a process numbers GPUs in PCI bus order, as nvidia-smi and NVML do, so
     the GPUs its CUDA_VISIBLE_DEVICES names are the ones memory notes and telemetry read; an order the user
     set is left as it is."""
-    from compare.backend_launch import make_launcher
-    from compare.plan import build_plan
-    from compare.store import RunDir
+    from compare.launch.backend_launch import make_launcher
+    from compare.measure.run_dir import RunDir
+    from compare.plan.build import build_plan
 
     if ours is None:
         monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from compare.datatypes import PointInfo
-from compare.metrics import itl_table, request_table, summarize
+from compare.analysis.metrics import itl_table, request_table, summarize
+from compare.common.datatypes import PointInfo
 from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 

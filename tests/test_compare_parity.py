@@ -9,13 +9,15 @@ from pathlib import Path
 
 from test_compare_report import make_run
 
-from compare.datatypes import SetupReport
-from compare.declared import collect, declared_settings, tokenizer_identity
-from compare.launch import endpoint_report
-from compare.parity import Declared, findings, parity_table
-from compare.report import analyze, write_reports
-from compare.setup_log import parse_log
-from compare.store import RunDir
+from compare.analysis.declared_settings import declared_settings
+from compare.analysis.parity import Declared, findings, parity_table
+from compare.analysis.results import analyze
+from compare.common.datatypes import SetupReport
+from compare.launch.declared import collect, tokenizer_identity
+from compare.launch.launcher import endpoint_report
+from compare.launch.setup_log import parse_log
+from compare.measure.run_dir import RunDir
+from compare.report.write import write_reports
 from instruments.scripted_server import scripted_server
 
 DATA = Path(__file__).parent / "data"
@@ -76,7 +78,7 @@ def test_unequal_context_and_prefix_caching_are_flagged(tmp_path):
         warnings
     )
     decision = section(report, "Decision")
-    assert (  # the verdict names what qualifies it (compare.confidence.Qualifier, from the parity findings)
+    assert (  # the verdict names what qualifies it (confidence.Qualifier, from the parity findings)
         "Qualified by unequal settings (max model length: vllm 4096, reference 2048; prefix caching: vllm "
         "on, reference off)." in decision
     )

@@ -21,15 +21,16 @@ from adapters import ADAPTERS
 from adapters.launch_spec import ModelSource, Variant
 from adapters.prometheus import info_settings
 from adapters.vllm import VLLM_INFO_METRICS, non_default_args
-from compare.backend_launch import make_launcher
+from compare.analysis.declared_settings import declared_settings
+from compare.analysis.parity import Declared, findings
+from compare.analysis.results import analyze
 from compare.cli import app
-from compare.datatypes import SetupReport
-from compare.declared import declared_settings
-from compare.parity import Declared, findings
-from compare.report import analyze, write_reports
-from compare.serving_match import plan_match, serving_match_lines
-from compare.setup_log import parse_log
-from compare.store import RunDir
+from compare.common.datatypes import SetupReport
+from compare.launch.backend_launch import make_launcher
+from compare.launch.serving_match import plan_match, serving_match_lines
+from compare.launch.setup_log import parse_log
+from compare.measure.run_dir import RunDir
+from compare.report.write import write_reports
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent
@@ -197,7 +198,7 @@ def test_launch_specs_are_matched_at_launch(tmp_path, monkeypatch):
     """make_launcher, as `compare run` calls it for ours and vLLM: both commands carry the same front-end
     count and batch limits, the manifest records it, and the audit of the two commands finds them equal."""
     monkeypatch.setattr("reference_engine.serving.options.os.cpu_count", lambda: 16)
-    monkeypatch.setattr("compare.backend_launch.devices.gpu_visible", lambda: True)
+    monkeypatch.setattr("compare.launch.backend_launch.devices.gpu_visible", lambda: True)
     run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
     backends = [
         SimpleNamespace(name=n, variant=v, key=k, options=(), server_args=[], launched=True)
@@ -284,7 +285,7 @@ def test_imported_results_of_another_workload_are_never_ranked(tmp_path):
 
 
 def test_model_names_are_compared_by_their_last_part():
-    from compare.importers import same_model
+    from compare.analysis.import_parity import same_model
 
     assert same_model("/tmp/ckpt-llama-3.2-1b", "meta-llama/Llama-3.2-1B") is True
     assert same_model("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m") is True
@@ -299,7 +300,7 @@ def test_collect_reads_the_models_route_and_the_metrics_info_gauges(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from compare.declared import collect
+    from compare.launch.declared import collect
 
     pages = {
         "/v1/models": json.dumps(models(1024)).encode(),
@@ -334,7 +335,7 @@ def test_collect_reads_the_models_route_and_the_metrics_info_gauges(tmp_path):
 def test_match_serving_option_reaches_the_plan(tmp_path):
     import typer
 
-    from compare.plan import build_plan
+    from compare.plan.build import build_plan
 
     run = typer.main.get_command(app).commands["run"]
     assert run.make_context("run", ["--as-given"]).params["match_serving"] is False

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compare.plan import build_plan
-from compare.run_options import PlanError, parse_duration, parse_endpoints, parse_slo
+from compare.plan.build import build_plan
+from compare.plan.run_options import PlanError, parse_duration, parse_endpoints, parse_slo
 from workloads.schedule import ClosedLoop, OpenLoop
 
 
@@ -143,7 +143,7 @@ def test_every_planned_option_is_a_plan_field():
     """An option with a manifest key is kept by the plan as read: RunPlan has a field of its name."""
     from dataclasses import fields
 
-    from compare.run_options import PLANNED, RunPlan
+    from compare.plan.run_options import PLANNED, RunPlan
 
     made = {"backends", "workloads", "load_points", "candidates_reason", "sweep_open"}
     assert {f.name for f in fields(RunPlan)} - made == {o.name for o in PLANNED}

@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from compare.analysis.metrics import summarize
+from compare.analysis.results import analyze
 from compare.cli import app
-from compare.datatypes import Phase, SetupReport
-from compare.importers import import_file
-from compare.metrics import summarize
-from compare.report import analyze, write_reports
-from compare.store import RunDir
+from compare.common.datatypes import Phase, SetupReport
+from compare.measure.importers import import_file
+from compare.measure.run_dir import RunDir
+from compare.report.write import write_reports
 from workloads.records import RecordWriter, RequestRecord, RunSummary
 
 GIB = 2**30
@@ -369,7 +370,7 @@ def test_import_vllm_bench_by_hand(tmp_path):
 
 
 def _info(imported):
-    from compare.datatypes import PointInfo
+    from compare.common.datatypes import PointInfo
 
     return PointInfo(
         imported.workload,
@@ -511,7 +512,7 @@ def test_pay_back_table_follows_the_decision_verdict(tmp_path):
 def test_diff_calls_no_change_when_the_interval_holds_one():
     """A ratio of 1.18 whose 95 % interval (0.911-1.537) contains 1 is not a change, whatever the test
     says; the same ratio with an interval above 1 and a significant test is."""
-    from compare.diff import _verdict
+    from compare.analysis.diff import _verdict
 
     row = pd.Series(
         {
@@ -643,7 +644,7 @@ def test_plots_keep_nearly_equal_values_inside_the_axes():
     width the rounding cannot hold, which drew the curves off the plot's left edge."""
     import re
 
-    from compare import plots
+    from compare.report import plots
 
     values = [100.0 + k * 1e-12 for k in (-1, 0, 1, 0, 2)]
     for lo, hi in ((99.999999, 100.000001), (min(values), max(values))):
@@ -681,7 +682,7 @@ def test_open_loop_throughput_is_not_called_a_capacity_difference(tmp_path):
     # both serve the offered 2 requests/s over their windows: either may be a hair ahead
     assert throughput.winner in ("fast", "slow") and throughput.ratio == pytest.approx(1.0, abs=0.01)
     assert not throughput.decisive and "offered load sets the rate" in throughput.confidence
-    from compare.diff import diff_runs
+    from compare.analysis.diff import diff_runs
 
     table = diff_runs(
         open_loop_run(tmp_path / "a", {"x": 0.010}), open_loop_run(tmp_path / "b", {"x": 0.013})

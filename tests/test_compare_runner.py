@@ -13,13 +13,15 @@ from rich.console import Console
 from test_compare_report import requests_for
 
 import compare.cli as cli
-from compare import measure
-from compare.metrics import summarize
-from compare.store import RunDir
+from compare.analysis.metrics import summarize
+from compare.measure import loop
+from compare.measure.order import launch_order
+from compare.measure.point import Point
+from compare.measure.run_dir import RunDir
 
 
 def test_launch_order_alternates():
-    assert [(r, b) for r, b in measure.launch_order(["A", "B", "C"], 3)] == [
+    assert [(r, b) for r, b in launch_order(["A", "B", "C"], 3)] == [
         (0, "A"),
         (0, "B"),
         (0, "C"),
@@ -41,8 +43,10 @@ def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
 
     def fake_load(job):
         t0 = time.perf_counter() - last_end  # the point's last request has just finished
-        job.progress([r.model_copy(update={"t0_monotonic": t0}) for r in records])
+        done = [r.model_copy(update={"t0_monotonic": t0}) for r in records]
+        job.progress(done)
         Path(job.summary_path).touch()
+        return done
 
     out = io.StringIO()
     monkeypatch.setattr(cli, "console", Console(file=out, width=200, force_terminal=False))
@@ -59,13 +63,13 @@ def test_progress_bar_rate_is_the_summary_rate(tmp_path, monkeypatch):
     schedule = SimpleNamespace(label="c=4", describe=lambda: {"kind": "closed", "concurrency": 4})
     backend = SimpleNamespace(name="b", variant="", key="b")
     workload = SimpleNamespace(label="wl", sessions=False)
-    point = measure._Point(plan, backend, None, "http://x", workload, schedule)
+    point = Point(plan, backend, None, "http://x", workload, schedule)
     point.run(run, [], [], fake_load, None, cli._console_watcher())
     shown = float(out.getvalue().split(" tok/s")[0].split()[-1].replace(",", ""))
     assert shown == pytest.approx(expected, rel=0.01), out.getvalue()
 
 
 def test_cli_messages_count_one_cpu_in_the_singular(monkeypatch):
-    monkeypatch.setattr(measure.os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert measure.pinning(SimpleNamespace(pin="off"))[2] == "off (asked); 1 CPU shared by client and servers"
-    assert measure.pinning(SimpleNamespace(pin="auto"))[2].startswith("none: only 1 CPU, too few")
+    monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert loop.pinning(SimpleNamespace(pin="off"))[2] == "off (asked); 1 CPU shared by client and servers"
+    assert loop.pinning(SimpleNamespace(pin="auto"))[2].startswith("none: only 1 CPU, too few")

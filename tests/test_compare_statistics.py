@@ -1,5 +1,5 @@
-"""The statistics (`compare.statistics`): answers known by hand or by construction, and intervals and tests
-checked on fresh random data against the truth they were drawn from."""
+"""The statistics (`compare.analysis.statistics`): answers known by hand or by construction, and intervals and
+tests checked on fresh random data against the truth they were drawn from."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from compare.statistics import bootstrap_ci, holm, mann_whitney, ratio_ci, throughput_ci, throughput_ratio_ci
+from compare.analysis.statistics import (
+    bootstrap_ci,
+    holm,
+    mann_whitney,
+    ratio_ci,
+    throughput_ci,
+    throughput_ratio_ci,
+)
 
 
 def fresh_seed() -> int:

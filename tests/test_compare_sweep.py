@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from checkpoints import make_tokenizer
 
-from compare import capacity, sweep
-from compare.measure import Watcher
-from compare.plan import build_plan
+from compare.analysis import capacity, sweep
+from compare.analysis.load_search import MAX_BISECTIONS, Sweep, next_rate, sweep_rates
+from compare.analysis.sweep import PointFacts, first_saturated, knee, saturation
+from compare.measure.watcher import Watcher
+from compare.plan.build import build_plan
 from compare.runner import run_plan
-from compare.sweep import PointFacts, first_saturated, knee, saturation, sweep_rates
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 
 
@@ -109,7 +110,7 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
         over = schedule.rate > 30
         return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
 
-    driver = sweep.Sweep(4, "linear", 16, OpenLoop(1.0, "constant", seed=7))
+    driver = Sweep(4, "linear", 16, OpenLoop(1.0, "constant", seed=7))
     points = driver.run(measure)
     rates = [p.offered_rps for p in points[2:]]
     assert asked[:2] == [ClosedLoop(1), ClosedLoop(16)]
@@ -118,7 +119,7 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
     seeds = [s.seed for s in asked[2:]]
     assert len(set(seeds)) == len(seeds) and 7 not in seeds
     assert seeds == [point_seed(7, k) for k in range(2, 2 + len(seeds))]  # the place in the sweep's order
-    failed = sweep.Sweep(4, "linear", 16, OpenLoop(1.0)).run(
+    failed = Sweep(4, "linear", 16, OpenLoop(1.0)).run(
         lambda s: point(None, math.nan, math.nan, concurrency=getattr(s, "concurrency", 0), failed=1.0)
     )
     assert len(failed) == 2  # nothing was served: no rate to sweep
@@ -130,17 +131,17 @@ H, M, U = capacity.HOLDS, capacity.MISSES, capacity.UNDETERMINED
 def test_capacity_bracket_and_bisection():
     verdicts = [(10.0, H), (20.0, H), (30.0, M), (25.0, H), (40.0, M)]
     assert capacity.bracket(verdicts) == (25.0, 30.0)
-    assert capacity.next_rate(verdicts, 0.1) == pytest.approx(27.5)
-    assert capacity.next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
+    assert next_rate(verdicts, 0.1) == pytest.approx(27.5)
+    assert next_rate(verdicts, 0.2) is None  # 5 <= 0.2 x 30
     assert capacity.bracket([(10.0, H), (20.0, H)]) == (20.0, None)
-    assert capacity.next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
+    assert next_rate([(10.0, M)], 0.1) == 5.0  # nothing met it yet: towards 0
     # a rate that met the SLO above the lowest miss (noise) does not widen the bracket upwards
     assert capacity.bracket([(10.0, H), (20.0, M), (30.0, H)]) == (10.0, 20.0)
     # an undetermined rate is neither end: the bracket stays, and the search splits the widest gap around it
     assert capacity.bracket([(10.0, H), (20.0, U), (40.0, M)]) == (10.0, 40.0)
-    assert capacity.next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
-    assert capacity.next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
-    assert capacity.next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
+    assert next_rate([(10.0, H), (20.0, U), (40.0, M)], 0.1) == pytest.approx(30.0)
+    assert next_rate([(10.0, H), (25.0, U), (40.0, M)], 0.1) == pytest.approx(32.5)  # a tie: higher
+    assert next_rate([(10.0, H), (12.0, U), (13.0, M)], 0.2) is None  # gaps of 2 and 1 <= 2.6
 
 
 def test_capacity_verdicts_from_distribution_free_bounds():
@@ -219,7 +220,7 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     # (which no bisection can decide) is at most a tenth of the upper end, unless the search ran out of points
     inside = sorted({result.lo, result.hi, *(r for r in result.undetermined if result.lo < r < result.hi)})
     widest = max(b - a for a, b in itertools.pairwise(inside))
-    assert widest <= 0.1 * result.hi or len(rates) - (stop + 1) >= capacity.MAX_BISECTIONS, (result, rates)
+    assert widest <= 0.1 * result.hi or len(rates) - (stop + 1) >= MAX_BISECTIONS, (result, rates)
     # the truth lies in the bracket, widened by the precision (and the machine's own overhead per request,
     # which only lowers the capacity)
     assert result.lo - result.width <= TRUE_CAPACITY <= result.hi + result.width
@@ -266,13 +267,13 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
 def test_capacity_sentences_never_claim_more_than_the_points_show():
     """Too few requests a point for a p99: the capacity is undetermined (and says how many it takes), never
     'holds'; a decided one states its bracket and the rates left undetermined above it."""
-    from compare.report import _capacity_row, _capacity_sentence
+    from compare.report.sweep_section import capacity_row, capacity_sentence
 
     slo = {"ttft": 0.05}
     few = capacity.Capacity(0.0, 20.0, 99, smallest_n=16, undetermined=[10.0])
-    text = _capacity_sentence(few, slo)
+    text = capacity_sentence(few, slo)
     assert "undetermined" in text and "16 requests" in text and "299" in text and "holds" in text
-    assert _capacity_row("a", "w", few, slo)[2] == "undetermined"
+    assert capacity_row("a", "w", few, slo)[2] == "undetermined"
     found = capacity.Capacity(10.0, 20.0, 99, smallest_n=400, undetermined=[15.0])
-    text = _capacity_sentence(found, slo)
+    text = capacity_sentence(found, slo)
     assert text.startswith("capacity under the SLO 10 requests/s") and "undetermined at 15" in text

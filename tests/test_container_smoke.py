@@ -3,7 +3,7 @@
 Needs a Docker-compatible API at DOCKER_HOST: in CI, podman's (`.ci/setup_podman.sh RUN_DIR` starts it and
 prints the export), which also provides the base image `llm-compare/base:bookworm`. The image under test is
 built from docker/reference-cpu.Dockerfile with a context made by docker/prepare_reference_context.sh, and
-reused while the project's sources and the recipe are unchanged (compare/images.py, shared with
+reused while the project's sources and the recipe are unchanged (compare/launch/images.py, shared with
 `compare run --launch docker`; the fixtures are in conftest.py). Everything created here carries the label
 `llm-compare.test=1`, and the containers also a label unique to this run, so clean-up is exact.
 """

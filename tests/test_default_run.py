@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from compare.default_candidates import choose, vllm_executable
-from compare.plan import build_plan
+from compare.plan.build import build_plan
+from compare.plan.default_candidates import choose, vllm_executable
 
 
 def no_which(_: str) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from test_compare_report import requests_for
 
-from compare.report import analyze, build_blocks, to_markdown
-from compare.store import RunDir
+from compare.analysis.results import analyze
+from compare.measure.run_dir import RunDir
+from compare.report.render import to_markdown
+from compare.report.sections import build_blocks
 from workloads.records import RecordWriter, RunSummary
 
 

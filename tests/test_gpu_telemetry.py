@@ -1,8 +1,9 @@
-"""GPU telemetry (compare/gpu_telemetry.py) against a fake NVML whose power, energy, memory and utilisation
-readings are drawn at random and remembered: the sampler writes what NVML said, the energy over a window is
-the counter's difference or, without a counter, the power's trapezoid integral, the summary's GPU columns and
-the report's section come from the run directory alone, and without NVML nothing is sampled and nothing
-fails. No assert depends on how fast this machine is: samples are awaited, never counted after a sleep."""
+"""GPU telemetry (compare/measure/gpu_sampling.py, compare/analysis/gpu_energy.py) against a fake NVML whose
+power, energy, memory and utilisation readings are drawn at random and remembered: the sampler writes what
+NVML said, the energy over a window is the counter's difference or, without a counter, the power's trapezoid
+integral, the summary's GPU columns and the report's section come from the run directory alone, and without
+NVML nothing is sampled and nothing fails. No assert depends on how fast this machine is: samples are awaited,
+never counted after a sleep."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from checkpoints import make_tokenizer
 from typer.testing import CliRunner
 
 import compare.cli as cli
-from compare import gpu_telemetry
+from compare.analysis import gpu_energy
+from compare.analysis.gpu_energy import Window, gpu_energy_j, window_columns
+from compare.analysis.results import analyze
 from compare.cli import app
-from compare.gpu_telemetry import Window, gpu_energy_j, open_telemetry, window_columns
-from compare.launch import ProcessLauncher, ServerProcess
-from compare.report import analyze, write_reports
-from compare.store import RunDir
+from compare.launch.launcher import ProcessLauncher, ServerProcess
+from compare.measure.gpu_sampling import open_telemetry
+from compare.measure.run_dir import RunDir
+from compare.report.write import write_reports
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads.records import RecordWriter, RequestRecord
 
@@ -371,7 +374,7 @@ def test_summary_columns_and_report_from_the_run_directory(tmp_path):
     start, end = windows["c=1"]
     gpu0, gpu1 = (samples[samples["gpu"] == g] for g in (0, 1))
     e0 = np.interp(end, gpu0["t"], gpu0["energy_j"]) - np.interp(start, gpu0["t"], gpu0["energy_j"])
-    e1 = gpu_telemetry.integral(gpu1["t"].to_numpy(), gpu1["power_w"].to_numpy(), start, end)
+    e1 = gpu_energy.integral(gpu1["t"].to_numpy(), gpu1["power_w"].to_numpy(), start, end)
     row = summary.loc["c=1"]
     assert row["gpu_energy_j"] == pytest.approx(e0 + e1, rel=1e-5)
     assert row["gpu_joules_per_out_token"] == pytest.approx((e0 + e1) / 80, rel=1e-5)  # 4 requests x 20
@@ -386,7 +389,7 @@ def test_summary_columns_and_report_from_the_run_directory(tmp_path):
     assert row["gpu_power_max_w"] == pytest.approx(around["w"].max(), rel=1e-5)
     assert row["gpu_mem_peak_gib"] == pytest.approx(around["m"].max() / 2**30, rel=1e-5)
     assert row["gpu_util_mean_pct"] == pytest.approx(around["u"].mean(), rel=1e-5)
-    assert summary.loc["c=2", list(gpu_telemetry.COLUMNS)].isna().all()  # no samples: NaN, not an error
+    assert summary.loc["c=2", list(gpu_energy.COLUMNS)].isna().all()  # no samples: NaN, not an error
     report = (run.path / "report.md").read_text()
     section = report.split("## GPU energy and power", 1)[1].split("\n## ", 1)[0]
     assert f"| {per_token:,.3f} |" in section and "nvmlDeviceGetTotalEnergyConsumption" in section
@@ -401,7 +404,7 @@ def test_without_telemetry_the_report_leaves_the_section_out(tmp_path):
     run.telemetry_path.unlink()
     write_reports(analyze(run, n_boot=50))
     summary = pd.read_csv(run.path / "summary.csv")
-    assert summary[list(gpu_telemetry.COLUMNS)].isna().all().all()
+    assert summary[list(gpu_energy.COLUMNS)].isna().all().all()
     report = (run.path / "report.md").read_text()
     assert "GPU energy and power" not in report and "Joules per output token" not in report
     assert "GPU power over time" not in (run.path / "report.html").read_text()
@@ -435,7 +438,7 @@ def test_a_bad_telemetry_option_exits_2_before_any_run_directory(args, message, 
 
 
 def test_the_telemetry_options_reach_the_plan_from_the_command_line_and_a_run_file(tmp_path):
-    from compare.plan import build_plan
+    from compare.plan.build import build_plan
 
     endpoint = {"backends": "vllm", "endpoints": ["vllm=http://h:1"], "tokenizer": "gpt2"}
     plan = build_plan(endpoint)
@@ -476,7 +479,7 @@ def test_compare_run_samples_every_point_against_the_scripted_server(tmp_path, f
     assert set(samples["run_id"]) == set(run_ids)
     assert all(entry["points"][rid]["samples"] >= 2 for rid in run_ids)
     summary = pd.read_csv(out / "summary.csv")
-    assert summary[list(gpu_telemetry.COLUMNS[:-1])].notna().all().all()
+    assert summary[list(gpu_energy.COLUMNS[:-1])].notna().all().all()
     assert (summary["gpu_energy_j"] > 0).all()
     assert set(summary["gpu_energy_source"]) == {"counter, power integral"}
     assert summary["gpu_joules_per_out_token"].tolist() == pytest.approx(

@@ -12,8 +12,8 @@ import pytest
 from adapters import ADAPTERS, get_adapter
 from adapters.launch_spec import ModelSource, Variant
 from adapters.request_spec import RequestSpec
-from compare.backend_launch import measure_cold_first_token
-from compare.launch import LaunchError, ProcessLauncher, ServerProcess, free_port, package_env
+from compare.launch.backend_launch import measure_cold_first_token
+from compare.launch.launcher import LaunchError, ProcessLauncher, ServerProcess, free_port, package_env
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -65,7 +65,7 @@ def our_containers(client, session: str) -> list:
 
 
 def test_reference_in_a_container(docker_client, reference_image, llama_dir, tmp_path):
-    from compare.containers import ContainerLauncher
+    from compare.launch.containers import ContainerLauncher
 
     spec = reference_spec(llama_dir, tmp_path)
     launcher = ContainerLauncher("reference", "eager", spec, tmp_path / "reference.log", 180,
@@ -89,7 +89,7 @@ def test_reference_in_a_container(docker_client, reference_image, llama_dir, tmp
 
 
 def test_a_container_that_exits_is_removed_and_quoted(docker_client, reference_image, tmp_path):
-    from compare.containers import ContainerLauncher
+    from compare.launch.containers import ContainerLauncher
 
     (tmp_path / "empty").mkdir()
     spec = reference_spec(tmp_path / "empty", tmp_path)
@@ -104,7 +104,7 @@ def test_a_container_that_exits_is_removed_and_quoted(docker_client, reference_i
 
 
 def test_the_default_image_of_a_gpu_server_is_refused_without_a_gpu(tmp_path):
-    from compare.containers import ContainerLauncher
+    from compare.launch.containers import ContainerLauncher
 
     spec = ADAPTERS["vllm"].launch_spec(ModelSource("m", "m"), Variant(), 8000, workdir=tmp_path, gpu=False)
     with pytest.raises(LaunchError, match="needs an NVIDIA GPU"):

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from checkpoints import make_tokenizer
 
-from compare import measure
-from compare.caveats import repeated_prompt_warnings
-from compare.measure import Watcher, block_budget, block_order
-from compare.plan import build_plan
-from compare.run_options import PlanError, WorkloadSpec
-from compare.store import RunDir
+from compare.analysis.caveats import repeated_prompt_warnings
+from compare.measure import prompts
+from compare.measure.loop import measure
+from compare.measure.order import block_budget, block_order
+from compare.measure.run_dir import RunDir
+from compare.measure.watcher import Watcher
+from compare.plan.build import build_plan
+from compare.plan.run_options import PlanError, WorkloadSpec
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 from workloads import datasets
 from workloads.datasets import PromptStream
@@ -106,25 +108,25 @@ def test_generated_workloads_give_every_request_a_prompt_of_its_own(tokenizer, m
     sequence made twice, another slice different; a prefix workload keeps its groups' prefixes from one
     chunk to the next."""
     monkeypatch.setattr(datasets, "STREAM_CHUNK", 6)
-    monkeypatch.setattr(measure, "SESSION_CHUNK", 3)
-    allowed = measure._Allowed(tokenizer)
+    monkeypatch.setattr(prompts, "SESSION_CHUNK", 3)
+    allowed = prompts._Allowed(tokenizer)
     random = WorkloadSpec("random", "uniform:4:12", "3")
-    specs = measure._stream(random, tokenizer, allowed, seed, 0, None).first(20)
+    specs = prompts._stream(random, tokenizer, allowed, seed, 0, None).first(20)
     assert [s.request_id for s in specs] == [f"random0-{i}" for i in range(20)]
     assert len({s.prompt_token_ids for s in specs}) == 20
-    assert measure._stream(random, tokenizer, allowed, seed, 0, None).first(20) == specs
-    other = measure._stream(random, tokenizer, allowed, seed, 1, None).first(20)
+    assert prompts._stream(random, tokenizer, allowed, seed, 0, None).first(20) == specs
+    other = prompts._stream(random, tokenizer, allowed, seed, 1, None).first(20)
     assert not {s.prompt_token_ids for s in other} & {s.prompt_token_ids for s in specs}
 
     prefix = WorkloadSpec("prefix", "4", "2", prefix_len=8, prefix_groups=2)
-    grouped = measure._stream(prefix, tokenizer, allowed, seed, 2, None).first(18)  # 3 chunks of 6
+    grouped = prompts._stream(prefix, tokenizer, allowed, seed, 2, None).first(18)  # 3 chunks of 6
     assert len({s.request_id for s in grouped}) == len({s.prompt_token_ids for s in grouped}) == 18
     heads = {g: {s.prompt_token_ids[:8] for s in grouped if s.group == g} for g in ("g0", "g1")}
     assert all(len(h) == 1 for h in heads.values()) and heads["g0"] != heads["g1"]
     assert all(s.request_id.startswith("prefix2-g") for s in grouped)
 
     turns = WorkloadSpec("multi-turn", "5", "2", turns=2)
-    sessions = measure._stream(turns, tokenizer, allowed, seed, 0, None).first(7)
+    sessions = prompts._stream(turns, tokenizer, allowed, seed, 0, None).first(7)
     assert [s.session_id for s in sessions] == [f"session0-{i}" for i in range(7)]
     assert len({t.prompt_token_ids for s in sessions for t in s.turns}) == 14
 
@@ -191,7 +193,7 @@ def _measure_two_endpoints(tmp_path, tok_dir, monkeypatch, **options):
             "warmup": 0, "concurrency": "2", "seed": 11, **options,
         })  # fmt: skip
         run_dir = RunDir.create(tmp_path / "run", plan.describe(), ["compare", "run"])
-        assert measure.measure(plan, run_dir, Watcher(), load=load) == 0
+        assert measure(plan, run_dir, Watcher(), load=load) == 0
     ordered = {k: [s for _, chunk in sorted(v, key=lambda x: x[0]) for s in chunk] for k, v in made.items()}
     return run_dir, ordered
 
@@ -254,7 +256,7 @@ def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeyp
 def test_duration_bound_multi_turn_sessions_each_get_their_own(tmp_path, tok_dir, monkeypatch):
     """A multi-turn workload bound by its duration takes new sessions from the stream as it goes (chunks
     of 3 sessions here): every session and turn id distinct, turns in order."""
-    monkeypatch.setattr(measure, "SESSION_CHUNK", 3)
+    monkeypatch.setattr(prompts, "SESSION_CHUNK", 3)
     schedule = ScriptedSchedule(ttft_s=0.005, itl_s=0.002)
     with scripted_server(default_schedule=schedule) as server:
         plan = build_plan({
@@ -263,7 +265,7 @@ def test_duration_bound_multi_turn_sessions_each_get_their_own(tmp_path, tok_dir
             "output_len": "3", "warmup": 0, "concurrency": "2", "num_requests": 0, "duration": "1s",
         })  # fmt: skip
         run_dir = RunDir.create(tmp_path / "run", plan.describe(), ["compare", "run"])
-        assert measure.measure(plan, run_dir) == 0
+        assert measure(plan, run_dir) == 0
     records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
     sessions = {r.session_id for r in records}
     assert len(sessions) > 3  # beyond the first chunk
@@ -286,7 +288,7 @@ def test_an_open_loop_point_makes_its_prompts_before_it_starts(tmp_path, tok_dir
             "arrival": "constant", "num_requests": 0, "duration": "1s",
         })  # fmt: skip
         run_dir = RunDir.create(tmp_path / "run", plan.describe(), ["compare", "run"])
-        assert measure.measure(plan, run_dir) == 0
+        assert measure(plan, run_dir) == 0
     records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
     (point,) = run_dir.manifest["points"]
     made = point["prompts"]
@@ -304,6 +306,6 @@ def test_an_open_loop_reserve_covers_its_sends(seed):
     for rate, duration in ((5.0, 3.0), (40.0, 10.0)):
         schedule = OpenLoop(rate, "poisson", seed=seed)
         sends = int(np.sum(schedule.offsets(int(rate * duration * 3) + 50) < duration))
-        assert sends <= measure.expected_sends(schedule, duration) <= sends + 3 * np.sqrt(sends) + 8
-    assert measure.expected_sends(ClosedLoop(4), 10.0) == 0
-    assert measure.expected_sends(OpenLoop(float("inf")), 10.0) == 0
+        assert sends <= prompts.expected_sends(schedule, duration) <= sends + 3 * np.sqrt(sends) + 8
+    assert prompts.expected_sends(ClosedLoop(4), 10.0) == 0
+    assert prompts.expected_sends(OpenLoop(float("inf")), 10.0) == 0

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from adapters.request_spec import RequestSpec
-from compare.plan import build_plan
-from compare.run_options import PlanError
+from compare.plan.build import build_plan
+from compare.plan.run_options import PlanError
 from workloads import timing
 from workloads.clocks import ClockSample, estimate_offset, to_driver_clock
 from workloads.records import RequestRecord
@@ -136,7 +136,7 @@ def test_without_ray_nothing_imports_it():
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from compare.cli import app\n"
-        "import compare.report, compare.store, workloads.loadgen\n"
+        "import compare.report.write, compare.measure.run_dir, workloads.loadgen\n"
         "result = CliRunner().invoke(app, ['run', '--help'])\n"
         "assert result.exit_code == 0 and '--ray' in result.output, result.output\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"

@@ -25,9 +25,14 @@ from test_compare_report import requests_for
 from typer.testing import CliRunner
 
 import compare.cli as cli
-from compare import launch, measure, terminal
+from compare import terminal
 from compare.cli import app
-from compare.store import RunDir
+from compare.launch import launcher as launching
+from compare.measure import model
+from compare.measure.loop import Launch
+from compare.measure.point import Point
+from compare.measure.run_dir import RunDir
+from compare.measure.watcher import Watcher
 
 runner = CliRunner()
 BOX = re.compile(r"[\u2500-\u257f]")  # box-drawing characters of rich's panels
@@ -187,23 +192,23 @@ class Heard:
     def _point(self, _title: str, _total: int | None) -> Iterator[Any]:
         yield lambda _done, _rate, _errors, phase: self.phases.append(phase)
 
-    def watcher(self) -> measure.Watcher:
-        return measure.Watcher(say=self.said.append, point=self._point, wait=self._wait)
+    def watcher(self) -> Watcher:
+        return Watcher(say=self.said.append, point=self._point, wait=self._wait)
 
 
 def test_a_refused_endpoint_fails_at_once_naming_the_url(monkeypatch):
     """Nothing listens at the endpoint: the error says "connection refused" and the URL after a few checks
     within `REFUSED_GRACE_S`, not after the 60 s health timeout (bound: 10 s, for a busy machine)."""
-    url = f"http://127.0.0.1:{launch.free_port()}"  # bound once, then closed: nothing listens there
+    url = f"http://127.0.0.1:{launching.free_port()}"  # bound once, then closed: nothing listens there
     checks = []
-    real = launch.check_health
-    monkeypatch.setattr(launch, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
+    real = launching.check_health
+    monkeypatch.setattr(launching, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
     started = time.monotonic()
-    with pytest.raises(launch.LaunchError) as info:
-        launch.endpoint_report("vllm", "", url, "/health", timeout=60.0)
+    with pytest.raises(launching.LaunchError) as info:
+        launching.endpoint_report("vllm", "", url, "/health", timeout=60.0)
     assert time.monotonic() - started < 10.0
     assert "connection refused" in str(info.value) and f"{url}/health" in str(info.value)
-    assert 1 <= len(checks) <= 1 + launch.REFUSED_GRACE_S / 0.1 + 1
+    assert 1 <= len(checks) <= 1 + launching.REFUSED_GRACE_S / 0.1 + 1
 
 
 @contextlib.contextmanager
@@ -229,11 +234,12 @@ def _answering(status: int) -> Iterator[str]:
 
 
 def test_an_endpoint_that_answers_but_not_healthy_is_waited_for_and_says_how_it_answered():
-    unhealthy = pytest.raises(launch.LaunchError, match=r"no healthy answer .* within 1 s \(last: HTTP 503\)")
+    answer = r"no healthy answer .* within 1 s \(last: HTTP 503\)"
+    unhealthy = pytest.raises(launching.LaunchError, match=answer)
     with _answering(503) as url, unhealthy:
-        launch.endpoint_report("vllm", "", url, "/health", timeout=1.0)
+        launching.endpoint_report("vllm", "", url, "/health", timeout=1.0)
     with _answering(200) as url:
-        assert launch.endpoint_report("vllm", "", url, "/health", timeout=5.0).url == url
+        assert launching.endpoint_report("vllm", "", url, "/health", timeout=5.0).url == url
 
 
 SLOW_SERVER = """
@@ -258,11 +264,11 @@ server.serve_forever()
 def test_a_launched_server_is_polled_through_refusals_and_its_state_is_shown(tmp_path):
     """Refused connections are expected while a launched server starts: polling goes on, and the state
     heard says it is not listening yet and which start-up phase its log reports."""
-    port = launch.free_port()
-    launcher = launch.ProcessLauncher(
+    port = launching.free_port()
+    launcher = launching.ProcessLauncher(
         "reference",
         "",
-        launch.ServerProcess([sys.executable, "-c", SLOW_SERVER, str(port)]),
+        launching.ServerProcess([sys.executable, "-c", SLOW_SERVER, str(port)]),
         f"http://127.0.0.1:{port}",
         "/health",
         tmp_path / "server.log",
@@ -284,18 +290,18 @@ def test_a_launched_server_that_exits_stops_the_wait_at_once(tmp_path):
         "-c",
         "import time, sys; print('no GPU', flush=True); time.sleep(0.3); sys.exit(4)",
     ]
-    port = launch.free_port()
-    launcher = launch.ProcessLauncher(
+    port = launching.free_port()
+    launcher = launching.ProcessLauncher(
         "reference",
         "",
-        launch.ServerProcess(cmd),
+        launching.ServerProcess(cmd),
         f"http://127.0.0.1:{port}",
         "/health",
         tmp_path / "x.log",
         startup_timeout=600,
     )
     started = time.monotonic()
-    with pytest.raises(launch.LaunchError, match="exited with code 4"):
+    with pytest.raises(launching.LaunchError, match="exited with code 4"):
         launcher.start(on_wait=lambda _state: None)
     assert time.monotonic() - started < 30
 
@@ -306,12 +312,12 @@ def test_preparing_the_builtin_checkpoint_is_a_wait_with_a_status(monkeypatch, t
     heard = Heard()
     monkeypatch.setattr(builtin_models, "builtin_checkpoint", lambda name: tmp_path / name)
     name = next(iter(builtin_models.BUILTIN_MODELS))
-    assert measure._resolve_model(name, heard.watcher()) == str(tmp_path / name)
+    assert model._resolve_model(name, heard.watcher()) == str(tmp_path / name)
     assert [title for title, _ in heard.waits] == [
         f"built-in model {name}: preparing the checkpoint (converted once, then cached)"
     ]
     assert heard.said and heard.said[-1].startswith(f"built-in model {name}: checkpoint ready in ")
-    assert measure._resolve_model("/some/dir", heard.watcher()) == "/some/dir" and len(heard.waits) == 1
+    assert model._resolve_model("/some/dir", heard.watcher()) == "/some/dir" and len(heard.waits) == 1
 
 
 def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
@@ -329,7 +335,7 @@ def test_a_server_start_is_a_wait_that_hears_the_launchers_states():
 
     plan = SimpleNamespace(launch="process", request_timeout=10)
     backend = SimpleNamespace(name="reference", key="reference")
-    launch_ = measure._Launch(plan, None, backend, 0, heard.watcher(), None)
+    launch_ = Launch(plan, None, backend, 0, heard.watcher(), None)
     launch_._start(Launcher(), None, None)
     assert heard.waits == [("reference: starting the server", ["weights done; not listening yet"])]
     assert any("ready in 2.5 s" in s for s in heard.said)
@@ -351,6 +357,7 @@ def test_the_warm_up_is_named_in_the_progress_until_measured_requests_finish(tmp
         job.progress(warm + measured[:1])
         job.progress(warm + measured)
         Path(job.summary_path).touch()
+        return warm + measured
 
     run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
     plan = SimpleNamespace(
@@ -365,7 +372,7 @@ def test_the_warm_up_is_named_in_the_progress_until_measured_requests_finish(tmp
     schedule = SimpleNamespace(label="c=1", describe=lambda: {"kind": "closed", "concurrency": 1})
     backend = SimpleNamespace(name="b", variant="", key="b")
     workload = SimpleNamespace(label="wl", sessions=False)
-    point = measure._Point(plan, backend, None, "http://x", workload, schedule)
+    point = Point(plan, backend, None, "http://x", workload, schedule)
     point.run(run, [], [object()] * warm_n, fake_load, None, heard.watcher())
     expected = [f"warm-up {k}/{warm_n}" for k in range(warm_n)] + ["", "", ""]
     assert heard.phases == expected[-len(heard.phases) :] and len(heard.phases) == warm_n + 3
@@ -377,10 +384,10 @@ def test_a_run_against_a_refused_endpoint_says_so_with_every_wait_shown(monkeypa
     checks of a 10 s health timeout."""
     heard = Heard()
     monkeypatch.setattr(cli, "_console_watcher", heard.watcher)
-    url = f"http://127.0.0.1:{launch.free_port()}"
+    url = f"http://127.0.0.1:{launching.free_port()}"
     checks = []
-    real = launch.check_health
-    monkeypatch.setattr(launch, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
+    real = launching.check_health
+    monkeypatch.setattr(launching, "check_health", lambda *a, **k: checks.append(a) or real(*a, **k))
     args = ["run", "--backends", "vllm", "--endpoint", f"vllm={url}", "--model", "scripted-model"]
     args += ["--tokenizer", str(llama_dir), "--n-boot", "10", "--out", str(tmp_path / "run")]
     result = runner.invoke(app, args, env={"COLUMNS": "80"})
@@ -391,7 +398,7 @@ def test_a_run_against_a_refused_endpoint_says_so_with_every_wait_shown(monkeypa
     assert titles[-1] == "analysing the run and writing its reports"
     refusals = [s for s in heard.said if "connection refused" in s]
     assert len(refusals) == 1 and f"{url}/health" in refusals[0]
-    assert len(checks) <= 1 + launch.REFUSED_GRACE_S / 0.1 + 1
+    assert len(checks) <= 1 + launching.REFUSED_GRACE_S / 0.1 + 1
 
 
 def test_progress_and_spinner_lines_wrap_rather_than_cut_at_80_columns(monkeypatch):
@@ -420,14 +427,14 @@ def test_a_backend_that_cannot_be_reached_is_said_once_by_name_with_its_log_verb
     problem = "log: INFO [core.py:12] boom [/] [bold]"
 
     def refused(*_args, **_kwargs):
-        raise launch.LaunchError(f"vllm: {problem}")
+        raise launching.LaunchError(f"vllm: {problem}")
 
-    monkeypatch.setattr(launch, "endpoint_report", refused)
+    monkeypatch.setattr(launching, "endpoint_report", refused)
     plan = SimpleNamespace(served_model=None, model="m")
     backend = SimpleNamespace(name="vllm", variant="", key="vllm", launched=False, endpoint="http://x")
     run_dir = SimpleNamespace(manifest={"notes": []})
     assert (
-        measure._Launch(plan, run_dir, backend, 0, heard.watcher(), None).run("m", None, None, None, None)
+        Launch(plan, run_dir, backend, 0, heard.watcher(), None).run("m", None, None, None, None)
         is False
     )
     shown = Console(width=200, record=True, file=io.StringIO())

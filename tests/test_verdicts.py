@@ -14,8 +14,8 @@ import pytest
 from test_compare_report import make_run, requests_for
 from test_duration_cut_warning import summary_of
 
-from compare.caveats import duration_cut_qualifiers
-from compare.confidence import (
+from compare.analysis.caveats import duration_cut_qualifiers
+from compare.analysis.confidence import (
     Confidence,
     Qualifier,
     bracket_verdict,
@@ -23,12 +23,15 @@ from compare.confidence import (
     qualifiers_for,
     verdict,
 )
-from compare.costs import break_even
-from compare.datatypes import SetupReport
-from compare.report import analyze, build_blocks, to_markdown, write_reports
-from compare.selection import setup_gap, throughput_pick
-from compare.store import RunDir
-from compare.turns import TURN, turn_table
+from compare.analysis.costs import break_even
+from compare.analysis.results import analyze
+from compare.analysis.selection import setup_gap, throughput_pick
+from compare.analysis.turns import TURN, turn_table
+from compare.common.datatypes import SetupReport
+from compare.measure.run_dir import RunDir
+from compare.report.render import to_markdown
+from compare.report.sections import build_blocks
+from compare.report.write import write_reports
 from workloads.records import RecordWriter
 
 

@@ -97,9 +97,9 @@ def test_sweep_and_capacity_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     """`compare run --sweep --capacity` at small scale against the real vLLM: the synchronous and saturating
     closed loops first, then open-loop rates upwards until one saturates (or the extra rates run out), then
     only bisection below it; the report states each point's role and the capacity found under a loose SLO."""
-    from compare import capacity, sweep
-    from compare.measure import Watcher
-    from compare.plan import build_plan
+    from compare.analysis import capacity, sweep
+    from compare.measure.watcher import Watcher
+    from compare.plan.build import build_plan
     from compare.runner import run_plan
 
     plan = build_plan({

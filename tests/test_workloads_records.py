@@ -58,7 +58,7 @@ def test_compressed_records_read_as_written(tmp_path):
     """A committed run directory keeps requests.jsonl as .xz: the run directory reads it in place."""
     import lzma
 
-    from compare.store import RunDir
+    from compare.measure.run_dir import RunDir
 
     rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**32))
     records = [random_record(rng, f"r{i}") for i in range(int(rng.integers(5, 30)))]

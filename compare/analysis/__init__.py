@@ -1,0 +1,2 @@
+"""Stage 4, analysis: the run directory read back into metrics, statistics, costs, caveats, the parity
+audit and the decision, the same way for every backend."""
