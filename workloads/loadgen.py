@@ -368,6 +368,7 @@ class _Run:
             error_kind=None if error is None else error[0], error_message=None if error is None else error[1],
             session_id=item.session_id, turn=item.turn,
             stale_retry_s=None if raw.stale_retry is None else raw.stale_retry - t0,
+            server_timings=reading.server_timings,
         )
 
     # -- schedules -----------------------------------------------------------------------------------
