@@ -10,6 +10,8 @@
 # Knobs (environment):
 #   LLAMACPP_PY_VERSION   llama-cpp-python release whose vendored llama.cpp is built (default 0.3.36)
 #   LLAMACPP_JOBS         parallel compile jobs (default 2)
+#   LLAMACPP_NATIVE       ON (default): kernels tuned for this machine's CPU (build where you run); OFF: a
+#                         portable x86-64 build (a container image meant for other hosts)
 #   LLAMACPP_REBUILD=1    build again even if DIR already has a working llama-server
 set -euo pipefail
 
@@ -54,7 +56,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$src" -B "$work/build" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=ON \
+    -DGGML_NATIVE="${LLAMACPP_NATIVE:-ON}" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
