@@ -7,6 +7,7 @@ vLLM's and our engine's model cards, a dtype or quantisation where a card gives 
 (vLLM's engine configuration line and its `non-default args` line; our engine's configuration line, its
 weights line for the dtype, its graph-capture line and its front-end line), the labels of its `/metrics`
 info gauges (vLLM's `cache_config_info`: block size, KV-cache dtype, prefix caching, GPU memory fraction),
+a settings route where its adapter names one (llama.cpp's `/props`: file type, slots, context per slot),
 the command we launched it with (each adapter's `setting_flags`), and the adapter's documented defaults
 (for a server we launched only: a running endpoint's flags are not known). The tokenizer is identified by
 a hash of its files where the directory is on this machine, else by its name. Whether the forced output
@@ -87,12 +88,28 @@ def fetch_metrics_settings(url: str, backend: str, timeout: float = 5.0) -> dict
         return {}
 
 
+def fetch_props_settings(url: str, backend: str, timeout: float = 5.0) -> dict[str, str]:
+    """The settings a server states in its settings route (its adapter's `props_path` and `read_props`:
+    llama.cpp's `/props`); {} where it has none or does not answer."""
+    from adapters import ADAPTERS
+
+    cls = ADAPTERS.get(backend)
+    if not getattr(cls, "props_path", None):
+        return {}
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + cls.props_path, timeout=timeout) as resp:
+            return cls.read_props(json.loads(resp.read()))
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return {}
+
+
 def collect(setup: SetupReport, model_path: str | None) -> None:
     """While measuring, once the backend answers: its models route, its `/metrics` info gauges' settings
     and its tokenizer's identity into `setup` (the start-up log's settings are read with its phases,
     `compare.setup_log`)."""
     setup.models_route = fetch_models_route(setup.url)
     setup.metrics_settings = fetch_metrics_settings(setup.url, setup.backend)
+    setup.props_settings = fetch_props_settings(setup.url, setup.backend)
     setup.tokenizer_id = tokenizer_identity(_tokenizer_path(setup, model_path))
 
 
@@ -153,21 +170,25 @@ def declared_settings(
     flags = _flags(setup.command) if vllm_flags else {}
     named = _setting_flags(cls, setup.command)
     log, card, info = reread_log(setup, run_path), _card(setup), setup.metrics_settings or {}
+    props = setup.props_settings or {}
     found = {
         "served_model": _first(("models route", card.get("id"))),
         "max_model_len": _first(
             ("models route", _int(card.get("max_model_len"))),
             ("log", _int(log.get("max_model_len"))),
+            ("props", _int(props.get("max_model_len"))),
             ("command", _int(flags.get("--max-model-len"))),
         ),
         "dtype": _first(
             ("models route", _dtype(card.get("dtype"))),
             ("log", _dtype(log.get("dtype") or setup.dtype)),
+            ("props", _dtype(props.get("dtype"))),
             ("command", _dtype(flags.get("--dtype"))),
         ),
         "quantization": _first(
             ("models route", _lower(card.get("quantization"))),
             ("log", _lower(log.get("quantization"))),
+            ("props", _lower(props.get("quantization"))),
             ("command", _lower(flags.get("--quantization") or flags.get("-q"))),
             ("default", defaults.get("quantization")),
         ),
@@ -186,7 +207,8 @@ def declared_settings(
             *_default_api_servers(setup, family, log, named),
         ),
         "max_num_seqs": _first(
-            ("log", _int(log.get("max_num_seqs"))), ("command", _int(named.get("max_num_seqs")))
+            ("log", _int(log.get("max_num_seqs"))), ("props", _int(props.get("max_num_seqs"))),
+            ("command", _int(named.get("max_num_seqs"))),
         ),
         "max_batched_tokens": _first(
             ("log", _int(log.get("max_batched_tokens"))), ("command", _int(named.get("max_batched_tokens")))
