@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.base import Adapter, HttpRequest, MalformedEvent, StreamEvent, Usage
+from adapters.llamacpp import LlamaCppChatAdapter, LlamaCppCompletionsAdapter
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
 from adapters.reference import ReferenceAdapter, ReferenceChatAdapter, ReferenceTGIAdapter
 from adapters.tgi import TGIAdapter, TGIOpenAIChatAdapter, TGIOpenAICompletionsAdapter
@@ -23,6 +24,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         TGIAdapter, TGIOpenAIChatAdapter, TGIOpenAICompletionsAdapter,
         TrtllmCompletionsAdapter, TrtllmChatAdapter, TritonGenerateAdapter,
         ReferenceAdapter, ReferenceChatAdapter, ReferenceTGIAdapter,
+        LlamaCppCompletionsAdapter, LlamaCppChatAdapter,
     )
 }
 

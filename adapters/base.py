@@ -51,6 +51,8 @@ class StreamEvent:
     `is_output`: the event belongs to the generation (has a choice / a token), as opposed to a usage-only
     or end-marker event; only such events can carry cumulative usage.
     `error`: the server reported an error in the stream.
+    `server_timings`: the server's own account of the request so far, where its events carry one
+    (llama.cpp's `timings`), as numbers under its own names.
     """
 
     n_tokens: int = 0
@@ -61,6 +63,7 @@ class StreamEvent:
     is_output: bool = False
     exact: bool = False
     error: str | None = None
+    server_timings: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,7 +220,7 @@ def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
     for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                      ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
         env[var] = str(workdir / sub)
-    if len(env["TMPDIR"]) > 60:
+    if len(str(Path(env["TMPDIR"]).resolve())) > 60:  # as vLLM sees it: a relative run directory is resolved
         digest = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:12]
         env["TMPDIR"] = str(Path(tempfile.gettempdir()) / f"llm-compare-vllm-{digest}")
         scratch.append(env["TMPDIR"])

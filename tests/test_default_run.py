@@ -53,6 +53,7 @@ def test_without_vllm_two_settings_of_the_reference_engine():
 
 def test_default_plan_with_and_without_vllm(tmp_path, monkeypatch):
     monkeypatch.delenv("LLM_COMPARE_VLLM", raising=False)
+    monkeypatch.delenv("LLM_COMPARE_LLAMACPP", raising=False)  # found, llama.cpp would be chosen first
     monkeypatch.setattr("shutil.which", no_which)
     plan = build_plan({})
     cpus = os.cpu_count() or 1

@@ -96,6 +96,7 @@ class _RawResponse:
     chunks: list[tuple[float, bytes]]
     streaming: bool
     error: tuple[ErrorKind, str] | None
+    stale_retry: float | None = None  # when a first try on a stale pooled connection failed (then retried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,7 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.t0 = perf_counter()
         self.session: aiohttp.ClientSession | None = None
+        self.fresh_session: aiohttp.ClientSession | None = None  # for retries after a stale connection
         self._urls: dict[str, URL] = {}
         self._failures = 0
         self.measured_start: float | None = None
@@ -234,34 +236,46 @@ class _Run:
 
     async def execute(self, item: _Prepared, scheduled: float, warmup: bool) -> None:
         """Send one request and hand what happened to `record_finished`; never raises except
-        CancelledError (after handing over)."""
+        CancelledError (after handing over). A first try that fails on a reused pooled connection before
+        any response byte (`_stale_connection`) is sent once more on a new connection."""
         assert self.session is not None
-        stamps: dict[str, float] = {}
+        stamps: dict[str, Any] = {}
         chunks: list[tuple[float, bytes]] = []
         status: int | None = None
         headers_t: float | None = None
         streaming = True
         error: tuple[ErrorKind, str] | None = None
         cancelled = False
+        stale_at: float | None = None
         start = perf_counter()
         if self.on_start is not None:
             self.on_start(item.request_id, scheduled, start, warmup)
         deadline = asyncio.timeout(self.timeouts.request_s)
         try:
-            async with deadline, self.session.post(item.url, data=item.body, headers=item.headers,
-                                                   trace_request_ctx=stamps) as resp:
-                headers_t = perf_counter()
-                protocol = resp.connection.protocol if resp.connection is not None else None
-                if isinstance(protocol, StampingHandler) and protocol.last_rx:
-                    headers_t = min(headers_t, protocol.last_rx)  # the socket read that brought the headers
-                status = resp.status
-                if status != 200:
-                    body = await _read_limited(resp.content, ERROR_BODY_LIMIT)
-                    error = (ErrorKind.HTTP_STATUS,
-                             f"HTTP {status} {resp.reason or ''}: {body.decode('utf-8', 'replace')}".strip())
-                else:
-                    streaming = resp.content_type == "text/event-stream"
-                    await read_stamped(resp, chunks)
+            async with deadline:
+                while True:
+                    session = self.session if stale_at is None else self._fresh_session()
+                    try:
+                        async with session.post(item.url, data=item.body, headers=item.headers,
+                                                trace_request_ctx=stamps) as resp:
+                            headers_t = perf_counter()
+                            protocol = resp.connection.protocol if resp.connection is not None else None
+                            if isinstance(protocol, StampingHandler) and protocol.last_rx:
+                                headers_t = min(headers_t, protocol.last_rx)  # the read that brought them
+                            status = resp.status
+                            if status != 200:
+                                body = await _read_limited(resp.content, ERROR_BODY_LIMIT)
+                                error = (ErrorKind.HTTP_STATUS, f"HTTP {status} {resp.reason or ''}: "
+                                         f"{body.decode('utf-8', 'replace')}".strip())
+                            else:
+                                streaming = resp.content_type == "text/event-stream"
+                                await read_stamped(resp, chunks)
+                        break
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                        if stale_at is not None or not _stale_connection(exc, stamps, headers_t, chunks):
+                            raise
+                        stale_at = perf_counter()
+                        stamps = {}
         except asyncio.CancelledError:
             error = (ErrorKind.CANCELLED, "the run was stopped while this request was in flight")
             cancelled = True
@@ -271,11 +285,23 @@ class _Run:
             if self._failures % GC_EVERY_FAILURES == 0:
                 gc.collect()
         end = perf_counter()
-        raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error)
+        raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error,
+                           stale_at)
         self.finished.append((item, scheduled, warmup, raw))
         self._work.set()
         if cancelled:
             raise asyncio.CancelledError
+
+    def _fresh_session(self) -> aiohttp.ClientSession:
+        """A session whose every request opens a connection of its own (closed after it): where a retry of a
+        request whose pooled connection had gone stale goes, so that it cannot meet another stale one."""
+        if self.fresh_session is None:
+            assert self.session is not None
+            connector = StampingConnector(force_close=True, limit=0, ttl_dns_cache=None)
+            self.fresh_session = aiohttp.ClientSession(
+                connector=connector, timeout=self.session.timeout, read_bufsize=READ_BUFFER,
+                trace_configs=[_trace_config()], raise_for_status=False)
+        return self.fresh_session
 
     # -- turning the raw facts into records ----------------------------------------------------------
 
@@ -341,6 +367,8 @@ class _Run:
             retokenized_tokens=retokenized, token_count_mismatch=len(known) > 1,
             error_kind=None if error is None else error[0], error_message=None if error is None else error[1],
             session_id=item.session_id, turn=item.turn,
+            stale_retry_s=None if raw.stale_retry is None else raw.stale_retry - t0,
+            server_timings=reading.server_timings,
         )
 
     # -- schedules -----------------------------------------------------------------------------------
@@ -468,6 +496,21 @@ async def _read_limited(content: aiohttp.StreamReader, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def _stale_connection(exc: BaseException, stamps: dict[str, Any], headers_t: float | None,
+                      chunks: list[tuple[float, bytes]]) -> bool:
+    """Whether a failed try met the client's own stale keep-alive connection rather than a failing server:
+    it went out on a pooled connection that had served an earlier response (`reuseconn` stamp), failed
+    with a disconnect, reset or broken pipe, and no byte of a response had arrived. A server that closes a
+    keep-alive connection after its last response (llama.cpp's llama-server does, after a stream) races the
+    next request sent on it; HTTP clients retry such a request once (RFC 9112, 9.3.1)."""
+    if not stamps.get("reused") or headers_t is not None or chunks:
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return any(isinstance(c, ConnectionResetError | BrokenPipeError)
+               or getattr(c, "errno", None) in (errno.ECONNRESET, errno.EPIPE) for c in _chain(exc))
+
+
 def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeouts: Timeouts
               ) -> tuple[ErrorKind, str]:
     """Map an exception from the HTTP exchange to an error kind and a message."""
@@ -538,7 +581,12 @@ def _trace_config() -> aiohttp.TraceConfig:
         if stamps is not None and "send" not in stamps:
             stamps["send"] = perf_counter()
 
+    async def on_reuse(_session: Any, ctx: Any, _params: Any) -> None:
+        if ctx.trace_request_ctx is not None:
+            ctx.trace_request_ctx["reused"] = True  # taken from the pool: it served an earlier response
+
     config.on_request_chunk_sent.append(on_chunk_sent)
+    config.on_connection_reuseconn.append(on_reuse)
     return config
 
 
@@ -589,6 +637,8 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
                     task.uncancel()
                 log.warning("run %s interrupted: in-flight requests recorded as cancelled", run.run_id)
             finally:
+                if run.fresh_session is not None:
+                    await run.fresh_session.close()
                 if supply is not None:
                     supply.close()
                 recorder.cancel()

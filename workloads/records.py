@@ -105,6 +105,14 @@ class RequestRecord(BaseModel):
     # the conversation it belongs to (multi-turn sessions, workloads/sessions.py) and its turn, from 0
     session_id: str | None = None
     turn: int | None = None
+    # the first send went out on a pooled keep-alive connection that the server had already closed and failed
+    # before any response byte (the client's stale connection, not a server failure): when that try failed.
+    # The request was then sent once more on a new connection; `send_s` is that send, `scheduled_s` and
+    # `start_s` stay the request's own, so the lost time shows as client lag
+    stale_retry_s: float | None = None
+    # the server's own account of the request, where its stream carries one (llama.cpp's `timings`:
+    # prompt_n, prompt_ms, predicted_n, predicted_ms, ...), as its last event gave it
+    server_timings: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:

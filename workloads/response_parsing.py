@@ -37,6 +37,7 @@ class StreamReading:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     finish_reason: str | None = None
+    server_timings: dict[str, float] | None = None  # the last the server's events gave
 
     @property
     def text(self) -> str:
@@ -113,6 +114,7 @@ def reading_steps(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], strea
             if event.usage.completion_tokens is not None:
                 out.usage_completion_tokens = event.usage.completion_tokens
         out.finish_reason = event.finish_reason or out.finish_reason
+        out.server_timings = event.server_timings or out.server_timings
     if out.problem is None:
         stream_error = next((e.error for e in out.events if e.error is not None), None)
         if stream_error is not None:

@@ -7,6 +7,7 @@ vLLM's and our engine's model cards, a dtype or quantisation where a card gives 
 (vLLM's engine configuration line and its `non-default args` line; our engine's configuration line, its
 weights line for the dtype, its graph-capture line and its front-end line), the labels of its `/metrics`
 info gauges (vLLM's `cache_config_info`: block size, KV-cache dtype, prefix caching, GPU memory fraction),
+a settings route where its adapter names one (llama.cpp's `/props`: file type, slots, context per slot),
 the command we launched it with (each adapter's `setting_flags`), and the adapter's documented defaults
 (for a server we launched only: a running endpoint's flags are not known). The tokenizer is identified by
 a hash of its files where the directory is on this machine, else by its name. Whether the forced output
@@ -76,21 +77,25 @@ def declared_settings(
     flags = command_flags(setup.command) if vllm_flags else {}
     named = setting_flags(cls, setup.command)
     log, card, info = reread_log(setup, run_path), model_card(setup), setup.metrics_settings or {}
+    props = setup.props_settings or {}
     found = {
         "served_model": _first(("models route", card.get("id"))),
         "max_model_len": _first(
             ("models route", _int(card.get("max_model_len"))),
             ("log", _int(log.get("max_model_len"))),
+            ("props", _int(props.get("max_model_len"))),
             ("command", _int(flags.get("--max-model-len"))),
         ),
         "dtype": _first(
             ("models route", _dtype(card.get("dtype"))),
             ("log", _dtype(log.get("dtype") or setup.dtype)),
+            ("props", _dtype(props.get("dtype"))),
             ("command", _dtype(flags.get("--dtype"))),
         ),
         "quantization": _first(
             ("models route", _lower(card.get("quantization"))),
             ("log", _lower(log.get("quantization"))),
+            ("props", _lower(props.get("quantization"))),
             ("command", _lower(flags.get("--quantization") or flags.get("-q"))),
             ("default", defaults.get("quantization")),
         ),
@@ -109,7 +114,8 @@ def declared_settings(
             *_default_api_servers(setup, family, log, named),
         ),
         "max_num_seqs": _first(
-            ("log", _int(log.get("max_num_seqs"))), ("command", _int(named.get("max_num_seqs")))
+            ("log", _int(log.get("max_num_seqs"))), ("props", _int(props.get("max_num_seqs"))),
+            ("command", _int(named.get("max_num_seqs"))),
         ),
         "max_batched_tokens": _first(
             ("log", _int(log.get("max_batched_tokens"))), ("command", _int(named.get("max_batched_tokens")))

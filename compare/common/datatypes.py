@@ -86,6 +86,7 @@ class SetupReport:
     models_route: dict[str, Any] | None = None
     tokenizer_id: str | None = None
     metrics_settings: dict[str, str] = field(default_factory=dict)  # from its /metrics info gauges' labels
+    props_settings: dict[str, str] = field(default_factory=dict)  # from its settings route (llama.cpp /props)
 
     @property
     def key(self) -> str:

@@ -79,13 +79,14 @@ def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path,
     """The adapter's launch spec for `backend` with its `--server-args` (LaunchSpecError if it cannot)."""
     cls = ADAPTERS[backend.name]
     variant = Variant.parse(backend.variant, **dict(backend.options))
+    executables = {"vllm": plan.vllm_bin, "llamacpp": getattr(plan, "llamacpp_bin", None)}
     return cls.launch_spec(
         model,
         variant,
         port,
         workdir=workdir,
         gpu=gpu,
-        executable=plan.vllm_bin if cls.server_family == "vllm" else None,
+        executable=executables.get(cls.server_family),
     ).with_extra_args(backend.server_args)
 
 
@@ -110,7 +111,9 @@ def _process(
 ) -> Launcher:
     exe = spec.command[0]
     if shutil.which(exe) is None and not Path(exe).is_file():
-        hint = " (--vllm-bin PATH or LLM_COMPARE_VLLM)" if cls.server_family == "vllm" else ""
+        hint = {"vllm": " (--vllm-bin PATH or LLM_COMPARE_VLLM)",
+                "llamacpp": " (--llamacpp-bin PATH or LLM_COMPARE_LLAMACPP; .ci/install_llamacpp.sh DIR)",
+                }.get(cls.server_family, "")
         raise LaunchError(f"{backend.key}: {exe} not found{hint}; install it, or use --launch docker")
     for path in spec.dirs:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -73,12 +73,28 @@ def fetch_metrics_settings(url: str, backend: str, timeout: float = 5.0) -> dict
         return {}
 
 
+def fetch_props_settings(url: str, backend: str, timeout: float = 5.0) -> dict[str, str]:
+    """The settings a server states in its settings route (its adapter's `props_path` and `read_props`:
+    llama.cpp's `/props`); {} where it has none or does not answer."""
+    from adapters import ADAPTERS
+
+    cls = ADAPTERS.get(backend)
+    if not getattr(cls, "props_path", None):
+        return {}
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + cls.props_path, timeout=timeout) as resp:
+            return cls.read_props(json.loads(resp.read()))
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return {}
+
+
 def collect(setup: SetupReport, model_path: str | None) -> None:
     """While measuring, once the backend answers: its models route, its `/metrics` info gauges' settings
     and its tokenizer's identity into `setup` (the start-up log's settings are read with its phases,
     `compare.launch.setup_log`)."""
     setup.models_route = fetch_models_route(setup.url)
     setup.metrics_settings = fetch_metrics_settings(setup.url, setup.backend)
+    setup.props_settings = fetch_props_settings(setup.url, setup.backend)
     setup.tokenizer_id = tokenizer_identity(_tokenizer_path(setup, model_path))
 
 

