@@ -12,11 +12,11 @@ from checkpoints import make_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from workloads.catalog import DATASETS, Random, dataset_named, register
 from workloads.datasets import (
     LengthDist,
     fixed_dataset,
     jsonl_dataset,
-    make_dataset,
     prefix_dataset,
     random_dataset,
     sharegpt_dataset,
@@ -150,10 +150,15 @@ def test_prefix_groups_share_their_prefix_exactly(name, request):
     assert len(other_groups) == 4
 
 
-def test_registry(bpe):
-    assert make_dataset("random", bpe, 2, 8, 4, seed=2) == random_dataset(bpe, 2, 8, 4, seed=2)
-    with pytest.raises(ValueError, match="unknown dataset"):
-        make_dataset("nope", bpe)
+def test_the_catalog_holds_each_dataset_once_and_each_is_pinned():
+    names = ["random", "fixed", "sharegpt", "jsonl", "prefix", "multi-turn", "sharegpt-turns"]
+    assert list(DATASETS) == names  # the order of --dataset's help
+    assert dataset_named("prefix") is DATASETS["prefix"]
+    with pytest.raises(ValueError, match="unknown dataset 'nope'; known: random, fixed, sharegpt"):
+        dataset_named("nope")
+    with pytest.raises(ValueError, match="declared twice"):
+        register(type("Again", (Random,), {}))
+    assert set(PINNED_OPTIONS) == set(PINS) == set(DATASETS)  # a new dataset: its options and pins below
 
 
 # -- what each dataset makes, pinned ------------------------------------------------------------------------
@@ -166,7 +171,8 @@ CONVERSATIONS = [
     {"id": "d", "conversations": [{"from": f, "value": v} for f, v in [
         ("human", "Hello there?"), ("gpt", "Hi."), ("human", "Bye?"), ("gpt", "Bye.")]]},
 ]
-#: each dataset's options in the pinned plan (paths: files of tests/data, or `CONVERSATIONS`)
+#: each dataset's options in the pinned plan, and in the recipe's test (tests/test_recipes.py). Paths name the
+#: files `example_files` writes: those of tests/data, and `CONVERSATIONS`
 PINNED_OPTIONS = {
     "random": {"input_len": "uniform:4:12", "output_len": "3"},
     "fixed": {},
@@ -238,12 +244,9 @@ def _pinned(dataset: str, tok_dir: Path, tokenizer, files: Path) -> tuple[dict, 
     from compare.plan.build import build_plan
     from workloads.datasets import PromptStream
 
-    options = dict(PINNED_OPTIONS[dataset])
-    if "dataset_path" in options:
-        options["dataset_path"] = str(files / options["dataset_path"])
     plan = build_plan({"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
                        "tokenizer": str(tok_dir), "dataset": dataset, "num_requests": 4, "seed": 7,
-                       "concurrency": "1,2", "warmup": 1, **options})
+                       "concurrency": "1,2", "warmup": 1, **dataset_options(dataset, files)})
     (entry,) = plan.describe()["workloads"]
     entry = {k: Path(v).name if k == "path" else v for k, v in entry.items() if v not in (None, "")}
     prompts = Prompts(plan, tokenizer, FixedPoints.most_points(plan))
@@ -258,13 +261,25 @@ def _pinned(dataset: str, tok_dir: Path, tokenizer, files: Path) -> tuple[dict, 
     return entry, [s.request_id for s in first[:3]], list(first[0].prompt_token_ids[:6]), _digest(everything)
 
 
-@pytest.fixture(scope="module")
-def pin_files(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("files")
+def example_files(out: Path) -> Path:
+    """`out`, holding the files `PINNED_OPTIONS` names."""
     for name in ("sharegpt_small.json", "prompts.jsonl"):
         (out / name).write_bytes((DATA / name).read_bytes())
     (out / "conversations.json").write_text(json.dumps(CONVERSATIONS))
     return out
+
+
+def dataset_options(dataset: str, files: Path) -> dict:
+    """`PINNED_OPTIONS[dataset]`, a path made a file of `files` (`example_files`)."""
+    options = dict(PINNED_OPTIONS[dataset])
+    if "dataset_path" in options:
+        options["dataset_path"] = str(files / options["dataset_path"])
+    return options
+
+
+@pytest.fixture(scope="module")
+def pin_files(tmp_path_factory) -> Path:
+    return example_files(tmp_path_factory.mktemp("files"))
 
 
 @pytest.mark.parametrize("dataset", list(PINNED_OPTIONS))
