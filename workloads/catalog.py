@@ -76,7 +76,7 @@ class Option:
 
     means: str
     default: Any = None
-    check: Callable[[str], object] | None = None
+    check: Callable[[Any], object] | None = None
 
 
 def reads(**options: Option) -> Mapping[str, Option]:
@@ -107,7 +107,7 @@ class Dataset(ABC):
         """The workload's name in the manifest, summary.csv and the report (when it is not given one)."""
         return self.name
 
-    def check(self, key: str, value: str) -> None:
+    def check(self, key: str, value: Any) -> None:
         """Raise ValueError, with the reason, if `value` is not one the dataset can take for option `key`
         (one of `options`)."""
         check = self.options[key].check
