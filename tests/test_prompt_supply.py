@@ -22,7 +22,7 @@ from compare.measure.watcher import Watcher
 from compare.plan.build import build_plan
 from compare.plan.run_options import PlanError, WorkloadSpec
 from instruments.scripted_server import ScriptedSchedule, scripted_server
-from workloads import datasets
+from workloads import catalog, datasets
 from workloads.datasets import PromptStream
 from workloads.loadgen import run_load_sync
 from workloads.records import read_records
@@ -108,25 +108,29 @@ def test_generated_workloads_give_every_request_a_prompt_of_its_own(tokenizer, m
     sequence made twice, another slice different; a prefix workload keeps its groups' prefixes from one
     chunk to the next."""
     monkeypatch.setattr(datasets, "STREAM_CHUNK", 6)
-    monkeypatch.setattr(prompts, "SESSION_CHUNK", 3)
+    monkeypatch.setattr(catalog, "SESSION_CHUNK", 3)
     allowed = prompts._Allowed(tokenizer)
+
+    def stream(w: WorkloadSpec, k: int) -> PromptStream:
+        return catalog.dataset_named(w.dataset).stream(w, tokenizer, seed, k, None, allowed)
+
     random = WorkloadSpec("random", "uniform:4:12", "3")
-    specs = prompts._stream(random, tokenizer, allowed, seed, 0, None).first(20)
+    specs = stream(random, 0).first(20)
     assert [s.request_id for s in specs] == [f"random0-{i}" for i in range(20)]
     assert len({s.prompt_token_ids for s in specs}) == 20
-    assert prompts._stream(random, tokenizer, allowed, seed, 0, None).first(20) == specs
-    other = prompts._stream(random, tokenizer, allowed, seed, 1, None).first(20)
+    assert stream(random, 0).first(20) == specs
+    other = stream(random, 1).first(20)
     assert not {s.prompt_token_ids for s in other} & {s.prompt_token_ids for s in specs}
 
     prefix = WorkloadSpec("prefix", "4", "2", prefix_len=8, prefix_groups=2)
-    grouped = prompts._stream(prefix, tokenizer, allowed, seed, 2, None).first(18)  # 3 chunks of 6
+    grouped = stream(prefix, 2).first(18)  # 3 chunks of 6
     assert len({s.request_id for s in grouped}) == len({s.prompt_token_ids for s in grouped}) == 18
     heads = {g: {s.prompt_token_ids[:8] for s in grouped if s.group == g} for g in ("g0", "g1")}
     assert all(len(h) == 1 for h in heads.values()) and heads["g0"] != heads["g1"]
     assert all(s.request_id.startswith("prefix2-g") for s in grouped)
 
     turns = WorkloadSpec("multi-turn", "5", "2", turns=2)
-    sessions = prompts._stream(turns, tokenizer, allowed, seed, 0, None).first(7)
+    sessions = stream(turns, 0).first(7)
     assert [s.session_id for s in sessions] == [f"session0-{i}" for i in range(7)]
     assert len({t.prompt_token_ids for s in sessions for t in s.turns}) == 14
 
@@ -256,7 +260,7 @@ def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeyp
 def test_duration_bound_multi_turn_sessions_each_get_their_own(tmp_path, tok_dir, monkeypatch):
     """A multi-turn workload bound by its duration takes new sessions from the stream as it goes (chunks
     of 3 sessions here): every session and turn id distinct, turns in order."""
-    monkeypatch.setattr(prompts, "SESSION_CHUNK", 3)
+    monkeypatch.setattr(catalog, "SESSION_CHUNK", 3)
     schedule = ScriptedSchedule(ttft_s=0.005, itl_s=0.002)
     with scripted_server(default_schedule=schedule) as server:
         plan = build_plan({

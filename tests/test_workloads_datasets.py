@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,11 +12,11 @@ from checkpoints import make_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from workloads.catalog import DATASETS, Random, dataset_named, register
 from workloads.datasets import (
     LengthDist,
     fixed_dataset,
     jsonl_dataset,
-    make_dataset,
     prefix_dataset,
     random_dataset,
     sharegpt_dataset,
@@ -26,9 +27,15 @@ DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    """A byte-level BPE tokenizer trained here on multilingual text (merges, multi-byte characters)."""
-    return make_tokenizer(tmp_path_factory.mktemp("bpe"))
+def bpe_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bpe")
+
+
+@pytest.fixture(scope="module")
+def bpe(bpe_dir):
+    """A byte-level BPE tokenizer trained here on multilingual text (merges, multi-byte characters), saved
+    in `bpe_dir`."""
+    return make_tokenizer(bpe_dir)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +150,140 @@ def test_prefix_groups_share_their_prefix_exactly(name, request):
     assert len(other_groups) == 4
 
 
-def test_registry(bpe):
-    assert make_dataset("random", bpe, 2, 8, 4, seed=2) == random_dataset(bpe, 2, 8, 4, seed=2)
-    with pytest.raises(ValueError, match="unknown dataset"):
-        make_dataset("nope", bpe)
+def test_the_catalog_holds_each_dataset_once_and_each_is_pinned():
+    names = ["random", "fixed", "sharegpt", "jsonl", "prefix", "multi-turn", "sharegpt-turns"]
+    assert list(DATASETS) == names  # the order of --dataset's help
+    assert dataset_named("prefix") is DATASETS["prefix"]
+    with pytest.raises(ValueError, match="unknown dataset 'nope'; known: random, fixed, sharegpt"):
+        dataset_named("nope")
+    with pytest.raises(ValueError, match="declared twice"):
+        register(type("Again", (Random,), {}))
+    assert set(PINNED_OPTIONS) == set(PINS) == set(DATASETS)  # a new dataset: its options and pins below
+
+
+# -- what each dataset makes, pinned ------------------------------------------------------------------------
+
+#: a conversation of three answered turns (sharegpt-turns), and one of two
+CONVERSATIONS = [
+    {"id": "c", "conversations": [{"from": f, "value": v} for f, v in [
+        ("human", "First question?"), ("gpt", "An answer."), ("human", "Second?"), ("gpt", "Two."),
+        ("human", "And a third one?"), ("gpt", "Three.")]]},
+    {"id": "d", "conversations": [{"from": f, "value": v} for f, v in [
+        ("human", "Hello there?"), ("gpt", "Hi."), ("human", "Bye?"), ("gpt", "Bye.")]]},
+]
+#: each dataset's options in the pinned plan, and in the recipe's test (tests/test_recipes.py). Paths name the
+#: files `example_files` writes: those of tests/data, and `CONVERSATIONS`
+PINNED_OPTIONS = {
+    "random": {"input_len": "uniform:4:12", "output_len": "3"},
+    "fixed": {},
+    "sharegpt": {"dataset_path": "sharegpt_small.json"},
+    "jsonl": {"dataset_path": "prompts.jsonl", "output_len": "5"},
+    "prefix": {"input_len": "4", "output_len": "2", "prefix_len": 8, "prefix_groups": 2},
+    "multi-turn": {"input_len": "5", "output_len": "2", "turns": 2, "think_time": "uniform:0:1"},
+    "sharegpt-turns": {"dataset_path": "conversations.json", "turns": 2, "think_time": "exponential:1"},
+}
+#: per dataset: its manifest entry (values other than None and ""), the ids of slice 0's first requests, the
+#: first token ids of its first prompt, and a digest of everything the point slices hold (see `_pinned`)
+PINS: dict[str, tuple[dict, list[str], list[int], str]] = {
+    "random": (
+        {"dataset": "random", "input_len": "uniform:4:12", "output_len": "3",
+         "label": "random-uniform:4:12x3"},
+        ["random0-0", "random0-1", "random0-2"], [270, 321, 335, 57, 16, 75], "7892cbb82f57c9b7",
+    ),
+    "fixed": (
+        {"dataset": "fixed", "input_len": "128", "output_len": "16", "label": "fixed"},
+        ["fixed0-0", "fixed0-1", "fixed0-2"], [366, 282, 298, 355, 270, 321], "740d7b301d7be900",
+    ),
+    "sharegpt": (
+        {"dataset": "sharegpt", "input_len": "128", "output_len": "16",
+         "path": "sharegpt_small.json", "label": "sharegpt-sharegpt_small"},
+        ["sharegpt-conv-a", "sharegpt-conv-b", "sharegpt-conv-d"], [57, 74, 75, 353, 299, 357],
+        "cf3b961184781c51",
+    ),
+    "jsonl": (
+        {"dataset": "jsonl", "input_len": "128", "output_len": "5",
+         "path": "prompts.jsonl", "label": "jsonl-prompts"},
+        ["jsonl-short", "jsonl-default-length", "jsonl-4"], [39, 90, 82, 78, 67, 270], "244dec1c779e2552",
+    ),
+    "prefix": (
+        {"dataset": "prefix", "input_len": "4", "output_len": "2", "prefix_len": 8,
+         "prefix_groups": 2, "label": "prefix-2x8+4x2"},
+        ["prefix0-g0-0", "prefix0-g1-0", "prefix0-g0-1"], [366, 282, 298, 355, 270, 321], "15e09128eb8d0a55",
+    ),
+    "multi-turn": (
+        {"dataset": "multi-turn", "input_len": "5", "output_len": "2", "turns": 2,
+         "think_time": "uniform:0:1", "label": "multi-turn-2x5x2"},
+        ["session0-0-t0", "session0-0-t1", "session0-1-t0"], [34, 326, 31, 210, 331], "0ee16266cfdf8210",
+    ),
+    "sharegpt-turns": (
+        {"dataset": "sharegpt-turns", "input_len": "128", "output_len": "16", "path": "conversations.json",
+         "turns": 2, "think_time": "exponential:1", "label": "sharegpt-turns-conversations"},
+        ["sharegpt-c-t0", "sharegpt-c-t1", "sharegpt-d-t0"], [40, 75, 84, 85, 86, 223], "7c74ac34e2721208",
+    ),
+}
+
+
+def _requests(items: list) -> list:
+    """The requests of a point's items: a session's turns in order, or the item itself."""
+    return [turn for item in items for turn in getattr(item, "turns", (item,))]
+
+
+def _digest(items: list) -> str:
+    rows = [(s.request_id, list(s.prompt_token_ids), s.prompt_text, s.wanted_output_tokens, s.group)
+            for s in _requests(items)]
+    rows += [(item.session_id, list(item.think_s)) for item in items if hasattr(item, "think_s")]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _pinned(dataset: str, tok_dir: Path, tokenizer, files: Path) -> tuple[dict, list[str], list[int], str]:
+    """What compare's plan and `Prompts` make of `dataset` with `PINNED_OPTIONS`, seed 7, two load points
+    of 4 requests: the manifest entry, slice 0's first ids and first prompt's first tokens, and a digest of
+    both slices (a stream's chunk 1 too, which carries on its ids), the warm-up and the cold requests."""
+    from compare.measure.load_points import FixedPoints
+    from compare.measure.prompts import Prompts
+    from compare.plan.build import build_plan
+    from workloads.datasets import PromptStream
+
+    plan = build_plan({"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
+                       "tokenizer": str(tok_dir), "dataset": dataset, "num_requests": 4, "seed": 7,
+                       "concurrency": "1,2", "warmup": 1, **dataset_options(dataset, files)})
+    (entry,) = plan.describe()["workloads"]
+    entry = {k: Path(v).name if k == "path" else v for k, v in entry.items() if v not in (None, "")}
+    prompts = Prompts(plan, tokenizer, FixedPoints.most_points(plan))
+    [(_, slices)] = prompts.workloads
+    made = []
+    for source in slices:
+        made.append(source.first(4) if isinstance(source, PromptStream) else list(source))
+        if isinstance(source, PromptStream):
+            made.append(source.chunk(1))
+    first = _requests(made[0])
+    everything = [item for items in [*made, *prompts.warm, prompts.cold] for item in items]
+    return entry, [s.request_id for s in first[:3]], list(first[0].prompt_token_ids[:6]), _digest(everything)
+
+
+def example_files(out: Path) -> Path:
+    """`out`, holding the files `PINNED_OPTIONS` names."""
+    for name in ("sharegpt_small.json", "prompts.jsonl"):
+        (out / name).write_bytes((DATA / name).read_bytes())
+    (out / "conversations.json").write_text(json.dumps(CONVERSATIONS))
+    return out
+
+
+def dataset_options(dataset: str, files: Path) -> dict:
+    """`PINNED_OPTIONS[dataset]`, a path made a file of `files` (`example_files`)."""
+    options = dict(PINNED_OPTIONS[dataset])
+    if "dataset_path" in options:
+        options["dataset_path"] = str(files / options["dataset_path"])
+    return options
+
+
+@pytest.fixture(scope="module")
+def pin_files(tmp_path_factory) -> Path:
+    return example_files(tmp_path_factory.mktemp("files"))
+
+
+@pytest.mark.parametrize("dataset", list(PINNED_OPTIONS))
+def test_every_dataset_makes_the_prompts_and_label_it_made_before(dataset, bpe_dir, bpe, pin_files):
+    """The same seed gives the same prompts, ids, output lengths, think times and manifest entry as when
+    these were pinned (the datasets as functions named in compare/, before their declarations)."""
+    assert _pinned(dataset, bpe_dir, bpe, pin_files) == PINS[dataset]

@@ -1,5 +1,6 @@
 """Datasets of token-exact requests: each `RequestSpec` holds the prompt as token ids and as text, and the
-output length wanted.
+output length wanted. What a run may name, with its options and label, is declared in `workloads/catalog.py`,
+which calls these functions.
 
 - `random`: random tokens, input and output lengths fixed or drawn (uniform, normal, lognormal), seeded.
   The text of the ids is re-encoded and the ids adjusted until the target tokenizer gives back exactly the
@@ -401,24 +402,6 @@ def group_prefixes(tokenizer: Any, n_groups: int, prefix_len: int, seed: int | S
     rng = np.random.default_rng(seed)
     allowed = ordinary_token_ids(tokenizer) if allowed is None else allowed
     return [ids for ids, _ in token_exact_prompts(tokenizer, [prefix_len] * n_groups, rng, allowed)]
-
-
-DATASETS: dict[str, Callable[..., list[RequestSpec]]] = {
-    "random": random_dataset,
-    "fixed": fixed_dataset,
-    "sharegpt": sharegpt_dataset,
-    "jsonl": jsonl_dataset,
-    "prefix": prefix_dataset,
-}
-
-
-def make_dataset(name: str, *args: Any, **options: Any) -> list[RequestSpec]:
-    """`DATASETS[name](*args, **options)`, with a clear error for an unknown name."""
-    try:
-        build = DATASETS[name]
-    except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
-    return build(*args, **options)
 
 
 #: requests per chunk of a `PromptStream` made for a duration-bound point. Measured on a busy 2-core machine

@@ -22,7 +22,7 @@ from compare.analysis.confidence import Qualifier
 from compare.analysis.parity import Finding
 from compare.common.datatypes import SetupReport, key_of
 from compare.common.text import plural
-from compare.plan.build import MULTI_TURN_TURNS
+from workloads.catalog import DATASETS
 
 
 def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[Qualifier]:
@@ -107,8 +107,9 @@ def _wanted_turns(config: dict[str, Any]) -> dict[str, int]:
     out = {}
     for w in config.get("workloads") or []:
         turns = w.get("turns")
-        if turns is None and w.get("dataset") == "multi-turn":
-            turns = MULTI_TURN_TURNS
+        declared = DATASETS.get(str(w.get("dataset"))) if turns is None else None
+        if declared is not None and "turns" in declared.options:
+            turns = declared.options["turns"].default  # the dataset's own default (multi-turn's)
         if turns:
             out[w.get("label") or w.get("name") or ""] = int(turns)
     return out

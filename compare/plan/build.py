@@ -4,7 +4,7 @@
     endpoints: vllm=http://127.0.0.1:8000      (a running server; key `name` or `name:variant`)
     launch:    process | docker                (how backends without an endpoint are started)
     load:      --concurrency 1,8,32 and/or --rate 2,8 --arrival poisson and/or --trace FILE
-    workload:  --dataset random|fixed|sharegpt|jsonl|prefix|multi-turn|sharegpt-turns, lengths,
+    workload:  --dataset NAME (declared in workloads/catalog.py) and the options it reads: lengths,
                --dataset-path, --prefix-len/-groups, --turns, --think-time
     slo:       ttft=200ms,tpot=50ms,e2e=2s      (a bare number is milliseconds)
 
@@ -33,8 +33,8 @@ from adapters.launch_spec import LaunchSpecError, Variant
 from compare.plan import default_candidates
 from compare.plan.run_options import (
     DEFAULTS,
+    OPTIONS,
     PLANNED,
-    SESSION_DATASETS,
     BackendSpec,
     PlanError,
     RunPlan,
@@ -46,9 +46,8 @@ from compare.plan.run_options import (
     parse_numbers,
     split_list,
 )
-from workloads.datasets import LengthDist
+from workloads.catalog import DATASETS, DEFAULT_DATASET, Dataset, dataset_named
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, TraceReplay, point_seed
-from workloads.sessions import ThinkTime
 
 #: backends the tool can start itself: those whose adapter knows how (`launch_spec`)
 LAUNCHABLE = {name for name, cls in ADAPTERS.items() if cls.server_family}
@@ -366,58 +365,40 @@ def _workloads(
 WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups",
                     "turns", "think_time")
 WORKLOAD_KEYS = {"path", "name", *WORKLOAD_OPTIONS}
-DATASET_NAMES = ("random", "fixed", "sharegpt", "jsonl", "prefix", *SESSION_DATASETS)
-FILE_DATASETS = ("sharegpt", "jsonl", "sharegpt-turns")
-#: the shape options each dataset reads (any other would be silently ignored)
+#: the shape options a dataset may read (its declaration's `options`; any other given is refused)
 SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups", "turns", "think_time")
-OPTIONS_USED = {
-    "random": {"input_len", "output_len"},
-    "jsonl": {"output_len"},
-    "prefix": {"input_len", "output_len", "prefix_len", "prefix_groups"},
-    "multi-turn": {"input_len", "output_len", "turns", "think_time"},
-    "sharegpt-turns": {"turns", "think_time"},
-}
-MULTI_TURN_TURNS = 3  # multi-turn's user turns per session when --turns is not given
+#: those a workload keeps only where its dataset reads them (the lengths it always keeps)
+KEPT_WHERE_READ = ("prefix_len", "prefix_groups", "turns", "think_time")
 
 
 def _workload_of(values: dict[str, Any], name: str = "") -> WorkloadSpec:
     """One workload from the merged options or a run file's `workloads` entry (defaults for what is
     absent)."""
-    dataset = str(values.get("dataset", "random"))
-    prefix = dataset == "prefix"
+    try:
+        dataset = dataset_named(str(values.get("dataset", DEFAULT_DATASET)))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     return WorkloadSpec(
-        dataset,
+        dataset.name,
         str(values.get("input_len", DEFAULTS["input_len"])),
         str(values.get("output_len", DEFAULTS["output_len"])),
         values.get("path") or values.get("dataset_path"),
         name,
-        checked_number(values.get("prefix_len", DEFAULTS["prefix_len"]), "prefix_len", int, minimum=1)
-        if prefix
-        else None,
-        checked_number(
-            values.get("prefix_groups", DEFAULTS["prefix_groups"]), "prefix_groups", int, minimum=1
-        )
-        if prefix
-        else None,
-        *_session_shape(dataset, values),
+        **{k: _shape_value(dataset, k, values) if k in dataset.options else None for k in KEPT_WHERE_READ},
     )
 
 
-def _session_shape(dataset: str, values: dict[str, Any]) -> tuple[int | None, str | None]:
-    """(turns, think time) of a session dataset, checked; (None, None) for the others."""
-    if dataset not in SESSION_DATASETS:
-        return None, None
-    turns = values.get("turns")
-    if turns is None and dataset == "multi-turn":
-        turns = MULTI_TURN_TURNS
-    if turns is not None:
-        turns = checked_number(turns, "turns", int, minimum=1)
-    think = str(values.get("think_time", DEFAULTS["think_time"]))
-    try:
-        ThinkTime.parse(think)
-    except ValueError as exc:
-        raise PlanError(f"{flag('think_time')}: {exc}") from None
-    return turns, think
+def _shape_value(dataset: Dataset, key: str, values: dict[str, Any]) -> Any:
+    """The value of option `key` for a dataset that reads it: the one given, else the dataset's default,
+    else the option's; a whole-number option checked (>= 1, or None where neither has a default)."""
+    value = values.get(key)
+    if value is None:
+        value = dataset.options[key].default
+    if value is None:
+        value = DEFAULTS[key]
+    if OPTIONS[key].type is int:
+        return None if value is None else checked_number(value, key, int, minimum=1)
+    return str(value)
 
 
 def _listed_workload(item: Any) -> WorkloadSpec:
@@ -432,31 +413,26 @@ def _listed_workload(item: Any) -> WorkloadSpec:
 
 
 def _check_workload(w: WorkloadSpec, cli_given: set[str]) -> None:
-    """Everything about a workload that can be known without a tokenizer: the dataset, its file, its
-    lengths."""
-    if w.dataset not in DATASET_NAMES:
-        raise PlanError(f"unknown dataset {w.dataset!r}; known: {', '.join(DATASET_NAMES)}")
-    if w.dataset in FILE_DATASETS:
+    """Everything about a workload that can be known without a tokenizer: its file, the options its dataset
+    reads and their values (the dataset's declaration checks them)."""
+    dataset = dataset_named(w.dataset)
+    files = [d.name for d in DATASETS.values() if d.needs_path]
+    if dataset.needs_path:
         if not w.path:
             raise PlanError(f"dataset {w.dataset} needs --dataset-path")
         if not Path(w.path).expanduser().is_file():
             raise PlanError(f"--dataset-path {w.path}: no such file")
     elif w.path:
         raise PlanError(
-            f"--dataset-path is for the file datasets ({', '.join(FILE_DATASETS)}); "
-            f"dataset {w.dataset} makes its own prompts (give --dataset {' or '.join(FILE_DATASETS)})"
+            f"--dataset-path is for the file datasets ({', '.join(files)}); "
+            f"dataset {w.dataset} makes its own prompts (give --dataset {' or '.join(files)})"
         )
-    used = OPTIONS_USED.get(w.dataset, set())
-    for key in sorted(cli_given & set(SHAPE_OPTIONS) - used):
+    used = dataset.options
+    for key in sorted(cli_given & set(SHAPE_OPTIONS) - set(used)):
         reads = ", ".join(flag(k) for k in SHAPE_OPTIONS if k in used) or "none of the length options"
         raise PlanError(f"{flag(key)} does not apply to dataset {w.dataset} (it reads {reads})")
-    for key in sorted(used & {"input_len", "output_len"}):
-        value = getattr(w, key)
+    for key in sorted(used):
         try:
-            if w.dataset == "jsonl" and not str(value).strip().isdigit():
-                raise ValueError(
-                    f"the default output length of jsonl lines is a whole number N, got {value!r}"
-                )
-            LengthDist.parse(value)
+            dataset.check(key, getattr(w, key))
         except ValueError as exc:
             raise PlanError(f"{flag(key)}: {exc}") from None

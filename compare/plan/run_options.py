@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workloads.catalog import DATASETS, DEFAULT_DATASET, dataset_named
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule
 
 WORKLOAD, LOAD, BACKENDS = "Workload", "Load", "Backends and servers"
@@ -176,6 +177,30 @@ def _fraction(value: Any, option: RunOption) -> float:
     return x
 
 
+def _dataset_help() -> str:
+    """--dataset's help: every declared dataset (workloads/catalog.py), with what it is."""
+    return f"{_either(f'{d.name} ({d.about})' for d in DATASETS.values())} [default: {DEFAULT_DATASET}]"
+
+
+def _read_by(key: str, forms: str = "") -> str:
+    """The help of a workload option: what it means to each dataset that reads it (as its declaration
+    says), then the forms it takes."""
+    meanings: dict[str, list[str]] = {}
+    for d in DATASETS.values():
+        if key in d.options:
+            default = d.options[key].default
+            means = d.options[key].means + (f" [default: {default}]" if default is not None else "")
+            meanings.setdefault(means, []).append(d.name)
+    text = "; ".join(f"{', '.join(names)}: {means}" for means, names in meanings.items())
+    return f"{text}{' ' if forms.startswith('[') else '. '}{forms}" if forms else text
+
+
+def _either(items: Any) -> str:
+    """`a, b or c`."""
+    items = list(items)
+    return " or ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
 # -- the options, in the order of `compare run --help` -------------------------------------------------------
 
 RUN_OPTIONS: tuple[RunOption, ...] = (
@@ -331,11 +356,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         "dataset",
         str,
-        "random",
-        help="random (random token-exact prompts), fixed (a few fixed questions), sharegpt, jsonl (a file: "
-        "--dataset-path), prefix (groups of prompts sharing a prefix: --prefix-len, --prefix-groups), "
-        "multi-turn (sessions of --turns random user turns of --input-len, answers of --output-len) or "
-        "sharegpt-turns (a ShareGPT file's conversations, turn by turn) [default: random]",
+        DEFAULT_DATASET,
+        help=_dataset_help(),
         panel=WORKLOAD,
         metavar="NAME",
     ),
@@ -343,7 +365,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "dataset_path",
         str,
         None,
-        help="the file of --dataset sharegpt or jsonl",
+        help=f"the file of --dataset {_either(d.name for d in DATASETS.values() if d.needs_path)}",
         panel=WORKLOAD,
         metavar="FILE",
     ),
@@ -351,8 +373,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "input_len",
         str,
         "128",
-        help="prompt tokens (random) or tokens after the shared prefix (prefix): N, uniform:LO:HI, "
-        "normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]",
+        help=_read_by(
+            "input_len", "N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA [default: 128]"
+        ),
         panel=WORKLOAD,
         metavar="LEN",
     ),
@@ -360,7 +383,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "output_len",
         str,
         "16",
-        help="output tokens (random, prefix; jsonl: N for lines without their own), same forms [default: 16]",
+        help=_read_by("output_len", "The same forms as --input-len [default: 16]"),
         panel=WORKLOAD,
         metavar="LEN",
     ),
@@ -368,7 +391,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "prefix_len",
         int,
         256,
-        help="prefix: tokens the requests of a group share [default: 256]",
+        help=_read_by("prefix_len", "[default: 256]"),
         panel=WORKLOAD,
         metavar="N",
     ),
@@ -376,7 +399,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "prefix_groups",
         int,
         4,
-        help="prefix: groups, each with a prefix of its own [default: 4]",
+        help=_read_by("prefix_groups", "[default: 4]"),
         panel=WORKLOAD,
         metavar="N",
     ),
@@ -384,9 +407,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "turns",
         int,
         None,
-        help="multi-turn: user turns per session [default: 3]; sharegpt-turns: at most this many turns of "
-        "each conversation [default: all]. Each turn carries the conversation so far; --concurrency counts "
-        "sessions",
+        help=_read_by("turns", "Each turn carries the conversation so far; --concurrency counts sessions"),
         panel=WORKLOAD,
         metavar="N",
     ),
@@ -394,8 +415,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "think_time",
         str,
         "0",
-        help="multi-turn, sharegpt-turns: seconds from an answer to the next turn: S, uniform:LOW:HIGH or "
-        "exponential:MEAN [default: 0]",
+        help=_read_by("think_time", "S, uniform:LOW:HIGH or exponential:MEAN [default: 0]"),
         panel=WORKLOAD,
         metavar="S",
     ),
@@ -816,38 +836,27 @@ class BackendSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    dataset: str = "random"
+    """One workload: its dataset (declared in workloads/catalog.py) and the values of the options it reads
+    (the lengths always kept, the others None where the dataset does not read them)."""
+
+    dataset: str = DEFAULT_DATASET
     input_len: str = "128"
     output_len: str = "16"
     path: str | None = None
     name: str = ""
-    prefix_len: int | None = None  # dataset prefix only
+    prefix_len: int | None = None
     prefix_groups: int | None = None
-    turns: int | None = None  # session datasets only (multi-turn, sharegpt-turns; None: every turn)
-    think_time: str | None = None  # session datasets only
+    turns: int | None = None  # None: every turn (sharegpt-turns), or not read
+    think_time: str | None = None
 
     @property
     def sessions(self) -> bool:
         """Whether the workload is multi-turn sessions (workloads/sessions.py) rather than single requests."""
-        return self.dataset in SESSION_DATASETS
+        return dataset_named(self.dataset).sessions
 
     @property
     def label(self) -> str:
-        if self.name:
-            return self.name
-        if self.dataset == "random":
-            return f"random-{self.input_len}x{self.output_len}"
-        if self.dataset == "prefix":
-            return f"prefix-{self.prefix_groups}x{self.prefix_len}+{self.input_len}x{self.output_len}"
-        if self.dataset == "multi-turn":
-            return f"multi-turn-{self.turns}x{self.input_len}x{self.output_len}"
-        if self.dataset in ("sharegpt", "jsonl", "sharegpt-turns") and self.path:
-            return f"{self.dataset}-{Path(self.path).stem}"
-        return self.dataset
-
-
-#: the datasets of multi-turn sessions
-SESSION_DATASETS = ("multi-turn", "sharegpt-turns")
+        return self.name or dataset_named(self.dataset).label(self)
 
 
 @dataclass
