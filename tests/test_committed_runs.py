@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from compare_cli import ROOT, run_compare
 
-#: the smallest committed run that kept its request records (two launches of two backends, 7B on the H200)
-RUN = ROOT / "benchmarks/results/h200/serving/llama-2-7b/overlapped-arrivals-repeat"
+#: the smallest committed run that kept its request records (three engines on a CPU, two launches each)
+RUN = ROOT / "benchmarks/results/cpu_three_engines/run"
 
 
 @pytest.mark.slow
