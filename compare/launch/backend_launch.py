@@ -79,14 +79,14 @@ def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path,
     """The adapter's launch spec for `backend` with its `--server-args` (LaunchSpecError if it cannot)."""
     cls = ADAPTERS[backend.name]
     variant = Variant.parse(backend.variant, **dict(backend.options))
-    executables = {"vllm": plan.vllm_bin, "llamacpp": getattr(plan, "llamacpp_bin", None)}
+    executable = getattr(plan, cls.executable_option, None) if cls.executable_option else None
     return cls.launch_spec(
         model,
         variant,
         port,
         workdir=workdir,
         gpu=gpu,
-        executable=executables.get(cls.server_family),
+        executable=executable,
     ).with_extra_args(backend.server_args)
 
 
@@ -111,14 +111,13 @@ def _process(
 ) -> Launcher:
     exe = spec.command[0]
     if shutil.which(exe) is None and not Path(exe).is_file():
-        hint = {"vllm": " (--vllm-bin PATH or LLM_COMPARE_VLLM)",
-                "llamacpp": " (--llamacpp-bin PATH or LLM_COMPARE_LLAMACPP; .ci/install_llamacpp.sh DIR)",
-                }.get(cls.server_family, "")
-        raise LaunchError(f"{backend.key}: {exe} not found{hint}; install it, or use --launch docker")
+        raise LaunchError(
+            f"{backend.key}: {exe} not found{cls.executable_hint}; install it, or use --launch docker"
+        )
     for path in spec.dirs:
         Path(path).mkdir(parents=True, exist_ok=True)
     env = {**spec.env, **spec.process_env}
-    if cls.server_family == "reference":
+    if cls.runs_from_checkout:
         env.update(package_env())
     if "CUDA_DEVICE_ORDER" not in os.environ and "CUDA_DEVICE_ORDER" not in env:
         # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and NVML by PCI bus. In this order
@@ -155,7 +154,7 @@ def _container(
     try:
         if image:
             ensure_image(client, image, log)
-        elif cls.server_family == "reference" and not gpu:
+        elif cls.cpu_image_built_here and not gpu:
             ensure_reference_cpu_image(client, spec.image, log=log)
         else:
             ensure_image(client, spec.image, log)

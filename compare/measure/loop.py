@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.base import Adapter
 from compare.common.exit_codes import EXIT_FAILED, EXIT_OK
 from compare.common.text import plural
 from compare.measure.load_points import FixedPoints, PointSource
@@ -144,12 +145,13 @@ class Launch:
         if conclusion:
             self.watcher.say(f"{self.backend.key} {workload.label}: {conclusion}")
 
-    def adapter(self) -> Any:
-        from adapters import get_adapter
+    def adapter(self) -> Adapter:
+        from adapters import ADAPTERS, get_adapter
 
         plan, backend = self.plan, self.backend
         served = plan.served_model or plan.model
-        options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
+        own = ADAPTERS[backend.name].own_model_name  # its model option is no served name (Triton's)
+        options = {} if own and not plan.served_model else {"model": served}
         return get_adapter(backend.name, **options)
 
     def reach(self) -> tuple[Any, str, Any] | None:
