@@ -13,10 +13,12 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adapters import ADAPTERS
-from adapters.launch_spec import LaunchSpecError, ModelSource, Variant
+from adapters.base import Adapter
+from adapters.launch_spec import LaunchSpec, LaunchSpecError, ModelSource, Variant
+from adapters.request_spec import RequestSpec
 from compare.common import devices
 from compare.launch.first_token import FirstTokenError, first_token_s
 from compare.launch.launcher import (
@@ -27,7 +29,11 @@ from compare.launch.launcher import (
     free_port,
     package_env,
 )
-from compare.launch.serving_match import MatchedSetting, apply_match, plan_match, record
+from compare.launch.serving_match import Launch, MatchedSetting, apply_match, plan_match, record
+from compare.plan.run_options import BackendSpec, RunPlan
+
+if TYPE_CHECKING:
+    from compare.measure.run_dir import RunDir
 
 
 def safe_name(text: str) -> str:
@@ -36,9 +42,9 @@ def safe_name(text: str) -> str:
 
 
 def make_launcher(
-    plan: Any,
-    backend: Any,
-    run_dir: Any,
+    plan: RunPlan,
+    backend: BackendSpec,
+    run_dir: RunDir,
     repeat: int,
     model_path: str,
     server_cpus: set[int] | None = None,
@@ -71,11 +77,13 @@ def make_launcher(
         launcher = _process(plan, backend, cls, spec, log_path, server_cpus)
         served_as = spec.served_as
     launcher.report.notes += spec.notes
-    launcher.served_as = served_as  # type: ignore[attr-defined]
+    launcher.served_as = served_as
     return launcher
 
 
-def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path, gpu: bool) -> Any:
+def _spec(
+    plan: RunPlan, backend: BackendSpec, model: ModelSource, port: int, workdir: Path, gpu: bool
+) -> LaunchSpec:
     """The adapter's launch spec for `backend` with its `--server-args` (LaunchSpecError if it cannot)."""
     cls = ADAPTERS[backend.name]
     variant = Variant.parse(backend.variant, **dict(backend.options))
@@ -90,11 +98,11 @@ def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path,
     ).with_extra_args(backend.server_args)
 
 
-def serving_match(plan: Any, model: ModelSource, run_path: Path, gpu: bool) -> dict[str, MatchedSetting]:
+def serving_match(plan: RunPlan, model: ModelSource, run_path: Path, gpu: bool) -> dict[str, MatchedSetting]:
     """The serving settings every launched backend of the plan is given alike
     (`compare.launch.serving_match`), from their launch specs as planned (a backend that cannot be launched
     takes no part)."""
-    launches = []
+    launches: list[Launch] = []
     for other in plan.backends:
         if not other.launched:
             continue
@@ -107,7 +115,12 @@ def serving_match(plan: Any, model: ModelSource, run_path: Path, gpu: bool) -> d
 
 
 def _process(
-    plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, server_cpus: set[int] | None
+    plan: RunPlan,
+    backend: BackendSpec,
+    cls: type[Adapter],
+    spec: LaunchSpec,
+    log_path: Path,
+    server_cpus: set[int] | None,
 ) -> Launcher:
     exe = spec.command[0]
     if shutil.which(exe) is None and not Path(exe).is_file():
@@ -135,10 +148,10 @@ def _process(
 
 
 def _container(
-    plan: Any,
-    backend: Any,
-    cls: Any,
-    spec: Any,
+    plan: RunPlan,
+    backend: BackendSpec,
+    cls: type[Adapter],
+    spec: LaunchSpec,
     log_path: Path,
     gpu: bool,
     server_cpus: set[int] | None,
@@ -147,7 +160,8 @@ def _container(
     from compare.launch.containers import ContainerLauncher, docker_client
     from compare.launch.images import ImageError, ensure_image, ensure_reference_cpu_image
 
-    image = plan.images.get(backend.name) or plan.images.get(cls.server_family)
+    family = cls.server_family
+    image = plan.images.get(backend.name) or (plan.images.get(family) if family else None)
     if spec.container_error and not image:
         raise LaunchError(f"{backend.key}: {spec.container_error}")
     client = docker_client()
@@ -172,7 +186,7 @@ def _container(
     )
 
 
-def measure_cold_first_token(launcher: Launcher, adapter: Any, spec: Any, timeout: float) -> None:
+def measure_cold_first_token(launcher: Launcher, adapter: Adapter, spec: RequestSpec, timeout: float) -> None:
     """Time the first request after ready into the set-up report; a server that cannot answer it is not
     ready after all (LaunchError, quoting its log)."""
     if launcher.ready_at is None:

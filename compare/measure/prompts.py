@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from compare.measure.order import block_budget
 from compare.plan.run_options import RunPlan, WorkloadSpec
 from workloads.schedule import Schedule
@@ -104,9 +106,10 @@ class _Allowed:
     vocabulary), found once for every stream of the run and only if one needs them."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.ids = tokenizer, None
+        self.tokenizer = tokenizer
+        self.ids: np.ndarray | None = None
 
-    def __call__(self) -> Any:
+    def __call__(self) -> np.ndarray:
         if self.ids is None:
             from workloads.datasets import ordinary_token_ids
 
@@ -180,6 +183,7 @@ def _dataset(make_dataset: Any, w: WorkloadSpec, tokenizer: Any, n: int, seed: i
         from workloads.sessions import sharegpt_sessions
 
         think = w.think_time or 0.0
+        assert w.path is not None  # a file dataset (the plan requires its path)
         return sharegpt_sessions(w.path, tokenizer, n=n, turns=w.turns, think_time=think, seed=seed)
     if w.dataset == "sharegpt":
         return make_dataset("sharegpt", w.path, tokenizer, n=n, seed=seed)
