@@ -59,7 +59,8 @@ def forced_lengths(requests: pd.DataFrame) -> dict[str, bool | None]:
         return out
     ok = requests[(requests["status"] == "ok") & requests["output_length_forced"].astype(bool)]
     for (backend, variant), group in ok.groupby(["backend", "variant"], sort=False):
-        out[key_of(backend, variant)] = bool((group["output_tokens"] >= group["wanted_output_tokens"]).all())
+        forced = group["output_tokens"] >= group["wanted_output_tokens"]
+        out[key_of(str(backend), str(variant))] = bool(forced.all())
     return out
 
 
