@@ -309,9 +309,9 @@ def run_cells(plan: RunPlan, run_dir: RunDir, say: Callable[[str], None]) -> int
     remote = ray.remote(run_cell)
     info = run_dir.manifest["ray"]
     info["cell_resources"] = {}
-    running: dict[int, Any] = {}
+    running: dict[int, ray.ObjectRefGenerator] = {}
 
-    def submit(cell: Cell) -> Any:
+    def submit(cell: Cell) -> ray.ObjectRefGenerator:
         backend = cell.plan.backends[0]
         resources = (plan.ray_cell_resources if backend.launched else {}) or default_resources(
             backend.launched
