@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from adapters.startup_log import ConfigLine, LogClock, StartupPattern
 
 FinalEvent = Literal["done", "finish", "none"]
+#: how a server's HTTP front-end count is known when it was not told one (`Adapter.api_servers_default`)
+ApiServersDefault = Literal["per_data_parallel_rank", "one_unless_logged"]
 #: common setting name -> the launch flag that sets it and its aliases (`--tensor-parallel-size`, `-tp`)
 SettingFlags = Mapping[str, tuple[str, ...]]
 #: `/metrics` info gauge -> {its label: the common setting name the label's value gives}
@@ -105,7 +107,10 @@ class Adapter:
     - `health_path`, `info_path`, `metrics_path`, `metric_names` (backend metric -> common name)
     - `startup_patterns`, `log_clock`: its server's start-up log lines; `launch_spec(...)`: how to start it
     - `config_lines`, `declared_defaults`: where its log prints its settings, and its documented defaults
-    - `setting_flags`, `info_metrics`: the flags and `/metrics` info gauges that carry the audited settings
+    - `setting_flags`, `info_metrics`: the flags and `/metrics` info gauges that carry the audited settings;
+      `props_path`, `read_props`: a settings route and how its answer reads
+    - the capabilities from `own_model_name` on, and `serving_defaults(gpu)`: what the comparator does
+      differently for this backend, so that `compare/` names none
 
     The launch and log side is written as mixins (`_VLLMLaunch`, ...) that subclass `Adapter` too, so that
     they see its attributes; in every concrete adapter they come before the protocol class.
@@ -125,6 +130,38 @@ class Adapter:
     setting_flags: ClassVar[SettingFlags] = {}  # the launch flags of the audited settings
     info_metrics: ClassVar[InfoMetrics] = {}  # the `/metrics` info gauges that carry settings
     final_event: ClassVar[FinalEvent] = "done"
+    #: where its server states its settings as JSON (llama.cpp's `/props`; `read_props` reads the answer):
+    #: the parity audit's source for a running endpoint, whose log we do not have
+    props_path: ClassVar[str | None] = None
+
+    # -- what the comparator does differently for it (so that compare/ names no backend) -------------------
+    #: its `model` option names a model of the server's own (Triton's `ensemble`), not the checkpoint: only
+    #: `--served-model` replaces its default
+    own_model_name: ClassVar[bool] = False
+    #: the run option that names its server's executable (a `RunPlan` field: `vllm_bin`), and where the
+    #: executable is looked for, said when it is not found (" (--vllm-bin PATH or LLM_COMPARE_VLLM)")
+    executable_option: ClassVar[str | None] = None
+    executable_hint: ClassVar[str] = ""
+    #: its server is this checkout's own code: a process launch puts the checkout first on PYTHONPATH
+    runs_from_checkout: ClassVar[bool] = False
+    #: without a GPU, its container image is built here from this checkout (docker/), not pulled
+    cpu_image_built_here: ClassVar[bool] = False
+    #: a launch that names no variant gets the one the device calls for (CUDA graphs on a GPU, eager on a CPU)
+    variant_by_device: ClassVar[bool] = False
+    #: on a CPU it runs eager whatever its variant asks (there are no CUDA graphs there)
+    eager_on_cpu: ClassVar[bool] = False
+    #: its command line takes vLLM's flags for the model's settings (`--max-model-len`, `--dtype`,
+    #: `--quantization`, `--enable-prefix-caching`, `--enforce-eager`, ...), which the parity audit reads back
+    vllm_style_flags: ClassVar[bool] = False
+    #: how many HTTP front ends its server runs when not told, for the audit: one per data-parallel rank
+    #: (vLLM), or one on a CPU and, on a GPU, one where its log's configuration line names none (ours: it
+    #: logs the count only for several); None: not known
+    api_servers_default: ClassVar[ApiServersDefault | None] = None
+    #: the fraction of GPU memory it takes unless told, declared for a launch on a GPU (None: not declared)
+    gpu_memory_default: ClassVar[float | None] = None
+    #: its `setting_flags` for the front ends and batch limits mean what ours' and vLLM's do, so that
+    #: `--match-serving` may give them alike (`compare.launch.serving_match`)
+    serving_matchable: ClassVar[bool] = False
 
     #: the request asks the server to produce exactly `wanted_output_tokens` (ignore_eos / min_tokens)
     forces_output_length: bool = False
@@ -138,6 +175,17 @@ class Adapter:
         from adapters.launch_spec import LaunchSpecError
 
         raise LaunchSpecError(f"{cls.name}: llm-compare does not start this server; give its --endpoint")
+
+    @classmethod
+    def serving_defaults(cls, gpu: bool) -> dict[str, int]:
+        """The matched serving settings (`api_servers`, `max_num_seqs`, `max_batched_tokens`) its server
+        runs with unasked on this machine, where they are fixed ({}: none is)."""
+        return {}
+
+    @staticmethod
+    def read_props(props: dict[str, Any]) -> dict[str, str]:
+        """The audited settings in an answer of its `props_path`, as common setting names and strings."""
+        return {}
 
     def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
         raise NotImplementedError

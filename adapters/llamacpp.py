@@ -220,9 +220,9 @@ class _LlamaCppLaunch(Adapter):
     declared_defaults = LLAMACPP_DEFAULTS
     setting_flags = LLAMACPP_SETTING_FLAGS
     config_lines: ClassVar[list] = LLAMACPP_CONFIG
-    #: where the server states its settings as JSON, and how they read (the parity audit's source for a
-    #: running endpoint, whose log we do not have)
-    props_path: ClassVar[str] = "/props"
+    props_path: ClassVar[str | None] = "/props"
+    executable_option = "llamacpp_bin"
+    executable_hint = " (--llamacpp-bin PATH or LLM_COMPARE_LLAMACPP; .ci/install_llamacpp.sh DIR)"
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from adapters.base import Adapter, InfoMetrics, SettingFlags
+from adapters.base import Adapter, ApiServersDefault, InfoMetrics, SettingFlags
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant
 from adapters.startup_log import clock, config_line, pattern
 from adapters.tgi import TGIAdapter
@@ -114,6 +114,20 @@ REFERENCE_SETTING_FLAGS: SettingFlags = {
 }
 
 
+def reference_serving_defaults(gpu: bool) -> dict[str, int]:
+    """Our server's documented front-end count and batch limits on this machine, unasked (its front ends:
+    4 with an NVIDIA GPU and 16 or more cores, else 1)."""
+    from reference_engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+    from reference_engine.serving.options import default_api_server_count
+
+    kind = "cuda" if gpu else "cpu"
+    return {
+        "api_servers": default_api_server_count(kind, True),
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS[kind],
+        "max_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
+    }
+
+
 #: a named Docker volume for the CUDA image's /cache, where Triton keeps the kernels it compiled: a container
 #: started on a host that ran one before loads them instead of compiling (docker/reference-cuda.Dockerfile)
 REFERENCE_CACHE_VOLUME = "llm-compare-reference-cache"
@@ -122,11 +136,26 @@ REFERENCE_CACHE_VOLUME = "llm-compare-reference-cache"
 class _ReferenceLaunch(Adapter):
     """How to start our server, and what its launch and log declare."""
 
-    server_family = "reference"  # on a CPU it runs eager whatever the variant (the selection says so)
+    server_family = "reference"
     declared_defaults = REFERENCE_DEFAULTS
     setting_flags = REFERENCE_SETTING_FLAGS
     info_metrics: ClassVar[InfoMetrics] = {}  # not vLLM's gauges
     config_lines = REFERENCE_CONFIG
+    # every capability set here, as the vLLM launch mixin after this one in the MRO has its own values
+    executable_option: ClassVar[str | None] = None  # the Python running the comparison, not an option
+    executable_hint: ClassVar[str] = ""
+    runs_from_checkout = True
+    cpu_image_built_here = True
+    variant_by_device = True
+    eager_on_cpu = True  # whatever the variant (the selection says so)
+    vllm_style_flags = True
+    api_servers_default: ClassVar[ApiServersDefault | None] = "one_unless_logged"
+    gpu_memory_default = 0.9
+    serving_matchable = True
+
+    @classmethod
+    def serving_defaults(cls, gpu: bool) -> dict[str, int]:
+        return reference_serving_defaults(gpu)
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

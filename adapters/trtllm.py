@@ -209,6 +209,7 @@ class TritonGenerateAdapter(Adapter):
 
     name: ClassVar[str] = "trtllm-triton"
     health_path: ClassVar[str] = "/v2/health/ready"
+    own_model_name = True  # a Triton model (`ensemble`), not the checkpoint's served name
     metric_names = TRITON_METRICS
     final_event = "none"
 

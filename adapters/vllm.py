@@ -16,9 +16,9 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from adapters.base import Adapter, InfoMetrics, SettingFlags
+from adapters.base import Adapter, ApiServersDefault, InfoMetrics, SettingFlags
 from adapters.launch_spec import LaunchSpec, ModelSource, Variant, needs_gpu
 from adapters.openai import OpenAIChatAdapter, OpenAICompletionsAdapter
 from adapters.startup_log import clock, config_line, pattern
@@ -234,6 +234,17 @@ class _VLLMLaunch(Adapter):
     declared_defaults = VLLM_DEFAULTS
     setting_flags = VLLM_SETTING_FLAGS
     info_metrics = VLLM_INFO_METRICS
+    executable_option: ClassVar[str | None] = "vllm_bin"
+    executable_hint = " (--vllm-bin PATH or LLM_COMPARE_VLLM)"
+    vllm_style_flags = True
+    api_servers_default: ClassVar[ApiServersDefault | None] = "per_data_parallel_rank"
+    serving_matchable = True
+
+    @classmethod
+    def serving_defaults(cls, gpu: bool) -> dict[str, int]:
+        """One HTTP front end (one per data-parallel rank); its batch limits change with its version and the
+        GPU's memory, so they are not fixed."""
+        return {"api_servers": 1}
 
     @classmethod
     def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,

@@ -22,9 +22,8 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import numpy as np
 import typer
 from rich.console import Console
@@ -36,8 +35,14 @@ from compare import terminal
 from compare.common.exit_codes import EXIT_USAGE
 from compare.common.text import plural
 from compare.measure.watcher import Watcher
-from compare.plan.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption
+from compare.plan.run_options import LOCAL_RAY, RUN_OPTIONS, PlanError, RunOption, RunPlan
 from compare.terminal import console_watcher
+
+if TYPE_CHECKING:
+    from typer._click.core import Context  # typer's own copy of click, whose commands take its Context
+
+    from compare.analysis.results import Results
+    from compare.measure.run_dir import RunDir
 
 APP_HELP = (
     "Compare LLM serving backends under one load generator: run a comparison and write its reports, "
@@ -69,15 +74,17 @@ def demo(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = Engine(EngineConfig(model=model, device=device, dtype=dtype))
     tok = engine.tokenizer
-    prompts = []
+    prompts: list[list[int]] = []
     for text in DEMO_PROMPTS:
         if getattr(tok, "chat_template", None):
             prompts.append(
-                tok.apply_chat_template(
-                    [{"role": "user", "content": text}],
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=False,
+                _token_ids(
+                    tok.apply_chat_template(
+                        [{"role": "user", "content": text}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
                 )
             )
         else:
@@ -89,7 +96,7 @@ def demo(
     for text, out in zip(DEMO_PROMPTS, outs, strict=True):
         table.add_row(
             text,
-            tok.decode(out.token_ids, skip_special_tokens=True),
+            str(tok.decode(out.token_ids, skip_special_tokens=True)),  # one sequence: one string
             str(len(out.token_ids)),
             out.finish_reason or "",
         )
@@ -99,6 +106,14 @@ def demo(
         f"{plural(n, 'token')} in {elapsed:.2f} s ({n / elapsed:.1f} tok/s) on {engine.device}; "
         f"set-up {engine.setup.phases['total']:.2f} s"
     )
+
+
+def _token_ids(value: object) -> list[int]:
+    """A tokenised chat prompt as the token ids it is (apply_chat_template with tokenize=True and
+    return_dict=False); TypeError for anything else."""
+    if not (isinstance(value, list) and all(isinstance(t, int) for t in value)):
+        raise TypeError(f"the chat template gave {type(value).__name__}, not token ids")
+    return value
 
 
 # -- compare run --------------------------------------------------------------------------------------------
@@ -118,7 +133,7 @@ def ray_value(args: list[str]) -> list[str]:
 class RunCommand(TyperCommand):
     """`compare run`, whose `--ray` takes an optional address."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, ray_value(args))
 
 
@@ -177,7 +192,7 @@ run.__signature__ = inspect.Signature([_parameter(o) for o in RUN_OPTIONS])  # t
 app.command(cls=RunCommand, help=reflowed(run.__doc__))(run)
 
 
-def execute(plan: Any, out: Path | None, n_boot: int = 1000) -> int:
+def execute(plan: RunPlan, out: Path | None, n_boot: int = 1000) -> int:
     """Run `plan` with progress bars and messages on the console, then print its summary; the exit code."""
     from compare.measure.run_dir import default_run_dir
     from compare.runner import run_plan
@@ -193,7 +208,7 @@ def _console_watcher() -> Watcher:
     return console_watcher(console)
 
 
-def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:
+def _report(run_dir: RunDir, n_boot: int, seed: int = 0) -> None:
     from compare.runner import write_report
 
     with _console_watcher().wait("analysing the run and writing its reports"):
@@ -201,16 +216,16 @@ def _report(run_dir: Any, n_boot: int, seed: int = 0) -> None:
     _print_report(results, run_dir.path)
 
 
-def _print_report(results: Any, path: Path, shown: Collection[str] = ()) -> None:
+def _print_report(results: Results, path: Path, shown: Collection[str] = ()) -> None:
     print_summary(results, shown)
     console.print(f"reports: {path / 'report.md'}, {path / 'report.html'}, {path / 'summary.csv'}")
 
 
-def _ms(value: Any) -> str:
+def _ms(value: float | None) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:,.1f}"
 
 
-def print_summary(results: Any, shown: Collection[str] = ()) -> None:
+def print_summary(results: Results, shown: Collection[str] = ()) -> None:
     """The summary tables, the picks and the warnings (but not those in `shown`, printed already)."""
     terminal.print_summary(console, results, shown)
 
@@ -281,7 +296,7 @@ def diff(
         console.print(f"written: {out}")
 
 
-def _pct(value: float) -> str:
+def _pct(value: float | None) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:+.1%}"
 
 
@@ -307,9 +322,12 @@ def import_(
         console.print("[red]error:[/red] give exactly one of --into RUN_DIR and --out NEW_DIR")
         raise typer.Exit(EXIT_USAGE)
     try:
-        run = RunDir.open(into) if into is not None else RunDir.create(out, {}, ["compare", *sys.argv[1:]])
         if out is not None:
+            run = RunDir.create(out, {}, ["compare", *sys.argv[1:]])
             run.manifest["status"] = "imported"
+        else:
+            assert into is not None  # exactly one of them (said above)
+            run = RunDir.open(into)
         for file in files:
             imported = import_file(
                 file, fmt, backend=backend, variant=variant, workload=workload, load_point=load_point

@@ -11,7 +11,8 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -20,15 +21,19 @@ from compare.measure.loop import measure
 from compare.measure.watcher import Watcher
 from compare.plan.run_options import RunPlan
 
+if TYPE_CHECKING:
+    from compare.analysis.results import Results
+    from compare.measure.run_dir import RunDir
+
 
 @dataclass
 class Outcome:
     """What a run left: its directory, exit code, analysis (None when the report could not be written) and
     the notes already said as errors (the summary's warnings need not repeat them)."""
 
-    run_dir: Any
+    run_dir: RunDir
     code: int
-    results: Any = None
+    results: Results | None = None
     shown: set[str] = field(default_factory=set)
 
 
@@ -64,18 +69,18 @@ def run_plan(plan: RunPlan, out: Path, command: list[str], n_boot: int, watcher:
         watcher.say("[yellow]interrupted:[/yellow] writing a partial report of what was measured")
     try:
         with _sigint_ignored(), watcher.wait("analysing the run and writing its reports"):
-            outcome.results = write_report(run_dir, n_boot, plan.seed)
+            results = outcome.results = write_report(run_dir, n_boot, plan.seed)
     except Exception as exc:
         watcher.say(f"[red]could not write the report:[/red] {type(exc).__name__}: {escape(str(exc))}")
         outcome.code = EXIT_FAILED
         return outcome
-    summary = outcome.results.summary
+    summary = results.summary
     if outcome.code == EXIT_OK and (summary.empty or summary["requests_ok"].sum() == 0):
         outcome.code = EXIT_FAILED
     return outcome
 
 
-def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
+def write_report(run_dir: RunDir, n_boot: int, seed: int = 0) -> Results:
     """Analyse `run_dir` and write its reports; the analysis."""
     from compare.analysis.results import analyze
     from compare.report.write import write_reports
@@ -85,7 +90,7 @@ def write_report(run_dir: Any, n_boot: int, seed: int = 0) -> Any:
     return results
 
 
-def _measure(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+def _measure(plan: RunPlan, run_dir: RunDir, watcher: Watcher) -> int:
     """The measuring loop here, its load points proposed by the plan's source (a sweep chooses them as it
     goes, from the analysis of those measured)."""
     from compare.analysis.load_search import point_source
@@ -93,7 +98,7 @@ def _measure(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
     return measure(plan, run_dir, watcher, points=point_source(plan))
 
 
-def _measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+def _measure_on_ray(plan: RunPlan, run_dir: RunDir, watcher: Watcher) -> int:
     from compare.measure.ray_run import measure_on_ray
 
     return measure_on_ray(plan, run_dir, watcher)
@@ -105,7 +110,7 @@ def _interruptible() -> Iterator[None]:
     stopped, partial report), whatever the parent did: a shell starts background jobs with SIGINT ignored,
     and Python then leaves it ignored, so both handlers are set here rather than inherited."""
 
-    def on_sigterm(_signum: int, frame: Any) -> None:
+    def on_sigterm(_signum: int, frame: FrameType | None) -> None:
         # whoever handles SIGINT now (the load generator's event loop cancels its run) handles this too
         handler = signal.getsignal(signal.SIGINT)
         if not callable(handler):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich import box
@@ -29,6 +29,11 @@ from rich.progress import (
 from rich.table import Column, Table
 
 from compare.measure.watcher import ShowProgress, ShowStatus, Watcher
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from compare.analysis.results import Results
 
 
 def console_watcher(console: Console) -> Watcher:
@@ -80,7 +85,7 @@ LATENCY_COLUMNS = [
 RATE_COLUMNS = [("out\ntok/s", "output_tok_s"), ("goodput\nreq/s", "goodput_rps")]
 
 
-def _short(value: Any) -> str:
+def _short(value: float | None) -> str:
     """A number in the fewest characters that keep three significant digits (summary.csv has them all)."""
     if value is None or not np.isfinite(value):
         return "–"
@@ -88,14 +93,14 @@ def _short(value: Any) -> str:
     return f"{value:,.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.2f}"
 
 
-def summary_tables(summary: Any, width: int) -> list[Table]:
+def summary_tables(summary: pd.DataFrame, width: int) -> list[Table]:
     """The summary as tables that fit `width` columns without cutting a cell: one per workload (named in its
     title), a row per backend and load point, labelled `backend:variant load` (wrapped at the space when
     narrow); where latencies and rates do not fit side by side, a latency table and a rate table. Columns
     with no value in a workload (goodput without --slo) are left out."""
     tables: list[Table] = []
     for workload, rows in summary.groupby("workload", sort=False):
-        name = workload or "summary"
+        name = str(workload or "summary")  # a workload's label ("" for a run without one)
         shown = [(h, c) for h, c in LATENCY_COLUMNS + RATE_COLUMNS if c in rows and rows[c].notna().any()]
         latency = [m for m in shown if m in LATENCY_COLUMNS]
         rates = [m for m in shown if m in RATE_COLUMNS]
@@ -108,8 +113,8 @@ def summary_tables(summary: Any, width: int) -> list[Table]:
     return tables
 
 
-def _summary_table(title: str, rows: Any, measured: list[tuple[str, str]]) -> Table:
-    keys = [f"{r.backend}:{r.variant}" if r.variant else str(r.backend) for r in rows.itertuples()]
+def _summary_table(title: str, rows: pd.DataFrame, measured: list[tuple[str, str]]) -> Table:
+    keys = [f"{r.backend!s}:{r.variant!s}" if r.variant else str(r.backend) for r in rows.itertuples()]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     # the label wraps at the space between backend and load point; a backend's name folds only past 24
     table.add_column("backend load", overflow="fold", min_width=min(24, max(map(len, keys))))
@@ -139,7 +144,7 @@ def _print_warnings(console: Console, warnings: list[str]) -> None:
             console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
 
 
-def print_summary(console: Console, results: Any, shown: Collection[str] = ()) -> None:
+def print_summary(console: Console, results: Results, shown: Collection[str] = ()) -> None:
     """On `console`: the summary tables, the picks and the warnings (not those in `shown`, said already)."""
     warnings = [w for w in results.warnings if w not in shown]
     s = results.summary

@@ -304,3 +304,14 @@ def test_launched_servers_number_gpus_as_nvidia_smi_does(tmp_path, monkeypatch, 
     run = RunDir.create(tmp_path / "run", {"model": "random:tiny"}, ["compare", "run"])
     launcher = make_launcher(plan, plan.backends[0], run, 0, "random:tiny")
     assert launcher.gpu_env()["CUDA_DEVICE_ORDER"] == (ours or "PCI_BUS_ID")
+
+
+def test_launched_servers_and_images_find_the_checkout():
+    """The checkout's root, as launched servers (PYTHONPATH) and the CPU image build (docker/) need it, from
+    modules that sit two packages deep in compare/."""
+    from compare.launch.images import ROOT
+    from compare.launch.launcher import package_env
+
+    assert (ROOT / "docker").is_dir() and (ROOT / "pyproject.toml").is_file()
+    first = Path(package_env()["PYTHONPATH"].split(os.pathsep)[0])
+    assert (first / "reference_engine").is_dir() and (first / "compare").is_dir()

@@ -12,20 +12,25 @@ concerns; the `*_warnings` functions give the lines alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from adapters.request_spec import is_resend
 from compare.analysis.confidence import Qualifier
+from compare.analysis.metrics import SummaryRow
 from compare.analysis.parity import Finding
 from compare.common.datatypes import SetupReport, key_of
 from compare.common.text import plural
 from workloads.catalog import DATASETS
 
+if TYPE_CHECKING:
+    from compare.measure.run_dir import RunDir
+    from workloads.records import RequestRecord
 
-def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[Qualifier]:
+
+def duration_cut_qualifiers(run: RunDir, records: list[RequestRecord] | None = None) -> list[Qualifier]:
     """One per measured point (per launch) that the duration bound stopped short of the request count, or,
     for multi-turn sessions, before every session had sent all its turns; interrupted points are warned
     about elsewhere, and imported points had bounds of their own."""
@@ -82,14 +87,14 @@ def duration_cut_qualifiers(run: Any, records: list[Any] | None = None) -> list[
     return out
 
 
-def _records(run: Any) -> list[Any]:
+def _records(run: RunDir) -> list[RequestRecord]:
     try:
         return list(run.records())
     except (OSError, ValueError):
         return []
 
 
-def _session_turns(records: list[Any]) -> dict[str, dict[str, int]]:
+def _session_turns(records: list[RequestRecord]) -> dict[str, dict[str, int]]:
     """Per point, each session's number of measured turns sent."""
     out: dict[str, dict[str, int]] = {}
     for r in records:
@@ -231,7 +236,7 @@ LATE_LAG_S = 0.010  # late: a lag p99 past this and past the mean gap between se
 LATE_LEVEL = 0.01  # one-sided level of the test: fewer sent than the arrivals' own variation explains
 
 
-def late_client(r: Any) -> str:
+def late_client(r: SummaryRow) -> str:
     """Why an open-loop summary row shows a client that fell behind its schedule, or "". The lag (each send
     against its own intended time) is the direct measure: late when its p99 exceeds both `LATE_LAG_S` and the
     mean gap between arrivals (sends then move past their neighbours'). The achieved rate counts only when it

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from adapters.base import Adapter
 from compare.analysis.parity import Declared
 from compare.common.datatypes import SetupReport, key_of
 from compare.launch.declared import command_flags, model_card, setting_flags
@@ -58,7 +59,8 @@ def forced_lengths(requests: pd.DataFrame) -> dict[str, bool | None]:
         return out
     ok = requests[(requests["status"] == "ok") & requests["output_length_forced"].astype(bool)]
     for (backend, variant), group in ok.groupby(["backend", "variant"], sort=False):
-        out[key_of(backend, variant)] = bool((group["output_tokens"] >= group["wanted_output_tokens"]).all())
+        forced = group["output_tokens"] >= group["wanted_output_tokens"]
+        out[key_of(str(backend), str(variant))] = bool(forced.all())
     return out
 
 
@@ -69,12 +71,10 @@ def declared_settings(
     `run_path`: the run directory, where its start-up log may be read again."""
     from adapters import ADAPTERS
 
-    cls = ADAPTERS.get(setup.backend)
+    cls = ADAPTERS.get(setup.backend, Adapter)  # an imported result's backend has no adapter
     launched = setup.launcher != "endpoint"
-    defaults = dict(getattr(cls, "declared_defaults", {}) or {}) if launched else {}
-    family = getattr(cls, "server_family", None)
-    vllm_flags = family in ("vllm", "reference")
-    flags = command_flags(setup.command) if vllm_flags else {}
+    defaults = dict(cls.declared_defaults) if launched else {}
+    flags = command_flags(setup.command) if cls.vllm_style_flags else {}
     named = setting_flags(cls, setup.command)
     log, card, info = reread_log(setup, run_path), model_card(setup), setup.metrics_settings or {}
     props = setup.props_settings or {}
@@ -111,7 +111,7 @@ def declared_settings(
         "api_servers": _first(
             ("log", _int(log.get("api_servers"))),
             ("command", _int(named.get("api_servers"))),
-            *_default_api_servers(setup, family, log, named),
+            *_default_api_servers(setup, cls, log, named),
         ),
         "max_num_seqs": _first(
             ("log", _int(log.get("max_num_seqs"))), ("props", _int(props.get("max_num_seqs"))),
@@ -150,7 +150,7 @@ def declared_settings(
             ("metrics", _float(info.get("gpu_memory_utilization"))),
             ("log", _float(log.get("gpu_memory_utilization"))),
             ("command", _float(named.get("gpu_memory_utilization"))),
-            ("default", _reference_memory_fraction(setup, family)),
+            ("default", _gpu_memory_default(setup, cls)),
         ),
         "block_size": _first(
             ("metrics", _int(info.get("block_size"))),
@@ -165,25 +165,26 @@ def declared_settings(
 
 
 def _default_api_servers(
-    setup: SetupReport, family: str | None, log: dict[str, str], named: dict[str, str]
+    setup: SetupReport, cls: type[Adapter], log: dict[str, str], named: dict[str, str]
 ) -> list[tuple[str, Any]]:
-    """The HTTP front ends a launched server has when not told: vLLM one per data-parallel rank (1 unless
-    --data-parallel-size); our server 1 on a CPU, and, on a GPU, 1 where its configuration line was read
-    and no front-end line (it logs one only for several)."""
+    """The HTTP front ends a launched server has when not told, by its adapter's `api_servers_default`:
+    one per data-parallel rank (vLLM: 1 unless --data-parallel-size); or 1 on a CPU, and, on a GPU, 1 where
+    its configuration line was read and no front-end line (ours logs one only for several)."""
     if setup.launcher == "endpoint":
         return []
-    if family == "vllm":
+    if cls.api_servers_default == "per_data_parallel_rank":
         return [("default", _int(log.get("data_parallel")) or _int(named.get("data_parallel")) or 1)]
-    if family == "reference":
+    if cls.api_servers_default == "one_unless_logged":
         on_cpu = bool(setup.device and setup.device.startswith("cpu"))
         return [("default", 1 if on_cpu else None), ("log", 1 if "max_num_seqs" in log else None)]
     return []
 
 
-def _reference_memory_fraction(setup: SetupReport, family: str | None) -> float | None:
-    """Our server's --gpu-memory-utilization default, 0.9, on a GPU we launched it on (a CPU has none)."""
+def _gpu_memory_default(setup: SetupReport, cls: type[Adapter]) -> float | None:
+    """The GPU memory fraction its adapter declares as its server's default (ours: 0.9), on a GPU we
+    launched it on (a CPU has none)."""
     on_gpu = bool(setup.device and setup.device.startswith("cuda"))
-    return 0.9 if family == "reference" and on_gpu and setup.launcher != "endpoint" else None
+    return cls.gpu_memory_default if on_gpu and setup.launcher != "endpoint" else None
 
 
 def _why_unknown(setup: SetupReport, name: str, log: dict[str, str]) -> str:

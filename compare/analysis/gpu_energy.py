@@ -46,7 +46,7 @@ class Window:
 class _Totals:
     energy_j: float = 0.0
     seconds: float = 0.0
-    tokens: int = 0
+    tokens: float = 0.0
     sources: set[str] = field(default_factory=set)
     ticks: list[pd.DataFrame] = field(default_factory=list)
 

@@ -6,7 +6,10 @@ says why."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: how far an imported point's mean prompt or output length may be from ours (as a ratio either way) and
 #: still be ranked against it: a random dataset's lengths vary by tokenizer and sampling, not by 2x
@@ -50,7 +53,7 @@ def _names_agree(theirs: list[str | None], ours: list[str | None]) -> bool | Non
     return any(known) if known else None
 
 
-def import_parity(summary: Any, manifest: dict[str, Any]) -> ImportParity:
+def import_parity(summary: pd.DataFrame, manifest: dict[str, Any]) -> ImportParity:
     """Each imported point (summary rows of mode `imported`) against our points in the same workload: its
     model, mean lengths and load beside ours; a point on another model, or with lengths off by more than
     `LENGTH_TOLERANCE`, is excluded from the ranking. Workloads with no point of ours are left alone."""

@@ -32,7 +32,7 @@ from dataclasses import replace
 from compare.analysis.capacity import MISSES, UNDETERMINED, bracket, point_verdict
 from compare.analysis.metrics import request_table, summarize
 from compare.analysis.statistics import min_n_for_bound
-from compare.analysis.sweep import PointFacts, first_saturated, knee, point_facts, saturation
+from compare.analysis.sweep import PointFacts, first_saturated, knee, point_facts, saturation, summary_row
 from compare.measure.load_points import FixedPoints, MeasuredPoint, NextPoint, PointSource
 from compare.plan.run_options import RunPlan
 from workloads.schedule import ClosedLoop, OpenLoop, Schedule, point_seed
@@ -214,7 +214,7 @@ def facts_of(point: MeasuredPoint, slo: Mapping[str, float]) -> PointFacts:
     intervals and its request table."""
     points = {point.run_id: point.info}
     summary = summarize(point.records, points, slo, n_boot=0)
-    row = summary.iloc[0].to_dict() if not summary.empty else {}
+    row = summary_row(summary.iloc[0]) if not summary.empty else {}
     return point_facts(row, request_table(point.records, points))
 
 

@@ -42,6 +42,8 @@ from workloads import timing
 from workloads.records import ErrorKind, RequestRecord
 
 GROUP_KEYS = ["backend", "variant", "workload", "load_point"]
+#: one row of summary.csv, as `DataFrame.iterrows` gives it or as a dict of its columns
+SummaryRow = pd.Series | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class LatencyMetric:
     # the from-send metric this one measures again from the intended (scheduled) send instead; such a
     # metric is kept only at points with intended send times (`PointInfo.intended_sends`), empty elsewhere
     intended_of: str = ""
+
+    def of(self, record: RequestRecord) -> float | None:
+        """Its seconds for one request (None for ITL, which has a table of its own)."""
+        return self.per_request(record) if self.per_request is not None else None
 
 
 _INTENDED = (
@@ -177,7 +183,7 @@ def request_table(
                 "send_s": _nan(r.send_s),
                 "end_s": _nan(r.end_s),
                 **{
-                    f"{m.name}_s": _nan(m.per_request(r) if intended or not m.intended_of else None)
+                    f"{m.name}_s": _nan(m.of(r) if intended or not m.intended_of else None)
                     for m in PER_REQUEST
                 },
                 "lag_s": _nan(lag),
@@ -234,11 +240,11 @@ def itl_table(records: Sequence[RequestRecord], per_event: bool = False) -> pd.D
     `per_event`: one gap per token event after the first (`timing.itl_per_event`)."""
     rows, times, counts = [], [], []
     for i, r in enumerate(records):
-        for t, n, _ in r.events:
-            if n > 0:
+        for at, tokens, _ in r.events:
+            if tokens > 0:
                 rows.append(i)
-                times.append(t)
-                counts.append(n)
+                times.append(at)
+                counts.append(tokens)
     if not rows:
         return pd.DataFrame({"row": np.array([], dtype=np.int64), "gap_s": np.array([], dtype=float)})
     row = np.asarray(rows, dtype=np.int64)
@@ -489,11 +495,12 @@ def _gpu_columns(
     windows = []
     if telemetry is not None and len(telemetry):
         for rid, part in group.groupby("run_id", sort=False):
-            concurrency = concurrency_of(part["load_point"].iloc[0], points.get(str(rid)))
+            run_id = str(rid)
+            concurrency = concurrency_of(part["load_point"].iloc[0], points.get(run_id))
             window = window_of(part, concurrency or 0)
             shares = window.shares(output_begin(part), part["end_s"]) * (part["status"] == "ok").to_numpy()
             tokens = float((part["output_tokens"].to_numpy(dtype=float) * shares).sum())
-            windows.append(Window(str(rid), t0[rid] + window.start, t0[rid] + window.end, tokens))
+            windows.append(Window(run_id, t0[run_id] + window.start, t0[run_id] + window.end, tokens))
     return window_columns(telemetry, windows)
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+#: one setting's value as `Declared` holds it (None: not known)
+Value = str | int | float | bool | None
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Setting:
     off: str = "off"
     compared: bool = True
 
-    def show(self, value: Any) -> str:
+    def show(self, value: Value) -> str:
         if value is None:
             return "unknown"
         if isinstance(value, bool):
@@ -94,7 +96,7 @@ class Finding:
     (a `Declared` field), `sentence()` the short sentence that says so (`Unequal HTTP front ends: ...`)."""
 
     setting: Setting
-    values: dict[str, Any]  # backend key -> its known value
+    values: dict[str, Value]  # backend key -> its known value
 
     @property
     def name(self) -> str:
@@ -109,14 +111,14 @@ class Finding:
         return f"Unequal {self.setting.label}: {shown}."
 
 
-def comparable(setting: Setting, a: Any, b: Any) -> bool:
+def comparable(setting: Setting, a: Value, b: Value) -> bool:
     """Whether two known values can be told apart: a tokenizer's file hash and another's name cannot."""
     if setting.name == "tokenizer":
         return str(a).split(":", 1)[0] == str(b).split(":", 1)[0]
     return True
 
 
-def differs(setting: Setting, a: Any, b: Any) -> bool:
+def differs(setting: Setting, a: Value, b: Value) -> bool:
     return a is not None and b is not None and comparable(setting, a, b) and a != b
 
 

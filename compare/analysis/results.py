@@ -99,14 +99,15 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         + results.imports.sentences
         + grouped_warning_lines(results.qualifiers, results.picks)
     )
-    first: dict[str, RequestRecord] = {}
+    first: dict[str, tuple[float, RequestRecord]] = {}  # per backend: when its first request was sent, and it
     for r in records:
         if r.send_s is None:
             continue
         key = key_of(r.backend, r.variant)
-        if key not in first or (r.t0_monotonic + r.send_s) < (first[key].t0_monotonic + first[key].send_s):
-            first[key] = r
-    for key, r in first.items():
+        sent = r.t0_monotonic + r.send_s
+        if key not in first or sent < first[key][0]:
+            first[key] = (sent, r)
+    for key, (_, r) in first.items():
         value = timing.ttft(r)
         if value is not None:
             results.cold_first_token[key] = value

@@ -22,6 +22,7 @@ unequal settings, points cut short, ...) comes from `compare/analysis/caveats.py
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ from compare.analysis.confidence import (
     verdict,
 )
 from compare.analysis.costs import break_even, graph_pool_trade
-from compare.analysis.metrics import busy_seconds, window_rate, window_samples
+from compare.analysis.metrics import SummaryRow, busy_seconds, window_rate, window_samples
 from compare.analysis.statistics import mann_whitney, ratio_ci, throughput_ratio_ci
 from compare.common.datatypes import ARRIVAL_DRIVEN, Pick, SetupReport, describe_phases, key_of
 from compare.common.text import plural
@@ -213,7 +214,9 @@ def _oriented(
     return (1 / hi if hi else math.inf), (1 / lo if lo else math.inf), flip
 
 
-def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 0) -> Comparison:
+def compare_latency(
+    requests: pd.DataFrame, first: SummaryRow, other: SummaryRow, seed: int = 0
+) -> Comparison:
     """`first` against `other` by median E2E: bootstrap interval of the ratio with a Mann-Whitney test,
     launch by launch (or block by block) for `established`."""
     a = _samples(requests, first, "e2e_s")
@@ -235,7 +238,7 @@ def compare_latency(requests: pd.DataFrame, first: Any, other: Any, seed: int = 
 
 
 def compare_throughput(
-    requests: pd.DataFrame | None, first: Any, other: Any, goodput: bool, seed: int = 0
+    requests: pd.DataFrame | None, first: SummaryRow, other: SummaryRow, goodput: bool, seed: int = 0
 ) -> Comparison:
     """`first` against `other` by output tokens/s (goodput: a single number per point, never established):
     a bootstrap interval of the ratio over whole requests (`throughput_ratio_ci`), with the launches (or
@@ -313,7 +316,7 @@ def _with_size_hint(found: Verdict, ratio: float, lo: float, n: int, otherwise: 
     return found if hint is None else Verdict(found.level, f"{found.reason}; {hint}")
 
 
-def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
+def _ok_requests(requests: pd.DataFrame | None, row: SummaryRow) -> pd.DataFrame:
     """The row's measured ok requests."""
     if requests is None:
         return pd.DataFrame(columns=["repeat", "output_tokens", "send_s", "end_s", "e2e_s"])
@@ -328,7 +331,9 @@ def _ok_requests(requests: pd.DataFrame | None, row: Any) -> pd.DataFrame:
     return requests[mask]
 
 
-def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[Any, float]:
+def _per_launch(
+    requests: pd.DataFrame, row: SummaryRow, stat: Callable[[pd.DataFrame], float]
+) -> dict[Any, float]:
     """`stat` of the row's ok requests in each launch (--repeats) of its backend, and in each alternating
     block of a point where the run measured in blocks (a `block` column)."""
     ok = _ok_requests(requests, row)
@@ -339,7 +344,7 @@ def _per_launch(requests: pd.DataFrame, row: Any, stat: Any) -> dict[Any, float]
     return {r: float(stat(g)) for r, g in ok.groupby(by)}
 
 
-def _get(row: Any, name: str) -> Any:
+def _get(row: SummaryRow, name: str) -> Any:
     return row[name] if isinstance(row, pd.Series | dict) else getattr(row, name)
 
 
@@ -400,7 +405,7 @@ def throughput_pick(
     for _, group in rows.groupby("key", sort=False):
         clean = group[group["_fail"] <= 0.01]
         use = clean if not clean.empty else group
-        best.append(use.loc[use[metric].idxmax()])
+        best.append(use.iloc[int(np.nanargmax(use[metric].to_numpy(dtype=float)))])  # its first highest
     table = pd.DataFrame(best)
     table["_clean"] = table["_fail"] <= 0.01
     failures = [
@@ -468,7 +473,7 @@ def _fmt_rate(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
-def _samples(requests: pd.DataFrame, row: Any, column: str) -> np.ndarray:
+def _samples(requests: pd.DataFrame, row: SummaryRow, column: str) -> np.ndarray:
     return _ok_requests(requests, row)[column].dropna().to_numpy(dtype=float)
 
 
@@ -725,16 +730,19 @@ def break_even_rows(
     for pick in picks:
         if pick.slo_class == "capacity":  # ranks rates served, not time per request: nothing to pay back
             continue
-        keys = [
-            r["key"] for r in pick.ranking if setups.get(r["key"]) and setups[r["key"]].ready_s is not None
-        ]
+        ready = {
+            r["key"]: s.ready_s
+            for r in pick.ranking
+            if (s := setups.get(r["key"])) is not None and s.ready_s is not None
+        }
+        keys = list(ready)
         for i, a in enumerate(keys):
             for b in keys[i + 1 :]:
                 per = {k: _per_request_s(pick, summary, k) for k in (a, b)}
                 if not all(np.isfinite(v) for v in per.values()):
                     continue
                 fast, slow = (a, b) if per[a] <= per[b] else (b, a)
-                be = break_even(setups[fast].ready_s, setups[slow].ready_s, per[fast], per[slow])
+                be = break_even(ready[fast], ready[slow], per[fast], per[slow])
                 verdict = "never (no faster per request)" if be.requests is None else be.verdict
                 level = pair_level(pick, summary, requests, fast, slow, seed)
                 if be.requests and not _pays(level, 2.0):

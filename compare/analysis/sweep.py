@@ -81,6 +81,11 @@ class PointFacts:
         return (self.sent - 1) / self.send_span_s if self.send_span_s > 0 else math.nan
 
 
+def summary_row(row: pd.Series) -> dict[str, Any]:
+    """A row of summary.csv as a dict (its columns are named by strings)."""
+    return {str(name): value for name, value in row.items()}
+
+
 def point_facts(row: Mapping[str, Any], requests: pd.DataFrame) -> PointFacts:
     """The facts of one point from its summary row and its measured requests (`metrics.request_table`)."""
     ok = requests[requests["status"] == "ok"].sort_values("send_s")
@@ -105,7 +110,7 @@ def point_facts(row: Mapping[str, Any], requests: pd.DataFrame) -> PointFacts:
     return PointFacts(
         label=str(row.get("load_point", "")),
         concurrency=_int_or_none(row.get("concurrency")),
-        offered_rps=float(rate) if open_loop else None,
+        offered_rps=float(rate) if open_loop and rate is not None else None,
         throughput_rps=float(row.get("request_rps", math.nan)),
         ttft_p50_s=float(np.median(ttft)) if ttft.size else math.nan,
         ttft_early_s=float(np.median(ttft[:half])) if half else math.nan,
@@ -219,7 +224,7 @@ def sweep_of(summary: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple[str, s
         ]
         key = (str(row["backend"]), str(row["variant"]) if isinstance(row["variant"], str) else "",
                str(row["workload"]))
-        out.setdefault(key, []).append(point_facts(row.to_dict(), mine))
+        out.setdefault(key, []).append(point_facts(summary_row(row), mine))
     for points in out.values():
         points.sort(key=lambda p: (p.offered_rps is not None, p.concurrency or 0, p.offered_rps or 0.0))
     return out

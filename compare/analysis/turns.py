@@ -10,6 +10,7 @@ records' own `turn` field (and request ids `...-t0`) count from 0, as the load g
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +31,15 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     if requests.empty or "turn" not in requests:
         return pd.DataFrame(columns=COLUMNS)
     rows = requests[(requests["status"] == "ok") & requests["turn"].notna()]
-    out = []
+    out: list[dict[str, object]] = []
     for key, group in rows.groupby([*GROUP_KEYS, "turn"], sort=True, dropna=False):
+        turn = key[-1]
+        assert isinstance(turn, numbers.Real)  # the turn column's numbers (its empty rows dropped)
         ttft = group["ttft_s"].dropna().to_numpy() * 1e3
         e2e = group["e2e_s"].dropna().to_numpy() * 1e3
         out.append({
             **dict(zip(GROUP_KEYS, key[:-1], strict=True)),
-            TURN: int(key[-1]) + 1,
+            TURN: int(turn) + 1,
             "n": len(group),
             "prompt_tokens_mean": float(group["prompt_tokens"].mean()),
             "ttft_p50_ms": _percentile(ttft, 50),

@@ -13,7 +13,7 @@ def warning_groups(qualifiers: list[Qualifier], picks: list[Pick]) -> list[tuple
     """Per kind of caveat, the verdict-touching kinds first: (kind, its heading with its counts per backend
     and point, whether it touches a verdict and the advice its lines share, its lines). A kind that can
     change no number is its heading alone. The report's Warnings and the terminal's both read this."""
-    out = []
+    out: list[tuple[str, str, list[str]]] = []
     for kind, found in _grouped(qualifiers, picks):
         touching = any(touches_a_verdict(q, picks) for q in found)
         head = f"{kind} ({_counts(found)})" + (": touches a verdict in the Decision." if touching else ".")

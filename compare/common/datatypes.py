@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compare.analysis.confidence import Qualifier
 
 GIB = 2**30
 ARRIVAL_DRIVEN = ("open", "trace")  # load point modes whose send times are scheduled, not closed-loop
@@ -155,4 +158,4 @@ class Pick:
     sentences: list[str] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
     level: str = ""  # the confidence word alone (compare.analysis.confidence.Confidence's value)
-    qualifiers: list[Any] = field(default_factory=list)  # what qualifies it: confidence.Qualifier
+    qualifiers: list[Qualifier] = field(default_factory=list)  # what qualifies it

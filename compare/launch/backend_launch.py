@@ -13,10 +13,12 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adapters import ADAPTERS
-from adapters.launch_spec import LaunchSpecError, ModelSource, Variant
+from adapters.base import Adapter
+from adapters.launch_spec import LaunchSpec, LaunchSpecError, ModelSource, Variant
+from adapters.request_spec import RequestSpec
 from compare.common import devices
 from compare.launch.first_token import FirstTokenError, first_token_s
 from compare.launch.launcher import (
@@ -27,7 +29,11 @@ from compare.launch.launcher import (
     free_port,
     package_env,
 )
-from compare.launch.serving_match import MatchedSetting, apply_match, plan_match, record
+from compare.launch.serving_match import Launch, MatchedSetting, apply_match, plan_match, record
+from compare.plan.run_options import BackendSpec, RunPlan
+
+if TYPE_CHECKING:
+    from compare.measure.run_dir import RunDir
 
 
 def safe_name(text: str) -> str:
@@ -36,9 +42,9 @@ def safe_name(text: str) -> str:
 
 
 def make_launcher(
-    plan: Any,
-    backend: Any,
-    run_dir: Any,
+    plan: RunPlan,
+    backend: BackendSpec,
+    run_dir: RunDir,
     repeat: int,
     model_path: str,
     server_cpus: set[int] | None = None,
@@ -71,30 +77,32 @@ def make_launcher(
         launcher = _process(plan, backend, cls, spec, log_path, server_cpus)
         served_as = spec.served_as
     launcher.report.notes += spec.notes
-    launcher.served_as = served_as  # type: ignore[attr-defined]
+    launcher.served_as = served_as
     return launcher
 
 
-def _spec(plan: Any, backend: Any, model: ModelSource, port: int, workdir: Path, gpu: bool) -> Any:
+def _spec(
+    plan: RunPlan, backend: BackendSpec, model: ModelSource, port: int, workdir: Path, gpu: bool
+) -> LaunchSpec:
     """The adapter's launch spec for `backend` with its `--server-args` (LaunchSpecError if it cannot)."""
     cls = ADAPTERS[backend.name]
     variant = Variant.parse(backend.variant, **dict(backend.options))
-    executables = {"vllm": plan.vllm_bin, "llamacpp": getattr(plan, "llamacpp_bin", None)}
+    executable = getattr(plan, cls.executable_option, None) if cls.executable_option else None
     return cls.launch_spec(
         model,
         variant,
         port,
         workdir=workdir,
         gpu=gpu,
-        executable=executables.get(cls.server_family),
+        executable=executable,
     ).with_extra_args(backend.server_args)
 
 
-def serving_match(plan: Any, model: ModelSource, run_path: Path, gpu: bool) -> dict[str, MatchedSetting]:
+def serving_match(plan: RunPlan, model: ModelSource, run_path: Path, gpu: bool) -> dict[str, MatchedSetting]:
     """The serving settings every launched backend of the plan is given alike
     (`compare.launch.serving_match`), from their launch specs as planned (a backend that cannot be launched
     takes no part)."""
-    launches = []
+    launches: list[Launch] = []
     for other in plan.backends:
         if not other.launched:
             continue
@@ -107,18 +115,22 @@ def serving_match(plan: Any, model: ModelSource, run_path: Path, gpu: bool) -> d
 
 
 def _process(
-    plan: Any, backend: Any, cls: Any, spec: Any, log_path: Path, server_cpus: set[int] | None
+    plan: RunPlan,
+    backend: BackendSpec,
+    cls: type[Adapter],
+    spec: LaunchSpec,
+    log_path: Path,
+    server_cpus: set[int] | None,
 ) -> Launcher:
     exe = spec.command[0]
     if shutil.which(exe) is None and not Path(exe).is_file():
-        hint = {"vllm": " (--vllm-bin PATH or LLM_COMPARE_VLLM)",
-                "llamacpp": " (--llamacpp-bin PATH or LLM_COMPARE_LLAMACPP; .ci/install_llamacpp.sh DIR)",
-                }.get(cls.server_family, "")
-        raise LaunchError(f"{backend.key}: {exe} not found{hint}; install it, or use --launch docker")
+        raise LaunchError(
+            f"{backend.key}: {exe} not found{cls.executable_hint}; install it, or use --launch docker"
+        )
     for path in spec.dirs:
         Path(path).mkdir(parents=True, exist_ok=True)
     env = {**spec.env, **spec.process_env}
-    if cls.server_family == "reference":
+    if cls.runs_from_checkout:
         env.update(package_env())
     if "CUDA_DEVICE_ORDER" not in os.environ and "CUDA_DEVICE_ORDER" not in env:
         # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and NVML by PCI bus. In this order
@@ -136,10 +148,10 @@ def _process(
 
 
 def _container(
-    plan: Any,
-    backend: Any,
-    cls: Any,
-    spec: Any,
+    plan: RunPlan,
+    backend: BackendSpec,
+    cls: type[Adapter],
+    spec: LaunchSpec,
     log_path: Path,
     gpu: bool,
     server_cpus: set[int] | None,
@@ -148,14 +160,15 @@ def _container(
     from compare.launch.containers import ContainerLauncher, docker_client
     from compare.launch.images import ImageError, ensure_image, ensure_reference_cpu_image
 
-    image = plan.images.get(backend.name) or plan.images.get(cls.server_family)
+    family = cls.server_family
+    image = plan.images.get(backend.name) or (plan.images.get(family) if family else None)
     if spec.container_error and not image:
         raise LaunchError(f"{backend.key}: {spec.container_error}")
     client = docker_client()
     try:
         if image:
             ensure_image(client, image, log)
-        elif cls.server_family == "reference" and not gpu:
+        elif cls.cpu_image_built_here and not gpu:
             ensure_reference_cpu_image(client, spec.image, log=log)
         else:
             ensure_image(client, spec.image, log)
@@ -173,7 +186,7 @@ def _container(
     )
 
 
-def measure_cold_first_token(launcher: Launcher, adapter: Any, spec: Any, timeout: float) -> None:
+def measure_cold_first_token(launcher: Launcher, adapter: Adapter, spec: RequestSpec, timeout: float) -> None:
     """Time the first request after ready into the set-up report; a server that cannot answer it is not
     ready after all (LaunchError, quoting its log)."""
     if launcher.ready_at is None:

@@ -18,18 +18,22 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from adapters.launch_spec import LaunchSpec
 from compare.common.datatypes import Phase
 from compare.launch.launcher import Launcher, LaunchError
+
+if TYPE_CHECKING:  # the Docker SDK ships no type hints: these read as Any, and say what is meant
+    from docker.client import DockerClient
+    from docker.models.containers import Container
 
 LABEL = "llm-compare"
 SESSION_LABEL = "llm-compare.session"
 BACKEND_LABEL = "llm-compare.backend"
 
 
-def docker_client(timeout: int = 300) -> Any:
+def docker_client(timeout: int = 300) -> DockerClient:
     """A client for the API at DOCKER_HOST (Docker's default socket if unset), checked with a ping."""
     try:
         import docker
@@ -59,7 +63,7 @@ class ContainerLauncher(Launcher):
         log_path: Path,
         startup_timeout: float = 600.0,
         image: str | None = None,
-        client: Any = None,
+        client: DockerClient | None = None,
         cpus: set[int] | None = None,
     ) -> None:
         self.spec, self.image = spec, image or spec.image
@@ -76,9 +80,9 @@ class ContainerLauncher(Launcher):
         self.labels = {LABEL: "1", SESSION_LABEL: self.session, BACKEND_LABEL: self.report.key}
         self.name = f"llm-compare-{backend}-{self.session}"
         self.client, self.cpus = client, cpus
-        self.container: Any = None
+        self.container: Container | None = None
         self._start_s: float | None = None  # the API's create and start calls
-        self._log_file: Any = None
+        self._log_file: BinaryIO | None = None
         self._follower: threading.Thread | None = None
         self.report.image, self.report.labels = self.image, dict(self.labels)
 
@@ -130,7 +134,9 @@ class ContainerLauncher(Launcher):
             )
         self.url = self.report.url = f"http://127.0.0.1:{bindings[0]['HostPort']}"
         self._log_file = self.log_path.open("wb")
-        self._follower = threading.Thread(target=self._follow, name=f"logs-{self.name}", daemon=True)
+        self._follower = threading.Thread(
+            target=self._follow, args=(self.container, self._log_file), name=f"logs-{self.name}", daemon=True
+        )
         self._follower.start()
 
     def gpu_env(self) -> dict[str, str] | None:
@@ -138,11 +144,12 @@ class ContainerLauncher(Launcher):
         environment sets CUDA_VISIBLE_DEVICES), else none."""
         return dict(self.spec.env) if self.spec.gpus else None
 
-    def _follow(self) -> None:
+    @staticmethod
+    def _follow(container: Container, out: BinaryIO) -> None:
         with contextlib.suppress(Exception):
-            for chunk in self.container.logs(stream=True, follow=True, stdout=True, stderr=True):
-                self._log_file.write(chunk)
-                self._log_file.flush()
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                out.write(chunk)
+                out.flush()
 
     def _exit_code(self) -> int | None:
         if self.container is None:

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from adapters.base import Adapter
 from compare.common.datatypes import SetupReport
 
 #: the files that make a Hugging Face tokenizer what it is (those present are hashed, by name and content)
@@ -62,8 +63,8 @@ def fetch_metrics_settings(url: str, backend: str, timeout: float = 5.0) -> dict
     from adapters.prometheus import info_settings
 
     cls = ADAPTERS.get(backend)
-    info = getattr(cls, "info_metrics", None)
-    if not info:
+    info = cls.info_metrics if cls is not None else None
+    if cls is None or not info:
         return {}
     try:
         with urllib.request.urlopen(url.rstrip("/") + cls.metrics_path, timeout=timeout) as resp:
@@ -79,7 +80,7 @@ def fetch_props_settings(url: str, backend: str, timeout: float = 5.0) -> dict[s
     from adapters import ADAPTERS
 
     cls = ADAPTERS.get(backend)
-    if not getattr(cls, "props_path", None):
+    if cls is None or not cls.props_path:
         return {}
     try:
         with urllib.request.urlopen(url.rstrip("/") + cls.props_path, timeout=timeout) as resp:
@@ -112,12 +113,13 @@ def _tokenizer_path(setup: SetupReport, model_path: str | None) -> str | None:
     return root if isinstance(root, str) and Path(root).is_dir() else None
 
 
-def setting_flags(cls: Any, command: list[str]) -> dict[str, str]:
+def setting_flags(cls: type[Adapter] | None, command: list[str]) -> dict[str, str]:
     """The audited settings the launch command sets, by the adapter's `setting_flags` (common name ->
-    the flag and its aliases); the last one given wins, as in an argument parser."""
+    the flag and its aliases; None: an adapter unknown here sets none); the last one given wins, as in an
+    argument parser."""
     given = command_flags(command)
     out = {}
-    for name, names in (getattr(cls, "setting_flags", None) or {}).items():
+    for name, names in (cls.setting_flags if cls is not None else {}).items():
         for flag in names:
             if flag in given:
                 out[name] = given[flag]

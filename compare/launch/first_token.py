@@ -14,8 +14,9 @@ import http.client
 import json
 import time
 import urllib.parse
-from typing import Any
 
+from adapters.base import Adapter
+from adapters.request_spec import RequestSpec
 from workloads.sse_decoder import SSEDecoder
 
 
@@ -23,12 +24,16 @@ class FirstTokenError(RuntimeError):
     """The first request failed: the server is up but cannot generate."""
 
 
-def first_token_s(url: str, adapter: Any, spec: Any, since: float, timeout: float = 300.0) -> float:
+def first_token_s(
+    url: str, adapter: Adapter, spec: RequestSpec, since: float, timeout: float = 300.0
+) -> float:
     """Send `spec` streamed through `adapter` to `url`; seconds from `since` (a `time.perf_counter()` value)
     to the first event carrying a generated token. The rest of the stream is read, so the server does not
     see an aborted request."""
     request = adapter.build_request(spec, stream=True)
     parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None:
+        raise FirstTokenError(f"no host in {url!r}")
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
         body = json.dumps(request.body).encode()

@@ -17,9 +17,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-ROOT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:  # the Docker SDK ships no type hints: these read as Any, and say what is meant
+    from docker.client import DockerClient
+    from docker.models.images import Image
+
+ROOT = Path(__file__).resolve().parents[2]
 CPU_DOCKERFILE = "reference-cpu.Dockerfile"
 DEFAULT_BASE_IMAGE = "llm-compare/base:bookworm"
 SOURCE_LABEL = "llm-compare.source-sha256"
@@ -56,12 +60,12 @@ def can_build_reference() -> bool:
 
 
 def ensure_reference_cpu_image(
-    client: Any,
+    client: DockerClient,
     tag: str,
     base_image: str | None = None,
     labels: dict[str, str] | None = None,
     log: Callable[[str], None] | None = None,
-) -> Any:
+) -> Image:
     """The reference engine's CPU image under `tag`: reused if its sources are unchanged, else built offline
     (about 80 s the first time on two cores, seconds when only the project changed)."""
     import docker
@@ -111,13 +115,13 @@ def ensure_reference_cpu_image(
         old.labels.get(BUILT_LABEL) == "1"
         or (bool(labels) and all(old.labels.get(k) == v for k, v in (labels or {}).items()))
     )
-    if ours and old.id != built.id:
+    if ours and old is not None and old.id != built.id:
         with contextlib.suppress(docker.errors.APIError):  # the image this one replaces, now untagged
             client.images.remove(old.id)
     return built
 
 
-def ensure_image(client: Any, image: str, log: Callable[[str], None] | None = None) -> Any:
+def ensure_image(client: DockerClient, image: str, log: Callable[[str], None] | None = None) -> Image:
     """An image that should be here (an official one, or one the user named): pulled when missing."""
     import docker
 
@@ -132,7 +136,7 @@ def ensure_image(client: Any, image: str, log: Callable[[str], None] | None = No
         raise ImageError(f"image {image} is not here and could not be pulled: {exc}") from exc
 
 
-def _get(client: Any, name: str) -> Any:
+def _get(client: DockerClient, name: str) -> Image | None:
     import docker
 
     try:

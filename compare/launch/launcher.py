@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from compare.common import devices
 from compare.common.datatypes import SetupReport
@@ -154,6 +154,8 @@ class Launcher:
         self.startup_timeout, self.stop_timeout = startup_timeout, stop_timeout
         self.report = SetupReport(backend, variant, self.kind, self.url, list(command), str(log_path))
         self.ready_at: float | None = None  # perf_counter() at the first healthy answer
+        #: the model name the server answers to, where not the plan's (`LaunchSpec.served_as`)
+        self.served_as: str | None = None
         self._gpu_before: dict[int, float] | None = None
         self._stopped = False
 
@@ -316,8 +318,8 @@ class ProcessLauncher(Launcher):
         )
         self.command, self.env, self.cpus = process.command, process.env, process.cpus
         self.scratch = list(process.scratch)
-        self.proc: subprocess.Popen | None = None
-        self._log_file: Any = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_file: BinaryIO | None = None
 
     def _spawn(self) -> None:
         self._log_file = self.log_path.open("wb")
@@ -375,7 +377,7 @@ class ProcessLauncher(Launcher):
 
 def package_env() -> dict[str, str]:
     """PYTHONPATH with this checkout first, so a launched server runs the same code as we do."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 

@@ -26,10 +26,15 @@ in the manifest (`serving_match`) and shown under the report's parity table.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from adapters.base import Adapter
 from adapters.launch_spec import LaunchSpec
+from adapters.reference import reference_serving_defaults
 from compare.launch.declared import setting_flags
+
+if TYPE_CHECKING:
+    from compare.analysis.parity import Declared
 
 #: the settings matched, with their labels (as `compare.analysis.parity` names them)
 MATCHED = {
@@ -37,8 +42,8 @@ MATCHED = {
     "max_num_seqs": "max concurrent sequences",
     "max_batched_tokens": "batch token budget",
 }
-#: the server families whose flags set them (`setting_flags` of their adapters)
-MATCHABLE = ("reference", "vllm")
+#: one launch as the match sees it: its backend key, its adapter class and its launch spec as planned
+Launch = tuple[str, type[Adapter], LaunchSpec]
 
 
 @dataclass
@@ -54,7 +59,7 @@ class MatchedSetting:
     cannot: dict[str, str] = field(default_factory=dict)
 
 
-def _explicit(cls: Any, spec: LaunchSpec, setting: str) -> int | None:
+def _explicit(cls: type[Adapter], spec: LaunchSpec, setting: str) -> int | None:
     """The value a launch spec already sets (the last of the adapter's flags for it), else None."""
     value = setting_flags(cls, spec.command).get(setting)
     if value is None and setting == "api_servers" and "--no-engine-process" in spec.command:
@@ -65,34 +70,20 @@ def _explicit(cls: Any, spec: LaunchSpec, setting: str) -> int | None:
         return None
 
 
-def _defaults(family: str, gpu: bool) -> dict[str, int]:
-    """What a family runs with, unasked, on this machine, where it is fixed (vLLM's batch limits are not)."""
-    if family == "reference":
-        from reference_engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-        from reference_engine.serving.options import default_api_server_count
-
-        kind = "cuda" if gpu else "cpu"
-        return {
-            "api_servers": default_api_server_count(kind, True),
-            "max_num_seqs": DEFAULT_MAX_NUM_SEQS[kind],
-            "max_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
-        }
-    return {"api_servers": 1} if family == "vllm" else {}
-
-
 def _reference_batch_defaults(gpu: bool) -> dict[str, int]:
-    return {k: v for k, v in _defaults("reference", gpu).items() if k != "api_servers"}
+    return {k: v for k, v in reference_serving_defaults(gpu).items() if k != "api_servers"}
 
 
-def plan_match(launches: list[tuple[str, Any, LaunchSpec]], gpu: bool) -> dict[str, MatchedSetting]:
+def plan_match(launches: list[Launch], gpu: bool) -> dict[str, MatchedSetting]:
     """Each matched setting's outcome for the launched backends (`key`, adapter class, launch spec as
-    planned, before matching), by the module docstring's rule."""
+    planned, before matching), by the module docstring's rule; those whose adapters are
+    `serving_matchable` can be given them."""
     out = {}
     for setting in MATCHED:
         m = MatchedSetting(setting)
-        can = [(key, cls, spec) for key, cls, spec in launches if cls.server_family in MATCHABLE]
+        can = [(key, cls, spec) for key, cls, spec in launches if cls.serving_matchable]
         for key, cls, _ in launches:
-            if cls.server_family not in MATCHABLE:
+            if not cls.serving_matchable:
                 m.cannot[key] = f"{cls.server_family}: no flag of the same meaning as ours' and vLLM's"
         explicit = {key: v for key, cls, spec in can if (v := _explicit(cls, spec, setting)) is not None}
         m.kept = explicit
@@ -105,7 +96,7 @@ def plan_match(launches: list[tuple[str, Any, LaunchSpec]], gpu: bool) -> dict[s
         elif explicit:
             m.value, m.rule = next(iter(explicit.values())), "the value one candidate was given"
         elif setting == "api_servers":
-            m.value = max(_defaults(cls.server_family, gpu).get(setting, 1) for _, cls, _ in can)
+            m.value = max(cls.serving_defaults(gpu).get(setting, 1) for _, cls, _ in can)
             m.rule = "the largest default among them on this machine"
         else:
             m.value = _reference_batch_defaults(gpu)[setting]
@@ -117,7 +108,9 @@ def plan_match(launches: list[tuple[str, Any, LaunchSpec]], gpu: bool) -> dict[s
     return out
 
 
-def apply_match(spec: LaunchSpec, cls: Any, key: str, matched: dict[str, MatchedSetting]) -> LaunchSpec:
+def apply_match(
+    spec: LaunchSpec, cls: type[Adapter], key: str, matched: dict[str, MatchedSetting]
+) -> LaunchSpec:
     """The launch spec with the matched values its backend is to be given as flags."""
     extra: list[str] = []
     for setting, m in matched.items():
@@ -131,7 +124,7 @@ def record(manifest: dict[str, Any], matched: dict[str, MatchedSetting]) -> None
     manifest["serving_match"] = {name: asdict(m) for name, m in matched.items()}
 
 
-def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Any]) -> list[str]:
+def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Declared]) -> list[str]:
     """The report's lines on matching: what each setting was given and what could not be matched; for a
     run without matching, where backends differ on a setting it would have matched."""
     config = manifest.get("config") or {}

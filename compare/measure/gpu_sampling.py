@@ -34,12 +34,17 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any
 
 import pandas as pd
 
 from compare.common import devices
 from workloads.records import read_json_lines
+
+if TYPE_CHECKING:
+    from compare.launch.launcher import Launcher
+    from compare.measure.run_dir import RunDir
 
 TELEMETRY = "telemetry.jsonl"
 DEFAULT_INTERVAL_S = 0.1
@@ -55,7 +60,7 @@ SAMPLE_FIELDS = ("run_id", "tick", "gpu", "t", "power_w", "energy_j", "energy_so
 @dataclass(frozen=True)
 class Gpu:
     index: int  # NVML's index, the same as nvidia-smi's
-    handle: Any
+    handle: Any  # NVML's opaque device handle
     name: str
     counter: bool  # the total-energy counter answers
 
@@ -66,7 +71,7 @@ class GpuTelemetry:
     `gpu_telemetry` entry, kept up to date as backends and points are sampled. Without NVML or a GPU it is
     off: `watch` gives None and nothing is sampled."""
 
-    nvml: Any
+    nvml: ModuleType | None  # pynvml while on
     gpus: list[Gpu]
     interval_s: float
     entry: dict[str, Any]
@@ -75,7 +80,7 @@ class GpuTelemetry:
     def on(self) -> bool:
         return bool(self.entry.get("on"))
 
-    def watch(self, key: str, launcher: Any | None, endpoint: str | None) -> GpuWatch | None:
+    def watch(self, key: str, launcher: Launcher | None, endpoint: str | None) -> GpuWatch | None:
         """The GPUs backend `key` uses (started by `launcher`, or reached at `endpoint`), or None when none of
         this machine's is; the manifest says which and why."""
         if not self.on:
@@ -107,7 +112,7 @@ class GpuWatch:
     gpus: list[Gpu]
 
     @contextlib.contextmanager
-    def sample(self, run_dir: Any, run_id: str) -> Iterator[None]:
+    def sample(self, run_dir: RunDir, run_id: str) -> Iterator[None]:
         """Sample from before the body starts to after it ends (Ctrl-C included); the point's summary goes
         into the manifest."""
         sampler = Sampler(self.telemetry.nvml, self.gpus, run_dir.telemetry_path, run_id,
@@ -163,7 +168,7 @@ def _source(gpu: Gpu) -> str:
     return COUNTER if gpu.counter else INTEGRAL
 
 
-def _gpu(nvml: Any, index: int) -> Gpu:
+def _gpu(nvml: ModuleType, index: int) -> Gpu:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     try:
         name = nvml.nvmlDeviceGetName(handle)
@@ -197,11 +202,17 @@ def _on_this_host(url: str) -> bool:
     return host in ("localhost", "::1", "0.0.0.0", socket.gethostname().lower()) or host.startswith("127.")
 
 
+#: one field of a sample, read from NVML (the module, a device handle); it may raise
+Read = Callable[[Any, Any], float]
+
+
 class Sampler:
     """Samples `gpus` every `interval_s` into `path`, in a daemon thread, from `start` to `stop`. The first
     sample is taken before `start` returns and the last after `stop` is called."""
 
-    def __init__(self, nvml: Any, gpus: Sequence[Gpu], path: Path, run_id: str, interval_s: float) -> None:
+    def __init__(
+        self, nvml: ModuleType | None, gpus: Sequence[Gpu], path: Path, run_id: str, interval_s: float
+    ) -> None:
         self.nvml, self.gpus, self.path, self.run_id = nvml, list(gpus), Path(path), run_id
         self.interval_s = interval_s
         self.ticks, self.first_t, self.last_t = 0, math.nan, math.nan
@@ -248,7 +259,7 @@ class Sampler:
         finally:
             self._first.set()
 
-    def _tick(self, out: Any) -> None:
+    def _tick(self, out: IO[str]) -> None:
         if self._abandoned:
             return
         lines = []
@@ -266,7 +277,7 @@ class Sampler:
         out.flush()
         self.ticks += 1
 
-    def _read(self, name: str, read: Callable[[Any, Any], float], handle: Any) -> float | None:
+    def _read(self, name: str, read: Read, handle: Any) -> float | None:
         """One field of one sample; a failure is counted and leaves it null."""
         try:
             return read(self.nvml, handle)
@@ -276,7 +287,7 @@ class Sampler:
 
 
 #: what each sample reads, from NVML's units: milliwatts, millijoules, bytes, percent
-READS: dict[str, Callable[[Any, Any], float]] = {
+READS: dict[str, Read] = {
     "power_w": lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
     "energy_j": lambda nvml, h: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,
     "mem_used_bytes": lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).used),

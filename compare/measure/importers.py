@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from workloads.datasets import read_json_lines
 from workloads.records import ErrorKind, RequestRecord
@@ -104,7 +104,16 @@ def detect_format(path: Path) -> str:
     )
 
 
-def import_file(path: str | Path, fmt: str = "auto", **labels: Any) -> Imported:
+class Labels(TypedDict, total=False):
+    """What imported records are filed under (each importer's defaults where not given)."""
+
+    backend: str | None
+    variant: str | None
+    workload: str
+    load_point: str | None
+
+
+def import_file(path: str | Path, fmt: str = "auto", **labels: Unpack[Labels]) -> Imported:
     path = Path(path)
     if fmt == "auto":
         fmt = detect_format(path)
@@ -202,13 +211,13 @@ def import_vllm_bench(
     point = _Point(run_id, backend, variant, load_point)
     # newer versions also save each request's start time (monotonic) and latency
     starts = (
-        data.get("start_times")
+        data["start_times"]
         if isinstance(data.get("start_times"), list) and len(data["start_times"]) == n
         else [0.0] * n
     )
     first = min(starts) if starts else 0.0
     latencies = (
-        data.get("latencies")
+        data["latencies"]
         if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n
         else None
     )

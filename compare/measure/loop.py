@@ -10,26 +10,38 @@ command line shows progress bars and a Ray cell, measuring on another node, stay
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from adapters.base import Adapter
+from compare.common.datatypes import SetupReport
 from compare.common.exit_codes import EXIT_FAILED, EXIT_OK
 from compare.common.text import plural
 from compare.measure.load_points import FixedPoints, PointSource
 from compare.measure.model import model_and_tokenizer
 from compare.measure.order import block_order, launch_order
-from compare.measure.point import Point
+from compare.measure.point import Load, Point, Source
 from compare.measure.prompts import Prompts
 from compare.measure.watcher import SILENT, Watcher
 from compare.plan.run_options import BackendSpec, RunPlan, WorkloadSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from adapters.request_spec import RequestSpec
+    from compare.launch.launcher import Launcher
+    from compare.measure.gpu_sampling import GpuTelemetry, GpuWatch
+    from compare.measure.run_dir import RunDir
+
+#: a reached or started backend as its points use it: its adapter, URL and GPU watch (None: not sampled)
+Served = tuple[Adapter, str, "GpuWatch | None"]
+
 
 def measure(
     plan: RunPlan,
-    run_dir: Any,
+    run_dir: RunDir,
     watcher: Watcher = SILENT,
-    load: Callable[[Any], Any] | None = None,
+    load: Load | None = None,
     points: type[PointSource] = FixedPoints,
 ) -> int:
     """Measure every point of `plan` into `run_dir` with `load(PointJob)` (default `run_load_sync`), each
@@ -72,15 +84,20 @@ class Launch:
     workload (its GPUs sampled where `telemetry` is on), stopped."""
 
     plan: RunPlan
-    run_dir: Any
+    run_dir: RunDir
     backend: BackendSpec
     repeat: int
     watcher: Watcher
-    telemetry: Any  # compare.measure.gpu_sampling.GpuTelemetry (off: watches nothing)
+    telemetry: GpuTelemetry  # off: watches nothing
     points: type[PointSource] = FixedPoints
 
     def run(
-        self, model_path: str, server_cpus: set[int] | None, prompts: Prompts, load: Callable, tokenizer: Any
+        self,
+        model_path: str,
+        server_cpus: set[int] | None,
+        prompts: Prompts,
+        load: Load,
+        tokenizer: PreTrainedTokenizerBase,
     ) -> bool:
         """False when the backend could not be started or reached (the note says why)."""
         from compare.launch.launcher import LaunchError
@@ -118,11 +135,11 @@ class Launch:
     def _measure_workload(
         self,
         workload: WorkloadSpec,
-        per_point: list,
-        served: tuple[Any, str, Any],
+        per_point: list[Source],
+        served: Served,
         prompts: Prompts,
-        load: Callable,
-        tokenizer: Any,
+        load: Load,
+        tokenizer: PreTrainedTokenizerBase,
     ) -> None:
         """Every point the launch's source proposes in one workload, each from the prompts of its own slice
         (`served`: the backend's adapter, URL and GPU watch). Raises KeyboardInterrupt when a point was
@@ -144,15 +161,16 @@ class Launch:
         if conclusion:
             self.watcher.say(f"{self.backend.key} {workload.label}: {conclusion}")
 
-    def adapter(self) -> Any:
-        from adapters import get_adapter
+    def adapter(self) -> Adapter:
+        from adapters import ADAPTERS, get_adapter
 
         plan, backend = self.plan, self.backend
         served = plan.served_model or plan.model
-        options = {} if backend.name == "trtllm-triton" and not plan.served_model else {"model": served}
+        own = ADAPTERS[backend.name].own_model_name  # its model option is no served name (Triton's)
+        options = {} if own and not plan.served_model else {"model": served}
         return get_adapter(backend.name, **options)
 
-    def reach(self) -> tuple[Any, str, Any] | None:
+    def reach(self) -> Served | None:
         """A running endpoint's (adapter, URL, GPU watch), its set-up recorded; None when it could not be
         reached (the note says why)."""
         from compare.launch.declared import collect
@@ -168,10 +186,12 @@ class Launch:
         self.run_dir.set_setup(setup)
         return adapter, setup.url, self.telemetry.watch(self.backend.key, None, self.backend.endpoint)
 
-    def _reach(self, adapter: Any) -> Any:
-        from compare.launch.launcher import endpoint_report
+    def _reach(self, adapter: Adapter) -> SetupReport:
+        from compare.launch.launcher import LaunchError, endpoint_report
 
         backend = self.backend
+        if backend.endpoint is None:
+            raise LaunchError(f"{backend.key}: no endpoint to reach")
         setup = endpoint_report(backend.name, backend.variant, backend.endpoint, adapter.health_path)
         setup.repeat = self.repeat
         return setup
@@ -187,7 +207,9 @@ class Launch:
             str(exc) if str(exc).startswith(backend.key) else f"{backend.key}: {exc}"
         )
 
-    def _start(self, launcher: Any, adapter: Any, cold_spec: Any) -> tuple[Any, Any]:
+    def _start(
+        self, launcher: Launcher, adapter: Adapter, cold_spec: RequestSpec
+    ) -> tuple[Adapter, SetupReport]:
         """Start the server, time it, measure its cold first token: (the adapter for it, its set-up
         report)."""
         from adapters import get_adapter
@@ -201,10 +223,9 @@ class Launch:
             setup = launcher.start(on_wait=status)
         launcher.report.repeat = self.repeat
         measure_cold_first_token(launcher, adapter, cold_spec, plan.request_timeout)
-        say(
-            f"{backend.key}: ready in {setup.ready_s:.1f} s, first token "
-            f"{setup.cold_first_token_s * 1e3:.0f} ms later"
-        )
+        first = setup.cold_first_token_s  # measured once ready (a failed first request raised LaunchError)
+        later = f", first token {first * 1e3:.0f} ms later" if first is not None else ""
+        say(f"{backend.key}: ready in {setup.ready_s:.1f} s{later}")
         return adapter, setup
 
 
@@ -218,11 +239,11 @@ class Blocks:
     and the manifest's point entry says `block` and `blocks`."""
 
     plan: RunPlan
-    run_dir: Any
+    run_dir: RunDir
     watcher: Watcher
-    telemetry: Any
+    telemetry: GpuTelemetry
 
-    def run(self, prompts: Prompts, load: Callable, tokenizer: Any) -> int:
+    def run(self, prompts: Prompts, load: Load, tokenizer: PreTrainedTokenizerBase) -> int:
         """The exit code. Raises KeyboardInterrupt when a point was interrupted."""
         plan, blocks, code = self.plan, self.plan.blocks or 1, EXIT_OK
         for repeat in range(plan.repeats):
@@ -247,7 +268,7 @@ class Blocks:
         return code
 
 
-def pinning(plan: Any) -> tuple[set[int] | None, set[int] | None, str]:
+def pinning(plan: RunPlan) -> tuple[set[int] | None, set[int] | None, str]:
     """(client CPUs, server CPUs, the manifest's note): CPUs of their own when there are enough."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if plan.pin == "off":

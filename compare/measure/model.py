@@ -4,13 +4,16 @@ with, each wait told to the watcher."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from compare.measure.watcher import Watcher
 from compare.plan.run_options import RunPlan
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def model_and_tokenizer(plan: RunPlan, watcher: Watcher) -> tuple[str, Any]:
+
+def model_and_tokenizer(plan: RunPlan, watcher: Watcher) -> tuple[str, PreTrainedTokenizerBase]:
     """The model as the servers read it (a built-in one converted first) and the tokenizer of the prompts."""
     launched = any(b.launched for b in plan.backends)
     model_path = _resolve_model(plan.model, watcher) if (launched or plan.tokenizer is None) else plan.model
@@ -32,7 +35,7 @@ def _resolve_model(model: str, watcher: Watcher) -> str:
     return model
 
 
-def _load_tokenizer(name: str) -> Any:
+def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     if name.startswith("random:"):  # random weights of a named shape: the server's synthetic tokenizer

@@ -9,8 +9,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from adapters.base import Adapter
 from compare.common.text import plural
 from compare.measure.load_points import MeasuredPoint
 from compare.measure.order import block_budget
@@ -19,6 +20,22 @@ from compare.measure.watcher import Watcher
 from compare.plan.run_options import BackendSpec, RunPlan, WorkloadSpec
 from workloads.schedule import Schedule
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from adapters.request_spec import RequestSpec
+    from compare.measure.gpu_sampling import GpuWatch
+    from compare.measure.run_dir import RunDir
+    from workloads.datasets import PromptStream
+    from workloads.loadgen import PointJob
+    from workloads.records import RequestRecord
+
+#: what runs a point's load: `workloads.loadgen.run_load_sync`, or Ray's load generators (`RayLoad`)
+Load: TypeAlias = "Callable[[PointJob], list[RequestRecord]]"
+#: a point's prompts: a file's, or a stream that makes them as they are needed; each a `RequestSpec`, or a
+#: `workloads.sessions.Session` in a workload of sessions
+Source: TypeAlias = "list[Any] | PromptStream[Any]"
+
 
 @dataclass(frozen=True)
 class Point:
@@ -26,20 +43,26 @@ class Point:
 
     plan: RunPlan
     backend: BackendSpec
-    adapter: Any
+    adapter: Adapter
     url: str
     workload: WorkloadSpec
     schedule: Schedule
     repeat: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    gpu: Any = None  # gpu_sampling.GpuWatch: sampled from before the load starts to after it ends
+    gpu: GpuWatch | None = None  # sampled from before the load starts to after it ends
     block: tuple[int, int] | None = None  # (block, blocks) when the point is measured in blocks (Blocks)
     # the fewest requests the point must measure (a capacity search's percentile needs them to be decided):
     # its request bound is raised to it and its duration to what its rate takes to send them
     min_requests: int | None = None
 
     def run(
-        self, run_dir: Any, source: Any, warm_specs: list, load: Callable, tokenizer: Any, watcher: Watcher
+        self,
+        run_dir: RunDir,
+        source: Source,
+        warm_specs: list[RequestSpec],
+        load: Load,
+        tokenizer: PreTrainedTokenizerBase,
+        watcher: Watcher,
     ) -> MeasuredPoint:
         """Run the point with its progress shown; what it measured, its records kept in memory for the
         source that proposed it. `source`: its prompts, a list or a `PromptStream` (`Prompts`)."""
@@ -86,7 +109,7 @@ class Point:
         with watcher.point(title, total) as show:
             warm_n = len(warm_specs[: plan.warmup_count(schedule)])
 
-            def update(records: list) -> None:
+            def update(records: list[RequestRecord]) -> None:
                 measured = [r for r in records if not r.warmup]
                 rate = running_output_rate(measured, time.perf_counter())  # the summary's output tok/s
                 warm = len(records) - len(measured)
@@ -124,8 +147,8 @@ class Point:
         info = run_dir.points()[run_id]  # the manifest's entry with the summary the load generator wrote
         return MeasuredPoint(run_id, info, [r for r in records if not r.warmup], info.interrupted)
 
-    def _sized(self, requests: int | None, duration: float | None, source: Any
-               ) -> tuple[int | None, float | None, Any]:
+    def _sized(self, requests: int | None, duration: float | None, source: Source
+               ) -> tuple[int | None, float | None, Source]:
         """The point's bounds and prompts raised to `min_requests`: its request bound to at least that many,
         its duration to what its rate takes to send them (with a tenth more, and a second, for the
         arrivals' spread), and a prompt stream bounded by the request count to as many prompts."""
@@ -142,7 +165,7 @@ class Point:
                                   source.reserve)
         return requests, duration, source
 
-    def _prompts(self, source: Any) -> tuple[list, Any, dict[str, Any]]:
+    def _prompts(self, source: Source) -> tuple[list[Any], PromptStream[Any] | None, dict[str, Any]]:
         """(the specs or sessions to hand the load generator, the stream that continues them or None, the
         manifest's note of what the point sends). A stream bounded only by the duration goes to the load
         generator, which makes its prompts as it goes; but Ray load generators, which cannot, get

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from compare.measure.order import block_budget
 from compare.plan.run_options import RunPlan, WorkloadSpec
 from workloads.schedule import Schedule
@@ -103,9 +105,10 @@ class _Allowed:
     vocabulary), found once for every stream of the run and only if one needs them."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.ids = tokenizer, None
+        self.tokenizer = tokenizer
+        self.ids: np.ndarray | None = None
 
-    def __call__(self) -> Any:
+    def __call__(self) -> np.ndarray:
         if self.ids is None:
             from workloads.datasets import ordinary_token_ids
 

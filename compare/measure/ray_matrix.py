@@ -28,16 +28,21 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from adapters.request_spec import spec_id_of
 from compare.common.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED
 from compare.measure.loop import measure
+from compare.measure.point import Load
+from compare.plan.run_options import RunPlan
 from workloads.clocks import RecordLabels, Started, lost_record
 from workloads.distributed import stream_batches
 from workloads.records import RecordWriter, RequestRecord
+
+if TYPE_CHECKING:
+    from compare.measure.run_dir import RunDir
 
 SEED_STRIDE = 7919  # dataset seed offset per load point (workloads add their index, so keep it large)
 FLUSH_S = 0.1
@@ -46,7 +51,7 @@ FLUSH_S = 0.1
 @dataclasses.dataclass(frozen=True)
 class Cell:
     index: int
-    plan: Any  # a RunPlan of one backend and one load point
+    plan: RunPlan  # of one backend and one load point
     point: int  # the load point's index in the whole plan
     command: list[str]
 
@@ -56,8 +61,8 @@ class Cell:
         return f"{b.key} {self.plan.load_points[0].label}"
 
 
-def cells_of(plan: Any, command: list[str]) -> list[Cell]:
-    out = []
+def cells_of(plan: RunPlan, command: list[str]) -> list[Cell]:
+    out: list[Cell] = []
     for backend in plan.backends:
         for k, schedule in enumerate(plan.load_points):
             sub = dataclasses.replace(
@@ -146,7 +151,9 @@ def _stream(out: queue.SimpleQueue) -> Iterator[dict[str, Any]]:
     return stream_batches(out, controls, FLUSH_S)
 
 
-def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event, controls: dict) -> Callable:
+def _streaming_load(
+    run_dir: RunDir, out: queue.SimpleQueue, stop: threading.Event, controls: dict[str, Any]
+) -> Load:
     """`run_load_sync` that streams as it goes, and can be stopped from another thread."""
     from workloads.loadgen import PointJob, new_runner, run_load
 
@@ -174,7 +181,8 @@ def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event,
         with new_runner() as runner:
             records = runner.run(main())
         controls.clear()
-        for line in reversed(Path(job.summary_path).read_text().splitlines()):
+        summary = job.summary_path or run_dir.runs_path  # a point's job names the run directory's
+        for line in reversed(Path(summary).read_text().splitlines()):
             if f'"run_id":"{run_id}"' in line:
                 out.put(("summary", line))
                 break
@@ -183,7 +191,7 @@ def _streaming_load(run_dir: Any, out: queue.SimpleQueue, stop: threading.Event,
     return load
 
 
-def _cancel(controls: dict) -> None:
+def _cancel(controls: dict[str, Any]) -> None:
     loop, task = controls.get("loop"), controls.get("task")
     if loop is not None and task is not None:
         with contextlib.suppress(RuntimeError):
@@ -210,7 +218,7 @@ def _where() -> dict[str, Any]:
 class _Gather:
     """Writes what the cells stream into the one run directory."""
 
-    def __init__(self, run_dir: Any, plan: Any, say: Callable[[str], None]) -> None:
+    def __init__(self, run_dir: RunDir, plan: RunPlan, say: Callable[[str], None]) -> None:
         self.run_dir, self.plan, self.say = run_dir, plan, say
         self.requests = RecordWriter(run_dir.requests_path)
         self.inflight: dict[int, dict[str, tuple[str, Started]]] = {}
@@ -290,7 +298,7 @@ class _Gather:
             self.say(f"[yellow]warning:[/yellow] {note}")
 
 
-def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
+def run_cells(plan: RunPlan, run_dir: RunDir, say: Callable[[str], None]) -> int:
     """Run every cell as a Ray task and gather them into `run_dir`; the worst cell's exit code."""
     from compare.measure.gpu_sampling import telemetry_off
 
@@ -301,9 +309,9 @@ def run_cells(plan: Any, run_dir: Any, say: Callable[[str], None]) -> int:
     remote = ray.remote(run_cell)
     info = run_dir.manifest["ray"]
     info["cell_resources"] = {}
-    running: dict[int, Any] = {}
+    running: dict[int, ray.ObjectRefGenerator] = {}
 
-    def submit(cell: Cell) -> Any:
+    def submit(cell: Cell) -> ray.ObjectRefGenerator:
         backend = cell.plan.backends[0]
         resources = (plan.ray_cell_resources if backend.launched else {}) or default_resources(
             backend.launched

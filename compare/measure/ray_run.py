@@ -19,11 +19,14 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compare.measure.loop import measure
 from compare.measure.watcher import Watcher
 from compare.plan.run_options import RunPlan
+
+if TYPE_CHECKING:
+    from compare.measure.run_dir import RunDir
 
 LOCAL = "local"
 OBJECT_STORE_BYTES = 128 * 2**20  # a local instance: records are small, keep the shared memory small
@@ -74,10 +77,12 @@ def ray_session(address: str, num_cpus: int | None = None) -> Iterator[dict[str,
         ray.shutdown()
 
 
-def measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
+def measure_on_ray(plan: RunPlan, run_dir: RunDir, watcher: Watcher) -> int:
     """Measure `plan` on Ray: the ordinary measuring loop with the load of every point split over load
     generators on the cluster, or every cell a Ray task; the exit code."""
     say = watcher.say
+    if plan.ray is None:
+        raise ValueError("measure_on_ray: the plan names no Ray cluster (--ray)")
     with ray_session(plan.ray, plan.ray_actors or 2) as info:
         run_dir.manifest["ray"] = info
         run_dir.save()
@@ -90,7 +95,7 @@ def measure_on_ray(plan: RunPlan, run_dir: Any, watcher: Watcher) -> int:
         return _split(plan, run_dir, watcher, info)
 
 
-def _split(plan: RunPlan, run_dir: Any, watcher: Watcher, info: dict[str, Any]) -> int:
+def _split(plan: RunPlan, run_dir: RunDir, watcher: Watcher, info: dict[str, Any]) -> int:
     from workloads.distributed import LoadGenerators, RayLoad, default_generators
 
     say = watcher.say

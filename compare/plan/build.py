@@ -78,7 +78,7 @@ def parse_backend(
             f"(--endpoint {name}=http://HOST:PORT). It launches {', '.join(sorted(LAUNCHABLE))}"
         )
     if endpoint is None:
-        if not variant and ADAPTERS[name].server_family == "reference":
+        if not variant and ADAPTERS[name].variant_by_device:
             variant = default_reference_variant()
         try:
             Variant.parse(variant, **options)

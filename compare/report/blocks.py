@@ -12,7 +12,9 @@ import pandas as pd
 Block = tuple[str, Any]  # (kind, content): h1, h2, h3, p, ul, table, svg
 
 
-def number(value: Any, digits: int = 1) -> str:
+def number(value: object, digits: int = 1) -> str:
+    """A table cell: a float with `digits` decimals and thousands separators, "–" for None or a non-finite
+    float, anything else as written."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if isinstance(value, float):

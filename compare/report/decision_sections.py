@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from adapters import ADAPTERS
 from compare.analysis.confidence import legend
 from compare.analysis.parity import parity_table
 from compare.analysis.results import Results
@@ -202,10 +203,11 @@ def break_even_section(res: Results) -> list[Block]:
 
 
 def _cpu_note(res: Results) -> str:
+    """Which candidates ran on the CPU where their engine runs eager whatever the variant (`eager_on_cpu`)."""
     cpu = [
         k
         for k, st in res.setups.items()
-        if st.device and st.device.startswith("cpu") and st.backend.startswith("reference")
+        if st.device and st.device.startswith("cpu") and _eager_on_cpu(st.backend)
     ]
     if not cpu:
         return ""
@@ -217,3 +219,8 @@ def _cpu_note(res: Results) -> str:
     if graphs:
         note += f" ({', '.join(graphs)} included), so a difference between its variants is noise, not graphs"
     return note + "."
+
+
+def _eager_on_cpu(backend: str) -> bool:
+    cls = ADAPTERS.get(backend)
+    return cls is not None and cls.eager_on_cpu

@@ -5,7 +5,7 @@ bars with interval whiskers, and a horizontal timeline of set-up phases."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -106,7 +106,14 @@ def _svg_open(title: str, height: int) -> list[str]:
 
 
 def _frame(
-    title: str, xlabel: str, ylabel: str, xt: list[float], yt: list[float], sx, sy, height: int = H
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    xt: list[float],
+    yt: list[float],
+    sx: Callable[[float], float],
+    sy: Callable[[float], float],
+    height: int = H,
 ) -> list[str]:
     out = _svg_open(title, height)
     x0, x1, y0, y1 = M_LEFT, W - M_RIGHT, height - M_BOTTOM, M_TOP
