@@ -1,7 +1,7 @@
 """One module per serving backend: how to talk to it and read its stream (and, later, start it).
 
-    from adapters import get_adapter
-    adapter = get_adapter("vllm", model="my-model")
+from adapters import get_adapter
+adapter = get_adapter("vllm", model="my-model")
 """
 
 from __future__ import annotations
@@ -19,12 +19,21 @@ from adapters.vllm import VLLMChatAdapter, VLLMCompletionsAdapter
 ADAPTERS: dict[str, type[Adapter]] = {
     cls.name: cls
     for cls in (
-        OpenAICompletionsAdapter, OpenAIChatAdapter,
-        VLLMCompletionsAdapter, VLLMChatAdapter,
-        TGIAdapter, TGIOpenAIChatAdapter, TGIOpenAICompletionsAdapter,
-        TrtllmCompletionsAdapter, TrtllmChatAdapter, TritonGenerateAdapter,
-        ReferenceAdapter, ReferenceChatAdapter, ReferenceTGIAdapter,
-        LlamaCppCompletionsAdapter, LlamaCppChatAdapter,
+        OpenAICompletionsAdapter,
+        OpenAIChatAdapter,
+        VLLMCompletionsAdapter,
+        VLLMChatAdapter,
+        TGIAdapter,
+        TGIOpenAIChatAdapter,
+        TGIOpenAICompletionsAdapter,
+        TrtllmCompletionsAdapter,
+        TrtllmChatAdapter,
+        TritonGenerateAdapter,
+        ReferenceAdapter,
+        ReferenceChatAdapter,
+        ReferenceTGIAdapter,
+        LlamaCppCompletionsAdapter,
+        LlamaCppChatAdapter,
     )
 }
 

@@ -169,8 +169,16 @@ class Adapter:
     cumulative_usage: bool = False
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
         """How to start this backend's server."""
         from adapters.launch_spec import LaunchSpecError
 
@@ -226,5 +234,8 @@ class Adapter:
 
     def describe(self) -> dict[str, Any]:
         """The adapter's settings, for run summaries and reports."""
-        return {"adapter": self.name, "forces_output_length": self.forces_output_length,
-                "cumulative_usage": self.cumulative_usage}
+        return {
+            "adapter": self.name,
+            "forces_output_length": self.forces_output_length,
+            "cumulative_usage": self.cumulative_usage,
+        }

@@ -69,18 +69,40 @@ LLAMACPP_CLOCK = RelativeClock(re.compile(r"^(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) "),
 #: first and the last three): the model file read and mapped, the context made (KV cache, compute buffers),
 #: a warm-up run through the model, the slots made, the HTTP server listening
 LLAMACPP_STARTUP = [
-    pattern("model_load_started", r"load_model: loading model '", begins="weights",
-            detail="GGUF read and mapped: metadata, vocabulary, tensors"),
-    pattern("weights_mapped", r"load_tensors:\s+(?P<device>[A-Z]+\d*)(?:_\w+)? model buffer size =\s*"
-            r"(?P<mib>[\d.]+) MiB", memory="weights", repeat="sum"),
-    pattern("context_started", r"llama_context: constructing llama_context", ends="weights",
-            begins="kv_cache", detail="context: KV cache and compute buffers"),
+    pattern(
+        "model_load_started",
+        r"load_model: loading model '",
+        begins="weights",
+        detail="GGUF read and mapped: metadata, vocabulary, tensors",
+    ),
+    pattern(
+        "weights_mapped",
+        r"load_tensors:\s+(?P<device>[A-Z]+\d*)(?:_\w+)? model buffer size =\s*"
+        r"(?P<mib>[\d.]+) MiB",
+        memory="weights",
+        repeat="sum",
+    ),
+    pattern(
+        "context_started",
+        r"llama_context: constructing llama_context",
+        ends="weights",
+        begins="kv_cache",
+        detail="context: KV cache and compute buffers",
+    ),
     pattern("context_tokens", r"llama_context: n_ctx\s*=\s*(?P<tokens>\d+)$"),
     pattern("kv_cache_size", r"llama_kv_cache: size =\s*(?P<mib>[\d.]+) MiB", memory="kv_cache"),
-    pattern("warmup_started", r"warming up the model with an empty run", ends="kv_cache", begins="warmup",
-            detail="an empty run through the model"),
-    pattern("slots_made", r"load_model: initializing, n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+)",
-            ends="warmup"),
+    pattern(
+        "warmup_started",
+        r"warming up the model with an empty run",
+        ends="kv_cache",
+        begins="warmup",
+        detail="an empty run through the model",
+    ),
+    pattern(
+        "slots_made",
+        r"load_model: initializing, n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+)",
+        ends="warmup",
+    ),
     pattern("server_ready", r"llama_server: listening on (?P<url>\S+)|server is listening on", ready=True),
 ]
 
@@ -124,8 +146,11 @@ def _buffers_line(line: str) -> dict[str, str]:
 #: where its log states the settings the parity audit compares (at `--log-verbosity 4`)
 LLAMACPP_CONFIG = [
     config_line(r"print_info: file type\s*=", read=_file_type_line),
-    config_line(r"load_model: initializing, n_slots = \d+", max_num_seqs=r"n_slots = (\d+)",
-                max_model_len=r"n_ctx_slot = (\d+)"),
+    config_line(
+        r"load_model: initializing, n_slots = \d+",
+        max_num_seqs=r"n_slots = (\d+)",
+        max_model_len=r"n_ctx_slot = (\d+)",
+    ),
     config_line(r"llama_context: n_batch\s*=", max_batched_tokens=r"n_batch\s*=\s*(\d+)"),
     config_line(r"llama_kv_cache: size =", read=_kv_line),
     config_line(r"llama_server: listening on", read=_listening_line),
@@ -202,13 +227,22 @@ def llamacpp_flags(model: ModelSource, variant: Variant, gpu: bool) -> tuple[lis
     slots = variant.max_num_seqs or DEFAULT_SLOTS
     per_slot = model.max_model_len or DEFAULT_SLOT_CONTEXT
     flags = [
-        "--parallel", str(slots),
+        "--parallel",
+        str(slots),
         # each slot its own context, the pool slots x this (a later --parallel resizes the pool, not a slot)
-        "--kv-unified-per-slot", str(per_slot),
-        "--threads", str(cpu_threads()),
+        "--kv-unified-per-slot",
+        str(per_slot),
+        "--threads",
+        str(cpu_threads()),
         "--metrics",
-        "--alias", model.served_name,
-        "--log-timestamps", "--log-prefix", "--log-verbosity", "4", "--log-colors", "off",
+        "--alias",
+        model.served_name,
+        "--log-timestamps",
+        "--log-prefix",
+        "--log-verbosity",
+        "4",
+        "--log-colors",
+        "off",
     ]
     return flags, notes
 
@@ -225,8 +259,16 @@ class _LlamaCppLaunch(Adapter):
     executable_hint = " (--llamacpp-bin PATH or LLM_COMPARE_LLAMACPP; .ci/install_llamacpp.sh DIR)"
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
         gguf = find_gguf(model.model)
         flags, notes = llamacpp_flags(model, variant, gpu)
         exe = executable or os.environ.get("LLM_COMPARE_LLAMACPP") or "llama-server"
@@ -265,8 +307,14 @@ class _LlamaCppMixin(OpenAICompletionsAdapter):
     config_lines = LLAMACPP_CONFIG
     log_clock = LLAMACPP_CLOCK
 
-    def __init__(self, model: str | None = None, *, force_output_length: bool = True,
-                 timings_per_token: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        force_output_length: bool = True,
+        timings_per_token: bool = True,
+        **options: Any,
+    ) -> None:
         """`timings_per_token`: ask for the slot's timings on every chunk (exact per-event token counts, the
         server's own prompt and decode times); `force_output_length`: `ignore_eos`."""
         super().__init__(model, force_output_length=force_output_length, **options)

@@ -66,10 +66,16 @@ class OpenAICompletionsAdapter(Adapter):
     health_path: ClassVar[str] = "/v1/models"  # the OpenAI API has no /health
     info_path = "/v1/models"
 
-    def __init__(self, model: str | None = None, *, include_usage: bool = True,
-                 continuous_usage: bool = False, force_output_length: bool = False,
-                 prompt_as_token_ids: bool = False,
-                 sampling: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        include_usage: bool = True,
+        continuous_usage: bool = False,
+        force_output_length: bool = False,
+        prompt_as_token_ids: bool = False,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         if prompt_as_token_ids and self.chat:
             raise ValueError(f"{self.name}: prompt_as_token_ids needs the completions route, not chat")
         self.model = model
@@ -181,8 +187,15 @@ class OpenAICompletionsAdapter(Adapter):
         choice = choices[0]
         text = (choice.get("message") or {}).get("content") if self.chat else choice.get("text")
         n = usage.completion_tokens if usage and usage.completion_tokens is not None else 0
-        return StreamEvent(n, text or "", choice.get("finish_reason"), usage, is_done=True, is_output=True,
-                           exact=usage is not None)
+        return StreamEvent(
+            n,
+            text or "",
+            choice.get("finish_reason"),
+            usage,
+            is_done=True,
+            is_output=True,
+            exact=usage is not None,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "route": self.route, "model": self.model}

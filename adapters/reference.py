@@ -17,34 +17,64 @@ from adapters.tgi import TGIAdapter
 from adapters.vllm import VLLM_METRICS, VLLMChatAdapter, VLLMCompletionsAdapter
 
 REFERENCE_METRICS = {name.replace("vllm:", "reference:", 1): common for name, common in VLLM_METRICS.items()}
-REFERENCE_METRICS.update({
-    "reference:kv_cache_blocks_used": "kv_blocks_used",
-    "reference:kv_cache_blocks_free": "kv_blocks_free",
-    "reference:cuda_graph_buckets": "cuda_graph_buckets",
-    "reference:cuda_graph_pool_bytes": "cuda_graph_pool_bytes",
-    "reference:num_aborted_requests_total": "requests_aborted_total",
-})
+REFERENCE_METRICS.update(
+    {
+        "reference:kv_cache_blocks_used": "kv_blocks_used",
+        "reference:kv_cache_blocks_free": "kv_blocks_free",
+        "reference:cuda_graph_buckets": "cuda_graph_buckets",
+        "reference:cuda_graph_pool_bytes": "cuda_graph_pool_bytes",
+        "reference:num_aborted_requests_total": "requests_aborted_total",
+    }
+)
 
 
 #: the server's start-up lines (reference_engine/engine.py and serving/server.py write them), Python logging's
 #: clock
 REFERENCE_STARTUP = [
-    pattern("tokenizer_loaded", r"(?:resolved, )?tokenizer loaded in (?P<seconds>[\d.]+) s",
-            phase="tokenizer", detail="tokenizer loaded"),
-    pattern("weights_loaded", r"weights loaded: (?P<gib>[\d.]+) GiB, (?:torch\.)?(?P<dtype>\w+) on "
-            r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s", phase="weights", memory="weights"),
-    pattern("kv_cache_allocated", r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) "
-            r"tokens, (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="kv_cache", memory="kv_cache"),
+    pattern(
+        "tokenizer_loaded",
+        r"(?:resolved, )?tokenizer loaded in (?P<seconds>[\d.]+) s",
+        phase="tokenizer",
+        detail="tokenizer loaded",
+    ),
+    pattern(
+        "weights_loaded",
+        r"weights loaded: (?P<gib>[\d.]+) GiB, (?:torch\.)?(?P<dtype>\w+) on "
+        r"(?P<device>[^\s,]+),? in (?P<seconds>[\d.]+) s",
+        phase="weights",
+        memory="weights",
+    ),
+    pattern(
+        "kv_cache_allocated",
+        r"KV cache allocated: (?P<blocks>\d+) blocks of (?P<block_size>\d+) "
+        r"tokens, (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s",
+        phase="kv_cache",
+        memory="kv_cache",
+    ),
     # decode graphs, then the pieces of steps with prompt tokens: both count as graph capture, their pools add
-    pattern("graphs_captured", r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
-            r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s", phase="cuda_graphs", memory="graph_pool",
-            repeat="sum"),
-    pattern("mixed_graphs_captured", r"CUDA graphs for steps with prompt tokens: (?P<pieces>\d+) pieces over "
-            r"token counts (?P<sizes>\[[\d, ]*\]), pool (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s",
-            phase="cuda_graphs", memory="graph_pool", repeat="sum",
-            detail="pieces between attention calls, for steps with prompt tokens"),
-    pattern("warmed_up", r"eager steps warmed up: (?P<steps>\d+) step shapes in (?P<seconds>[\d.]+) s",
-            phase="compile", detail="every eager step shape run once (kernel compiles, allocator growth)"),
+    pattern(
+        "graphs_captured",
+        r"CUDA graphs captured: (?P<buckets>\d+) buckets (?P<sizes>\[[\d, ]*\]), pool "
+        r"(?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s",
+        phase="cuda_graphs",
+        memory="graph_pool",
+        repeat="sum",
+    ),
+    pattern(
+        "mixed_graphs_captured",
+        r"CUDA graphs for steps with prompt tokens: (?P<pieces>\d+) pieces over "
+        r"token counts (?P<sizes>\[[\d, ]*\]), pool (?P<gib>[\d.]+) GiB in (?P<seconds>[\d.]+) s",
+        phase="cuda_graphs",
+        memory="graph_pool",
+        repeat="sum",
+        detail="pieces between attention calls, for steps with prompt tokens",
+    ),
+    pattern(
+        "warmed_up",
+        r"eager steps warmed up: (?P<steps>\d+) step shapes in (?P<seconds>[\d.]+) s",
+        phase="compile",
+        detail="every eager step shape run once (kernel compiles, allocator growth)",
+    ),
     pattern("server_ready", r"server ready at (?P<url>\S+) in (?P<seconds>[\d.]+) s", ready=True),
 ]
 REFERENCE_CLOCK = clock(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", "%Y-%m-%d %H:%M:%S,%f")
@@ -158,15 +188,38 @@ class _ReferenceLaunch(Adapter):
         return reference_serving_defaults(gpu)
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
-        flags = ["--served-model-name", model.served_name, "--shutdown-timeout", "5",
-                 *reference_flags(model, variant)]
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
+        flags = [
+            "--served-model-name",
+            model.served_name,
+            "--shutdown-timeout",
+            "5",
+            *reference_flags(model, variant),
+        ]
         cache = {REFERENCE_CACHE_VOLUME: {"bind": "/cache", "mode": "rw"}} if gpu else {}
         return LaunchSpec(
             cls.name,
-            [executable or sys.executable, "-m", "reference_engine.server", "--model", model.model,
-             "--host", "127.0.0.1", "--port", str(port), *flags],
+            [
+                executable or sys.executable,
+                "-m",
+                "reference_engine.server",
+                "--model",
+                model.model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *flags,
+            ],
             REFERENCE_IMAGES["cuda" if gpu else "cpu"],
             ["--model", model.in_container(), *flags],
             port,

@@ -53,17 +53,33 @@ TGI_METRICS = {
 #: downloaded (or found), each shard loads the model (`Shard ready in`, Rust's Debug duration, one line per
 #: rank), then the router warms the model up, which captures the CUDA graphs, and sizes the KV cache.
 TGI_STARTUP = [
-    pattern("download_started", r"Starting (?:check and )?download process", begins="download",
-            detail="weights downloaded or found"),
+    pattern(
+        "download_started",
+        r"Starting (?:check and )?download process",
+        begins="download",
+        detail="weights downloaded or found",
+    ),
     pattern("download_done", r"Successfully downloaded weights", ends="download"),
-    pattern("shard_ready", r"Shard ready in (?P<seconds>[\d.]+(?:ns|µs|us|ms|s))", phase="shard_load",
-            detail="shard loaded the model"),
-    pattern("warmup_started", r"Warming up model", begins="warmup",
-            detail="router warm-up: CUDA graphs, KV-cache sizing"),
+    pattern(
+        "shard_ready",
+        r"Shard ready in (?P<seconds>[\d.]+(?:ns|µs|us|ms|s))",
+        phase="shard_load",
+        detail="shard loaded the model",
+    ),
+    pattern(
+        "warmup_started",
+        r"Warming up model",
+        begins="warmup",
+        detail="router warm-up: CUDA graphs, KV-cache sizing",
+    ),
     pattern("kv_cache_blocks", r"KV-cache blocks: (?P<blocks>\d+), size: (?P<block_size>\d+)"),
     pattern("graphs_enabled", r"Cuda Graphs are enabled for sizes (?P<sizes>\[[\d, ]*\])"),
-    pattern("max_batch_total_tokens", r"Setting max batch total tokens to (?P<tokens>\d+)",
-            memory="kv_tokens", ends="warmup"),
+    pattern(
+        "max_batch_total_tokens",
+        r"Setting max batch total tokens to (?P<tokens>\d+)",
+        memory="kv_tokens",
+        ends="warmup",
+    ),
     pattern("connected", r"text_generation_router[\w:]*: \S+: Connected$|\bConnected$", ready=True),
 ]
 #: `2024-05-31T05:54:04.410417Z  INFO text_generation_launcher: ...` (tracing's UTC time stamp)
@@ -90,8 +106,12 @@ def tgi_flags(model: ModelSource, variant: Variant) -> list[str]:
     if variant.max_num_seqs:
         flags += ["--max-batch-size", str(variant.max_num_seqs)]
     if model.max_model_len:
-        flags += ["--max-total-tokens", str(model.max_model_len),
-                  "--max-input-tokens", str(model.max_model_len - 1)]
+        flags += [
+            "--max-total-tokens",
+            str(model.max_model_len),
+            "--max-input-tokens",
+            str(model.max_model_len - 1),
+        ]
     if model.dtype not in ("auto", "float16", "bfloat16"):
         raise LaunchSpecError(f"TGI serves float16 or bfloat16, not {model.dtype}")
     if model.dtype != "auto":
@@ -116,8 +136,16 @@ class _TGILaunch(Adapter):
     setting_flags = TGI_SETTING_FLAGS
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
         flags = tgi_flags(model, variant)
         exe = executable or os.environ.get("LLM_COMPARE_TGI") or "text-generation-launcher"
         spec = LaunchSpec(
@@ -188,8 +216,15 @@ class TGIAdapter(_TGILaunch):
         details = given if isinstance(given, dict) else {}
         generated = as_int(details.get("generated_tokens"))
         usage = Usage(None, generated) if generated is not None else None
-        return StreamEvent(generated or 0, obj["generated_text"], details.get("finish_reason"), usage,
-                           is_done=True, is_output=True, exact=generated is not None)
+        return StreamEvent(
+            generated or 0,
+            obj["generated_text"],
+            details.get("finish_reason"),
+            usage,
+            is_done=True,
+            is_output=True,
+            exact=generated is not None,
+        )
 
 
 class _TGIOpenAIMixin(_TGILaunch, OpenAICompletionsAdapter):

@@ -45,21 +45,70 @@ TRITON_METRICS = {  # Triton, served on the metrics port (8002 by default) at /m
 # Request fields trtllm-serve accepts (its pydantic models forbid any other); checked before sending so a
 # typo fails here with a clear message rather than as a 400 from the server.
 _COMMON_FIELDS = {
-    "model", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "n", "presence_penalty",
-    "seed", "stop", "stream", "stream_options", "temperature", "top_p", "user", "lora_request",
-    "prompt_ignore_length", "use_beam_search", "top_k", "top_p_min", "min_p", "repetition_penalty",
-    "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
-    "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
-    "add_special_tokens", "response_format", "disaggregated_params", "priority", "conversation_params",
+    "model",
+    "best_of",
+    "echo",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "n",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "user",
+    "lora_request",
+    "prompt_ignore_length",
+    "use_beam_search",
+    "top_k",
+    "top_p_min",
+    "min_p",
+    "repetition_penalty",
+    "length_penalty",
+    "early_stopping",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "truncate_prompt_tokens",
+    "add_special_tokens",
+    "response_format",
+    "disaggregated_params",
+    "priority",
+    "conversation_params",
     "thinking_token_budget",
 }
-TRTLLM_COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "max_tokens", "suffix", "return_context_logits",
-                                             "detokenize"}
+TRTLLM_COMPLETION_FIELDS = _COMMON_FIELDS | {
+    "prompt",
+    "max_tokens",
+    "suffix",
+    "return_context_logits",
+    "detokenize",
+}
 TRTLLM_CHAT_FIELDS = _COMMON_FIELDS | {
-    "messages", "prompt_token_ids", "max_tokens", "max_completion_tokens", "top_logprobs", "tools",
-    "tool_choice", "parallel_tool_calls", "reasoning_effort", "thinking", "add_generation_prompt",
-    "documents", "chat_template", "chat_template_kwargs", "media_io_kwargs", "cache_salt",
-    "agent_hierarchy", "mm_processor_kwargs",
+    "messages",
+    "prompt_token_ids",
+    "max_tokens",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "thinking",
+    "add_generation_prompt",
+    "documents",
+    "chat_template",
+    "chat_template_kwargs",
+    "media_io_kwargs",
+    "cache_salt",
+    "agent_hierarchy",
+    "mm_processor_kwargs",
 }
 
 
@@ -68,22 +117,53 @@ TRTLLM_CHAT_FIELDS = _COMMON_FIELDS | {
 #: graphs are captured once per sizing round, so their time adds up.
 TRTLLM_STARTUP = [
     pattern("weights_size", r"Use (?P<gib>[\d.]+) GB for model weights", memory="weights"),  # GB as 2**30 B
-    pattern("model_init", r"Model init total -- (?P<seconds>[\d.]+)s", phase="weights",
-            detail="model built and weights loaded"),
-    pattern("engine_generation", r"Engine generation completed in (?P<seconds>[\d.]+) seconds",
-            phase="engine_build", repeat="sum", detail="TensorRT engine generation"),
-    pattern("engines_built", r"Total time of building all engines: (?P<seconds>\d+:\d\d:\d\d)",
-            phase="engine_build_total", detail="engine build and serialisation"),
-    pattern("kv_cache_allocated", r"Allocated (?P<gib>[\d.]+) GiB for max tokens in paged KV cache "
-            r"\((?P<tokens>\d+)\)", memory="kv_cache"),
+    pattern(
+        "model_init",
+        r"Model init total -- (?P<seconds>[\d.]+)s",
+        phase="weights",
+        detail="model built and weights loaded",
+    ),
+    pattern(
+        "engine_generation",
+        r"Engine generation completed in (?P<seconds>[\d.]+) seconds",
+        phase="engine_build",
+        repeat="sum",
+        detail="TensorRT engine generation",
+    ),
+    pattern(
+        "engines_built",
+        r"Total time of building all engines: (?P<seconds>\d+:\d\d:\d\d)",
+        phase="engine_build_total",
+        detail="engine build and serialisation",
+    ),
+    pattern(
+        "kv_cache_allocated",
+        r"Allocated (?P<gib>[\d.]+) GiB for max tokens in paged KV cache "
+        r"\((?P<tokens>\d+)\)",
+        memory="kv_cache",
+    ),
     pattern("tokens_per_block", r"Number of tokens per block: (?P<block_size>\d+)"),
-    pattern("autotune_started", r"\[Autotuner\] Autotuning process starts", begins="autotune", repeat="sum",
-            detail="kernel autotuning"),
+    pattern(
+        "autotune_started",
+        r"\[Autotuner\] Autotuning process starts",
+        begins="autotune",
+        repeat="sum",
+        detail="kernel autotuning",
+    ),
     pattern("autotune_done", r"\[Autotuner\] Autotuning process ends", ends="autotune"),
-    pattern("graphs_started", r"Creating CUDA graph instances for (?P<count>\d+) batch sizes",
-            begins="cuda_graphs", repeat="sum", detail="CUDA-graph capture"),
-    pattern("graphs_done", r"Memory used after loading model weights \(inside torch\)|Setting PyTorch memory "
-            r"fraction", ends="cuda_graphs"),
+    pattern(
+        "graphs_started",
+        r"Creating CUDA graph instances for (?P<count>\d+) batch sizes",
+        begins="cuda_graphs",
+        repeat="sum",
+        detail="CUDA-graph capture",
+    ),
+    pattern(
+        "graphs_done",
+        r"Memory used after loading model weights \(inside torch\)|Setting PyTorch memory "
+        r"fraction",
+        ends="cuda_graphs",
+    ),
     pattern("server_ready", r"Application startup complete|Uvicorn running on", ready=True),
 ]
 #: `[12/20/2025-04:21:37] [TRT-LLM] [I] ...` (local time)
@@ -127,8 +207,16 @@ class _TrtllmLaunch(Adapter):
     setting_flags = TRTLLM_SETTING_FLAGS
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
         flags = ["--backend", "pytorch"]
         if variant.max_num_seqs:
             flags += ["--max_batch_size", str(variant.max_num_seqs)]
@@ -173,12 +261,19 @@ class _TrtllmServeMixin(_TrtllmLaunch, OpenAICompletionsAdapter):
     log_clock = TRTLLM_CLOCK
     known_fields: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
-                 force_output_length: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        continuous_usage: bool = True,
+        force_output_length: bool = True,
+        **options: Any,
+    ) -> None:
         if not model:
             raise ValueError("trtllm-serve requires the model name in every request: pass model=...")
-        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
-                         **options)
+        super().__init__(
+            model, continuous_usage=continuous_usage, force_output_length=force_output_length, **options
+        )
 
     def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
         request = super().build_request(spec, stream)
@@ -213,8 +308,14 @@ class TritonGenerateAdapter(Adapter):
     metric_names = TRITON_METRICS
     final_event = "none"
 
-    def __init__(self, model: str = "ensemble", *, force_output_length: bool = True,
-                 min_length_field: str = "min_length", sampling: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str = "ensemble",
+        *,
+        force_output_length: bool = True,
+        min_length_field: str = "min_length",
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.forces_output_length = force_output_length
         self.min_length_field = min_length_field
@@ -222,8 +323,12 @@ class TritonGenerateAdapter(Adapter):
         self.info_path = f"/v2/models/{model}"
 
     def build_request(self, spec: RequestSpec, stream: bool = True) -> HttpRequest:
-        body: dict[str, Any] = {"text_input": spec.prompt_text, "max_tokens": spec.wanted_output_tokens,
-                                "stream": stream, **self.sampling}
+        body: dict[str, Any] = {
+            "text_input": spec.prompt_text,
+            "max_tokens": spec.wanted_output_tokens,
+            "stream": stream,
+            **self.sampling,
+        }
         if self.forces_output_length:
             body[self.min_length_field] = spec.wanted_output_tokens
         route = "generate_stream" if stream else "generate"

@@ -46,27 +46,61 @@ VLLM_METRICS = {
 #: vLLM's start-up log lines (V1 engine; the GPU worker and the CPU worker word some of them differently).
 #: `init engine` spans profiling, KV-cache allocation, torch.compile and graph capture, so it overlaps them.
 VLLM_STARTUP = [
-    pattern("engine_config", r"Initializing a V1 LLM engine .*?\bdtype=(?:torch\.)?(?P<dtype>\w+)"
-            r"(?:.*?\bdevice_config=(?P<device>\w+))?"),
-    pattern("model_init", r"Initializing model took (?P<seconds>[\d.]+) seconds", phase="model_init",
-            detail="building the model"),
+    pattern(
+        "engine_config",
+        r"Initializing a V1 LLM engine .*?\bdtype=(?:torch\.)?(?P<dtype>\w+)"
+        r"(?:.*?\bdevice_config=(?P<device>\w+))?",
+    ),
+    pattern(
+        "model_init",
+        r"Initializing model took (?P<seconds>[\d.]+) seconds",
+        phase="model_init",
+        detail="building the model",
+    ),
     pattern("checkpoint_size", r"Checkpoint size: (?P<gib>[\d.]+) GiB", memory="weights", weak=True),
-    pattern("weights_loaded", r"Loading weights took (?P<seconds>[\d.]+) seconds", phase="weights",
-            detail="loading weights"),
-    pattern("model_loaded", r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<seconds>[\d.]+) "
-            r"seconds", phase="model_load", memory="weights", detail="model built and weights loaded"),
-    pattern("torch_compile", r"torch\.compile took (?P<seconds>[\d.]+) s in total", phase="compile",
-            detail="torch.compile"),
-    pattern("profile_run", r"Initial profiling/warmup run took (?P<seconds>[\d.]+) s", phase="profile",
-            detail="profiling run"),
+    pattern(
+        "weights_loaded",
+        r"Loading weights took (?P<seconds>[\d.]+) seconds",
+        phase="weights",
+        detail="loading weights",
+    ),
+    pattern(
+        "model_loaded",
+        r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<seconds>[\d.]+) "
+        r"seconds",
+        phase="model_load",
+        memory="weights",
+        detail="model built and weights loaded",
+    ),
+    pattern(
+        "torch_compile",
+        r"torch\.compile took (?P<seconds>[\d.]+) s in total",
+        phase="compile",
+        detail="torch.compile",
+    ),
+    pattern(
+        "profile_run",
+        r"Initial profiling/warmup run took (?P<seconds>[\d.]+) s",
+        phase="profile",
+        detail="profiling run",
+    ),
     pattern("kv_cache_memory", r"Available KV cache memory: (?P<gib>[\d.]+) GiB", memory="kv_cache"),
     pattern("kv_cache_set", r"set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache", memory="kv_cache"),
     pattern("kv_cache_tokens", r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens", memory="kv_tokens"),
-    pattern("graphs_captured", r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) "
-            r"GiB", phase="cuda_graphs", memory="graph_pool", detail="CUDA-graph capture"),
-    pattern("engine_ready",
-            r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
-            phase="init_engine", detail="profile, KV cache, warm-up"),
+    pattern(
+        "graphs_captured",
+        r"Graph capturing finished in (?P<seconds>[\d.]+) secs?, took (?P<gib>[\d.]+) "
+        r"GiB",
+        phase="cuda_graphs",
+        memory="graph_pool",
+        detail="CUDA-graph capture",
+    ),
+    pattern(
+        "engine_ready",
+        r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s",
+        phase="init_engine",
+        detail="profile, KV cache, warm-up",
+    ),
     pattern("server_ready", r"Starting vLLM (?:API )?server on|Application startup complete", ready=True),
 ]
 #: the API server's arguments that differ from vLLM's defaults, as common setting names (its start-up line
@@ -178,8 +212,11 @@ VLLM_SETTING_FLAGS: SettingFlags = {
     "block_size": ("--block-size",),
 }
 #: `(APIServer pid=1) INFO 05-12 10:00:01 [file.py:12] ...`: no year, local time
-VLLM_CLOCK = clock(r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d-\d\d \d\d:\d\d:\d\d)",
-                   "%m-%d %H:%M:%S", year=False)
+VLLM_CLOCK = clock(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d-\d\d \d\d:\d\d:\d\d)",
+    "%m-%d %H:%M:%S",
+    year=False,
+)
 
 
 VLLM_IMAGE = "vllm/vllm-openai:latest"  # pin a tag for results you keep
@@ -217,8 +254,12 @@ def vllm_env(workdir: Path) -> tuple[dict[str, str], list[str]]:
     ZeroMQ unix sockets under TMPDIR, whose paths may not pass 107 bytes: a deep run directory gets a short
     TMPDIR of its own under the system's, which is removed after the stop (returned as scratch)."""
     env, scratch = {}, []
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                     ("XDG_CACHE_HOME", "xdg-cache"), ("TMPDIR", "tmp")):
+    for var, sub in (
+        ("VLLM_CACHE_ROOT", "vllm-cache"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("XDG_CACHE_HOME", "xdg-cache"),
+        ("TMPDIR", "tmp"),
+    ):
         env[var] = str(workdir / sub)
     if len(str(Path(env["TMPDIR"]).resolve())) > 60:  # as vLLM sees it: a relative run directory is resolved
         digest = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:12]
@@ -247,8 +288,16 @@ class _VLLMLaunch(Adapter):
         return {"api_servers": 1}
 
     @classmethod
-    def launch_spec(cls, model: ModelSource, variant: Variant, port: int, *, workdir: Path, gpu: bool,
-                    executable: str | None = None) -> LaunchSpec:
+    def launch_spec(
+        cls,
+        model: ModelSource,
+        variant: Variant,
+        port: int,
+        *,
+        workdir: Path,
+        gpu: bool,
+        executable: str | None = None,
+    ) -> LaunchSpec:
         flags, notes = vllm_flags(model, variant, gpu)
         served = ["--served-model-name", model.served_name]
         exe = executable or os.environ.get("LLM_COMPARE_VLLM") or "vllm"
@@ -294,16 +343,30 @@ class _VLLMMixin(OpenAICompletionsAdapter):
 class VLLMCompletionsAdapter(_VLLMLaunch, _VLLMMixin, OpenAICompletionsAdapter):
     name = "vllm"
 
-    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
-                 force_output_length: bool = True, **options: Any) -> None:
-        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
-                         **options)
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        continuous_usage: bool = True,
+        force_output_length: bool = True,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            model, continuous_usage=continuous_usage, force_output_length=force_output_length, **options
+        )
 
 
 class VLLMChatAdapter(_VLLMLaunch, _VLLMMixin, OpenAIChatAdapter):
     name = "vllm-chat"
 
-    def __init__(self, model: str | None = None, *, continuous_usage: bool = True,
-                 force_output_length: bool = True, **options: Any) -> None:
-        super().__init__(model, continuous_usage=continuous_usage, force_output_length=force_output_length,
-                         **options)
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        continuous_usage: bool = True,
+        force_output_length: bool = True,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            model, continuous_usage=continuous_usage, force_output_length=force_output_length, **options
+        )

@@ -44,9 +44,15 @@ def measure(url: str, adapter_name: str, model: str, warmup, specs, concurrency:
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     ttfts = [timing.ttft(r) for r in ok]
     tpots = [t for t in (timing.tpot(r) for r in ok) if t is not None]
-    return dict(requests=len(records), ok=len(ok), output_tokens=out_tokens, wall_s=wall,
-                output_tok_s=out_tokens / wall, ttft_p50_ms=1e3 * statistics.median(ttfts),
-                tpot_p50_ms=1e3 * statistics.median(tpots))
+    return dict(
+        requests=len(records),
+        ok=len(ok),
+        output_tokens=out_tokens,
+        wall_s=wall,
+        output_tok_s=out_tokens / wall,
+        ttft_p50_ms=1e3 * statistics.median(ttfts),
+        tpot_p50_ms=1e3 * statistics.median(tpots),
+    )
 
 
 def main() -> None:
@@ -74,36 +80,63 @@ def main() -> None:
     for round_ in range(args.rounds):
         for backend in ("reference", "vllm"):
             if backend == "reference":
-                ctx = reference_server(checkpoint, work, "--dtype", "float32", "--max-model-len", "1024",
-                                       "--kv-cache-memory", "1GiB")
+                ctx = reference_server(
+                    checkpoint,
+                    work,
+                    "--dtype",
+                    "float32",
+                    "--max-model-len",
+                    "1024",
+                    "--kv-cache-memory",
+                    "1GiB",
+                )
             else:
                 ctx = vllm_server(vllm, checkpoint, work)
             with ctx as server:
                 for c in concurrencies:
-                    row = dict(backend=backend, round=round_, concurrency=c,
-                               **measure(server.url, backend, checkpoint, warmup, per_point[c], c, tokenizer))
+                    row = dict(
+                        backend=backend,
+                        round=round_,
+                        concurrency=c,
+                        **measure(server.url, backend, checkpoint, warmup, per_point[c], c, tokenizer),
+                    )
                     rows.append(row)
-                    print(f"{backend:>9} round {round_} c={c}: {row['output_tok_s']:7.1f} tok/s, TTFT p50 "
-                          f"{row['ttft_p50_ms']:7.1f} ms, TPOT p50 {row['tpot_p50_ms']:6.1f} ms", flush=True)
+                    print(
+                        f"{backend:>9} round {round_} c={c}: {row['output_tok_s']:7.1f} tok/s, TTFT p50 "
+                        f"{row['ttft_p50_ms']:7.1f} ms, TPOT p50 {row['tpot_p50_ms']:6.1f} ms",
+                        flush=True,
+                    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=platform.platform(), cpus=os.cpu_count(), python=platform.python_version(),
-                command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d %H:%M"), input_len=args.input_len,
-                output_len=args.output_len, requests=args.requests)
+    meta = dict(
+        machine=platform.platform(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        command=" ".join(sys.argv),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        requests=args.requests,
+    )
     (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    lines = ["| backend | concurrency | output tok/s (median of rounds) | TTFT p50 ms | TPOT p50 ms |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| backend | concurrency | output tok/s (median of rounds) | TTFT p50 ms | TPOT p50 ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for c in sorted({r["concurrency"] for r in rows}):
         for backend in ("reference", "vllm"):
             sel = [r for r in rows if r["backend"] == backend and r["concurrency"] == c]
-            lines.append(f"| {backend} | {c} | {statistics.median(r['output_tok_s'] for r in sel):.1f} | "
-                         f"{statistics.median(r['ttft_p50_ms'] for r in sel):.1f} | "
-                         f"{statistics.median(r['tpot_p50_ms'] for r in sel):.1f} |")
+            lines.append(
+                f"| {backend} | {c} | {statistics.median(r['output_tok_s'] for r in sel):.1f} | "
+                f"{statistics.median(r['ttft_p50_ms'] for r in sel):.1f} | "
+                f"{statistics.median(r['tpot_p50_ms'] for r in sel):.1f} |"
+            )
     (out / "README.md").write_text(
         "# Reference engine against vLLM's CPU build, SmolLM2-135M-Instruct, float32\n\n"
         f"{meta['machine']}, {meta['cpus']} CPUs, {meta['date']}. {args.requests} requests of "
         f"{args.input_len} prompt tokens and {args.output_len} output tokens per load point, servers "
-        f"alternately, {args.rounds} rounds.\n\n```\n{meta['command']}\n```\n\n" + "\n".join(lines) + "\n")
+        f"alternately, {args.rounds} rounds.\n\n```\n{meta['command']}\n```\n\n" + "\n".join(lines) + "\n"
+    )
     print("\n".join(lines))
 
 

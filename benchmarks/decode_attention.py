@@ -27,8 +27,15 @@ SHAPES = {  # heads, kv heads, head dim (Llama-3.2-1B, Llama-2-7B, Llama-2-13B)
     "llama-2-7b": (32, 32, 128),
     "llama-2-13b": (40, 40, 128),
 }
-KNOBS = ("DECODE_PARTITION", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "MHA_TENSOR_CORES",
-         "ATTENTION_PDL", "DECODE_HEADS_FIRST")
+KNOBS = (
+    "DECODE_PARTITION",
+    "DECODE_BLOCK_N",
+    "DECODE_NUM_WARPS",
+    "DECODE_NUM_STAGES",
+    "MHA_TENSOR_CORES",
+    "ATTENTION_PDL",
+    "DECODE_HEADS_FIRST",
+)
 
 
 def main() -> None:
@@ -37,14 +44,22 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--sweep", default="full", choices=["full", "default", "launch", "order"])
-    p.add_argument("--layout", default="shuffled", choices=["in-order", "shuffled"],
-                   help="cache blocks of each sequence consecutive, as the engine's free list hands them out "
-                        "to a fresh batch (in-order), or scattered at random over the cache (shuffled)")
-    p.add_argument("--cache-order", default="token-major", choices=["token-major", "head-major"],
-                   help="within a cache block, each token's heads side by side (the engine's [blocks, "
-                        "block_size, kv_heads, head_dim]) or each head's tokens side by side (a [blocks, "
-                        "kv_heads, block_size, head_dim] tensor, passed to the kernels as its permuted view: "
-                        "they take any strides)")
+    p.add_argument(
+        "--layout",
+        default="shuffled",
+        choices=["in-order", "shuffled"],
+        help="cache blocks of each sequence consecutive, as the engine's free list hands them out "
+        "to a fresh batch (in-order), or scattered at random over the cache (shuffled)",
+    )
+    p.add_argument(
+        "--cache-order",
+        default="token-major",
+        choices=["token-major", "head-major"],
+        help="within a cache block, each token's heads side by side (the engine's [blocks, "
+        "block_size, kv_heads, head_dim]) or each head's tokens side by side (a [blocks, "
+        "kv_heads, block_size, head_dim] tensor, passed to the kernels as its permuted view: "
+        "they take any strides)",
+    )
     p.add_argument("--label", default="current")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -61,18 +76,38 @@ def main() -> None:
         triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[copy], ctx, max_context, scale, res)
 
     if args.sweep == "full":
-        grid = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 2, 2), (64, 32, 2, 2), (128, 128, 4, 2),
-                (128, 128, 8, 2), (128, 64, 4, 3), (256, 128, 4, 3), (32, 32, 2, 2), (32, 32, 4, 2)]
+        grid = [
+            (64, 64, 4, 2),
+            (64, 64, 4, 3),
+            (64, 64, 2, 2),
+            (64, 32, 2, 2),
+            (128, 128, 4, 2),
+            (128, 128, 8, 2),
+            (128, 64, 4, 3),
+            (256, 128, 4, 3),
+            (32, 32, 2, 2),
+            (32, 32, 4, 2),
+        ]
         grid = [(*knobs, False, False, False) for knobs in grid]
     elif args.sweep == "launch":  # MHA on the tensor cores, and programmatic dependent launch, on and off
-        grid = [(64, 64, 2, 2, False, False), (128, 64, 4, 2, True, False), (128, 64, 4, 3, True, False),
-                (128, 128, 4, 2, True, False), (256, 64, 4, 2, True, False), (256, 64, 4, 3, True, False),
-                (128, 32, 4, 2, True, False), (128, 64, 2, 2, True, False), (64, 64, 4, 2, True, False),
-                (128, 64, 4, 2, False, False), (128, 64, 4, 2, True, True)]
+        grid = [
+            (64, 64, 2, 2, False, False),
+            (128, 64, 4, 2, True, False),
+            (128, 64, 4, 3, True, False),
+            (128, 128, 4, 2, True, False),
+            (256, 64, 4, 2, True, False),
+            (256, 64, 4, 3, True, False),
+            (128, 32, 4, 2, True, False),
+            (128, 64, 2, 2, True, False),
+            (64, 64, 4, 2, True, False),
+            (128, 64, 4, 2, False, False),
+            (128, 64, 4, 2, True, True),
+        ]
         grid = [(*knobs, False) for knobs in grid]
     elif args.sweep == "order":  # the grid's order (heads fastest or sequences), and PDL triggered at the end
-        grid = [(64, 64, 2, 2, False, pdl, heads_first)
-                for pdl in (False, True) for heads_first in (False, True)]
+        grid = [
+            (64, 64, 2, 2, False, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)
+        ]
         grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
     else:  # every knob at the engine's setting
         grid = [(None,) * len(KNOBS)]
@@ -99,32 +134,50 @@ def main() -> None:
             blocks = [-(-int(n) // block_size) for n in lens]
             per_copy = sum(blocks)
             if args.cache_order == "token-major":
-                k_cache = torch.randn(per_copy * copies, block_size, kv_heads, head_dim, device=dev,
-                                      dtype=torch.bfloat16)
+                k_cache = torch.randn(
+                    per_copy * copies, block_size, kv_heads, head_dim, device=dev, dtype=torch.bfloat16
+                )
                 v_cache = torch.randn_like(k_cache)
             else:
-                k_cache, v_cache = (torch.randn(per_copy * copies, kv_heads, block_size, head_dim, device=dev,
-                                                dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+                k_cache, v_cache = (
+                    torch.randn(
+                        per_copy * copies, kv_heads, block_size, head_dim, device=dev, dtype=torch.bfloat16
+                    ).transpose(1, 2)
+                    for _ in range(2)
+                )
             width = max_context // block_size
             tables = []
             for c in range(copies):
-                order = (torch.randperm(per_copy, generator=g) if args.layout == "shuffled"
-                         else torch.arange(per_copy))
+                order = (
+                    torch.randperm(per_copy, generator=g)
+                    if args.layout == "shuffled"
+                    else torch.arange(per_copy)
+                )
                 perm = (order + c * per_copy).tolist()
                 rows, at = [], 0
                 for nb in blocks:
-                    rows.append(perm[at:at + nb] + [0] * (width - nb))
+                    rows.append(perm[at : at + nb] + [0] * (width - nb))
                     at += nb
                 tables.append(torch.tensor(rows, dtype=torch.int32, device=dev))
             ctx = lens.to(dev, torch.int32)
             q = torch.randn(batch, heads, head_dim, device=dev, dtype=torch.bfloat16)
             scale = head_dim**-0.5
-            ref = paged_attention(q, k_cache, v_cache, AttentionBatch(
-                slot_mapping=torch.empty(0, dtype=torch.long, device=dev), num_decode=batch,
-                decode_block_tables=tables[0].long(), decode_context_lens=ctx, decode_max_context=max_context,
-                decode_mask=(torch.arange(width * block_size, device=dev)[None, :]
-                             < ctx[:, None])[:, None, None]),
-                scale).float()
+            ref = paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                AttentionBatch(
+                    slot_mapping=torch.empty(0, dtype=torch.long, device=dev),
+                    num_decode=batch,
+                    decode_block_tables=tables[0].long(),
+                    decode_context_lens=ctx,
+                    decode_max_context=max_context,
+                    decode_mask=(torch.arange(width * block_size, device=dev)[None, :] < ctx[:, None])[
+                        :, None, None
+                    ],
+                ),
+                scale,
+            ).float()
             kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
             for knobs in grid:
                 for name, value in zip(KNOBS, knobs, strict=True):  # None: the engine's setting
@@ -133,16 +186,29 @@ def main() -> None:
                         setattr(triton_ops, name, value)
                 knobs = tuple(getattr(triton_ops, name, None) for name in KNOBS)
                 res = torch.full_like(q, float("nan"))
-                triton_ops.TritonOps.decode_attention(q, k_cache, v_cache, tables[0], ctx, max_context, scale,
-                                                      res)
+                triton_ops.TritonOps.decode_attention(
+                    q, k_cache, v_cache, tables[0], ctx, max_context, scale, res
+                )
                 err = ((res.float() - ref).norm() / ref.norm()).item()
-                us = graph_time_us(functools.partial(run, q, k_cache, v_cache, tables, ctx, scale, res),
-                                   copies)
-                row = dict(label=args.label, layout=args.layout, cache_order=args.cache_order, shape=shape,
-                           batch=batch, knobs=dict(zip(KNOBS, knobs, strict=True)),
-                           us=us, kv_tb_s=kv_bytes / us / 1e6, rel_err=err)
-                print(f"{args.label:>8} {shape:>13} b={batch:<3} {knobs}  {us:8.1f} us  "
-                      f"{row['kv_tb_s']:5.2f} TB/s  err {err:.1e}", flush=True)
+                us = graph_time_us(
+                    functools.partial(run, q, k_cache, v_cache, tables, ctx, scale, res), copies
+                )
+                row = dict(
+                    label=args.label,
+                    layout=args.layout,
+                    cache_order=args.cache_order,
+                    shape=shape,
+                    batch=batch,
+                    knobs=dict(zip(KNOBS, knobs, strict=True)),
+                    us=us,
+                    kv_tb_s=kv_bytes / us / 1e6,
+                    rel_err=err,
+                )
+                print(
+                    f"{args.label:>8} {shape:>13} b={batch:<3} {knobs}  {us:8.1f} us  "
+                    f"{row['kv_tb_s']:5.2f} TB/s  err {err:.1e}",
+                    flush=True,
+                )
                 if out:
                     out.write(json.dumps(row) + "\n")
                     out.flush()

@@ -58,12 +58,23 @@ def allocator_counts(device: torch.device) -> tuple[int, int, int]:
         return 0, 0, 0
     stats = torch.cuda.memory_stats(device)
     host = torch.cuda.host_memory_stats()
-    return (stats.get("num_device_alloc", 0), stats.get("num_alloc_retries", 0),
-            host.get("num_host_alloc", host.get("allocations.allocated", 0)))
+    return (
+        stats.get("num_device_alloc", 0),
+        stats.get("num_alloc_retries", 0),
+        host.get("num_host_alloc", host.get("allocations.allocated", 0)),
+    )
 
 
-def run_round(engine: Engine, concurrency: int, total: int, input_len: int, output_len: int,
-              rng: random.Random, profile_steps: range | None = None, profile_out: str | None = None) -> dict:
+def run_round(
+    engine: Engine,
+    concurrency: int,
+    total: int,
+    input_len: int,
+    output_len: int,
+    rng: random.Random,
+    profile_steps: range | None = None,
+    profile_out: str | None = None,
+) -> dict:
     vocab = engine.spec.vocab_size
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     started = finished = tokens = 0
@@ -95,7 +106,7 @@ def run_round(engine: Engine, concurrency: int, total: int, input_len: int, outp
             with open(profile_out, "w", encoding="utf-8") as f:
                 prof.export_chrome_trace(f"{profile_out}.trace.json")
                 keys = ("self_cuda_time_total", "self_cpu_time_total")
-                for key in keys[0 if torch.cuda.is_available() else 1:]:
+                for key in keys[0 if torch.cuda.is_available() else 1 :]:
                     table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70)
                     f.write(table + "\n")
         allocs, retries, host = allocator_counts(engine.device)
@@ -104,17 +115,31 @@ def run_round(engine: Engine, concurrency: int, total: int, input_len: int, outp
             if out.finished:
                 live.discard(out.request_id)
                 finished += 1
-        steps.append({"ms": dt * 1e3, "running": batch_running, "waiting": waiting, "out": len(outputs),
-                      "compiles": len(COMPILES) - compiles_before, "device_allocs": allocs - allocs_before,
-                      "alloc_retries": retries - retries_before, "host_allocs": host - host_before,
-                      "kernels": COMPILES[compiles_before:]})
+        steps.append(
+            {
+                "ms": dt * 1e3,
+                "running": batch_running,
+                "waiting": waiting,
+                "out": len(outputs),
+                "compiles": len(COMPILES) - compiles_before,
+                "device_allocs": allocs - allocs_before,
+                "alloc_retries": retries - retries_before,
+                "host_allocs": host - host_before,
+                "kernels": COMPILES[compiles_before:],
+            }
+        )
     wall = time.perf_counter() - t_start
     ms = sorted(s["ms"] for s in steps)
     slow = sorted(steps, key=lambda s: -s["ms"])[:8]
     return {
-        "output_tokens_per_s": tokens / wall, "wall_s": wall, "steps": len(steps), "output_tokens": tokens,
-        "step_ms_p50": statistics.median(ms), "step_ms_p90": ms[int(0.9 * (len(ms) - 1))],
-        "step_ms_max": ms[-1], "step_ms_sum_with_compiles": sum(s["ms"] for s in steps if s["compiles"]),
+        "output_tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "steps": len(steps),
+        "output_tokens": tokens,
+        "step_ms_p50": statistics.median(ms),
+        "step_ms_p90": ms[int(0.9 * (len(ms) - 1))],
+        "step_ms_max": ms[-1],
+        "step_ms_sum_with_compiles": sum(s["ms"] for s in steps if s["compiles"]),
         "steps_with_compiles": sum(1 for s in steps if s["compiles"]),
         "triton_compiles": sum(s["compiles"] for s in steps),
         "device_allocs": sum(s["device_allocs"] for s in steps),
@@ -137,16 +162,30 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--warm-up", choices=("auto", "on", "off"), default="auto",
-                   help="the engine's pre-serving warm-up of every eager step shape (auto: on for CUDA)")
-    p.add_argument("--profile", default=None, metavar="ROUNDS:FIRST:LAST",
-                   help="torch.profiler over steps FIRST..LAST-1 of each round in ROUNDS (e.g. 1,2:20:120), "
-                        "first concurrency only")
+    p.add_argument(
+        "--warm-up",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the engine's pre-serving warm-up of every eager step shape (auto: on for CUDA)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="ROUNDS:FIRST:LAST",
+        help="torch.profiler over steps FIRST..LAST-1 of each round in ROUNDS (e.g. 1,2:20:120), "
+        "first concurrency only",
+    )
     p.add_argument("--profile-out", default="profile.txt")
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--mixed-cudagraph-sizes", type=int, nargs="*", default=None, metavar="TOKENS",
-                   help="token buckets of the piecewise graphs for steps with prompt tokens (default: the "
-                        "engine's; given with no value: none, such steps run eagerly)")
+    p.add_argument(
+        "--mixed-cudagraph-sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="TOKENS",
+        help="token buckets of the piecewise graphs for steps with prompt tokens (default: the "
+        "engine's; given with no value: none, such steps run eagerly)",
+    )
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the engine is built")
     add_set_option(p)
     p.add_argument("--label", default="")
@@ -157,13 +196,26 @@ def main() -> None:
     warm_up = {"auto": None, "on": True, "off": False}[args.warm_up]
     overrides_extra = {"enable_prefix_caching": False} if args.no_prefix_caching else {}
     overrides_extra["mixed_cuda_graph_sizes"] = args.mixed_cudagraph_sizes
-    overrides = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
-                                   ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("max_num_seqs", args.max_num_seqs),
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+        )
+        if v is not None
+    }
     t0 = time.perf_counter()
-    engine = Engine(EngineConfig(model=f"random:{args.shape}", device=args.device, warm_up=warm_up,
-                                 **overrides, **overrides_extra))
-    setup = {"compiled_at_setup": list(COMPILES), "engine_s": time.perf_counter() - t0,
-             "phases": engine.setup.phases, "compiles_at_setup": len(COMPILES)}
+    engine = Engine(
+        EngineConfig(
+            model=f"random:{args.shape}", device=args.device, warm_up=warm_up, **overrides, **overrides_extra
+        )
+    )
+    setup = {
+        "compiled_at_setup": list(COMPILES),
+        "engine_s": time.perf_counter() - t0,
+        "phases": engine.setup.phases,
+        "compiles_at_setup": len(COMPILES),
+    }
     print(json.dumps(setup), flush=True)
     if args.gc_freeze:
         gc.collect()
@@ -177,17 +229,36 @@ def main() -> None:
                 rounds, first, last = args.profile.split(":")
                 profiled = {int(x) for x in rounds.split(",")}
                 window = range(int(first), int(last)) if r + 1 in profiled else None
-            result = run_round(engine, concurrency, args.requests, args.input_len, args.output_len, rng,
-                               window, f"{args.profile_out}.round{r + 1}")
-            line = {"label": args.label, "knobs": knobs, "shape": args.shape, "concurrency": concurrency,
-                    "round": r + 1,
-                    "device": (torch.cuda.get_device_name() if engine.device.type == "cuda"
-                               else platform.processor()),
-                    "max_num_seqs": engine.config.max_num_seqs,
-                    "mixed_graph_sizes": engine.setup.mixed_graph_sizes,
-                    "max_num_batched_tokens": engine.config.max_num_batched_tokens, "setup": setup, **result}
-            summary = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in line.items()
-                       if k not in ("slowest_steps", "setup", "timeline")}
+            result = run_round(
+                engine,
+                concurrency,
+                args.requests,
+                args.input_len,
+                args.output_len,
+                rng,
+                window,
+                f"{args.profile_out}.round{r + 1}",
+            )
+            line = {
+                "label": args.label,
+                "knobs": knobs,
+                "shape": args.shape,
+                "concurrency": concurrency,
+                "round": r + 1,
+                "device": (
+                    torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor()
+                ),
+                "max_num_seqs": engine.config.max_num_seqs,
+                "mixed_graph_sizes": engine.setup.mixed_graph_sizes,
+                "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+                "setup": setup,
+                **result,
+            }
+            summary = {
+                k: (round(v, 2) if isinstance(v, float) else v)
+                for k, v in line.items()
+                if k not in ("slowest_steps", "setup", "timeline")
+            }
             print(json.dumps(summary), flush=True)
             lines.append(line)
     if args.out:

@@ -48,8 +48,12 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cuda-first", action="store_true", help="start CUDA before building the engine")
     p.add_argument("--top", type=int, default=45, help="functions listed per ordering")
-    p.add_argument("--callers", nargs="*", default=["is_available", "_cuda_synchronize", "triton_key"],
-                   help="functions (regular expressions) whose callers are listed")
+    p.add_argument(
+        "--callers",
+        nargs="*",
+        default=["is_available", "_cuda_synchronize", "triton_key"],
+        help="functions (regular expressions) whose callers are listed",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/server_startup"))
     args = p.parse_args()
 
@@ -76,10 +80,14 @@ def main() -> None:
     profile.disable()
     times["build_engine"] = time.perf_counter() - t
     result = dict(
-        meta=dict(label=args.label, machine=platform.platform(), python=platform.python_version(),
-                  torch=torch.__version__,
-                  command=" ".join(["benchmarks/engine_startup_profile.py", *sys.argv[1:]]),
-                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
+        meta=dict(
+            label=args.label,
+            machine=platform.platform(),
+            python=platform.python_version(),
+            torch=torch.__version__,
+            command=" ".join(["benchmarks/engine_startup_profile.py", *sys.argv[1:]]),
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        ),
         seconds={name: round(value, 3) for name, value in times.items()},
         engine_phases={name: round(value, 3) for name, value in engine.setup.phases.items()},
         by_cumulative=top_functions(profile, "cumulative", args.top),

@@ -8,9 +8,14 @@ import argparse
 
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                        help="set a knob of reference_engine.kernels.triton_ops first (0/1 for booleans), "
-                             "e.g. ATTENTION_PDL=1; repeatable; recorded in each row")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="set a knob of reference_engine.kernels.triton_ops first (0/1 for booleans), "
+        "e.g. ATTENTION_PDL=1; repeatable; recorded in each row",
+    )
 
 
 def set_knobs(assignments: list[str]) -> dict:

@@ -54,8 +54,9 @@ GOAL_P99_MS = 1.0  # every error's 99th percentile, at every point
 
 
 def meets_goal(point: dict) -> bool:
-    return all(point.get(f"{name}_p99_ms", float("inf")) <= GOAL_P99_MS
-               for name in ("event", "ttft", "itl", "tpot"))
+    return all(
+        point.get(f"{name}_p99_ms", float("inf")) <= GOAL_P99_MS for name in ("event", "ttft", "itl", "tpot")
+    )
 
 
 def cpu_pressure_total_us() -> int | None:
@@ -95,20 +96,34 @@ class Pinning:
             self.saved = None
 
 
-def make_specs(prefix: str, n: int, itl: float, rng: random.Random, out: tuple[int, int] = (20, 120),
-               step: float | None = None) -> list[RequestSpec]:
+def make_specs(
+    prefix: str,
+    n: int,
+    itl: float,
+    rng: random.Random,
+    out: tuple[int, int] = (20, 120),
+    step: float | None = None,
+) -> list[RequestSpec]:
     specs = []
     for i in range(n):
         schedule = {"ttft_s": rng.uniform(0.005, 0.05), "itl_s": itl}
         if step:
             schedule["step_s"] = step
-        specs.append(RequestSpec(f"{prefix}-{i}", (1, 2, 3), "a b c", rng.randint(*out),
-                                 extra_headers={"X-Scripted-Schedule": json.dumps(schedule)}))
+        specs.append(
+            RequestSpec(
+                f"{prefix}-{i}",
+                (1, 2, 3),
+                "a b c",
+                rng.randint(*out),
+                extra_headers={"X-Scripted-Schedule": json.dumps(schedule)},
+            )
+        )
     return specs
 
 
-def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Path, seed: int,
-            aligned: bool = False) -> dict:
+def measure(
+    pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Path, seed: int, aligned: bool = False
+) -> dict:
     rng = random.Random(seed)
     log = workdir / f"events-{streams}-{'aligned' if aligned else 'free'}.jsonl"
     log.unlink(missing_ok=True)
@@ -118,8 +133,12 @@ def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Pa
         warm = make_specs("w", streams, itl, rng, out=(4, 8), step=step)
         pin.apply(server.process.pid)
         try:
-            pressure0, cpu0, server0, t0 = (cpu_pressure_total_us(), self_cpu_s(),
-                                            process_cpu_s(server.process.pid), time.perf_counter())
+            pressure0, cpu0, server0, t0 = (
+                cpu_pressure_total_us(),
+                self_cpu_s(),
+                process_cpu_s(server.process.pid),
+                time.perf_counter(),
+            )
             records = run_load_sync(
                 PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(streams), warmup_specs=warm)
             )
@@ -132,9 +151,15 @@ def measure(pin: Pinning, streams: int, itl: float, per_stream: int, workdir: Pa
     errors = compare(measured, read_event_log(log, expect=[r.request_id for r in records]))
     events = sum(len(r.events) for r in records)
     return {
-        "streams": streams, "aligned_steps": aligned, "itl_s": itl, "requests": len(measured),
-        "failed": sum(not r.ok for r in records), "events": events, "wall_s": round(wall, 2),
-        "events_per_s": round(events / wall), "client_cpu_share": round(client_cpu / wall, 3),
+        "streams": streams,
+        "aligned_steps": aligned,
+        "itl_s": itl,
+        "requests": len(measured),
+        "failed": sum(not r.ok for r in records),
+        "events": events,
+        "wall_s": round(wall, 2),
+        "events_per_s": round(events / wall),
+        "client_cpu_share": round(client_cpu / wall, 3),
         "server_cpu_share": round(server_cpu / wall, 3),
         "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in errors.summary().items()},
@@ -151,14 +176,32 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
         samples.append((time.perf_counter(), time.process_time()))
 
     with scripted_server() as server:
-        specs = [RequestSpec(f"rate-{i}", (1,), "x", tokens, extra_headers={"X-Scripted-Schedule": json.dumps(
-            {"ttft_s": rng.uniform(0, itl), "itl_s": itl})}) for i in range(streams)]
+        specs = [
+            RequestSpec(
+                f"rate-{i}",
+                (1,),
+                "x",
+                tokens,
+                extra_headers={
+                    "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0, itl), "itl_s": itl})
+                },
+            )
+            for i in range(streams)
+        ]
         pin.apply(server.process.pid)
         try:
             pressure0, server0 = cpu_pressure_total_us(), process_cpu_s(server.process.pid)
             t0 = time.perf_counter()
-            records = run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(streams),
-                                             progress=sample, progress_interval_s=0.1))
+            records = run_load_sync(
+                PointJob(
+                    server.url,
+                    get_adapter("vllm"),
+                    specs,
+                    ClosedLoop(streams),
+                    progress=sample,
+                    progress_interval_s=0.1,
+                )
+            )
             wall = time.perf_counter() - t0
             server_cpu = process_cpu_s(server.process.pid) - server0
             pressure1 = cpu_pressure_total_us()
@@ -167,16 +210,22 @@ def rate_point(pin: Pinning, streams: int, itl: float, seconds: float = 8.0) -> 
     times = np.sort(np.concatenate([[r.t0_monotonic + t for t, _, _ in r.events] for r in records]))
     reads = sum(len({t for t, _, _ in r.events}) for r in records)  # events of one read share its time
     first, last = times[0], times[-1]
-    (ta, ca), (tb, cb) = (min(samples, key=lambda s: abs(s[0] - (first + q * (last - first))))
-                          for q in (0.25, 0.75))
+    (ta, ca), (tb, cb) = (
+        min(samples, key=lambda s: abs(s[0] - (first + q * (last - first)))) for q in (0.25, 0.75)
+    )
     in_window = int(((times >= ta) & (times < tb)).sum())
     return {
-        "streams": streams, "itl_s": itl, "offered_events_per_s": round(streams / itl),
-        "achieved_events_per_s": round(in_window / (tb - ta)), "events": int(times.size),
+        "streams": streams,
+        "itl_s": itl,
+        "offered_events_per_s": round(streams / itl),
+        "achieved_events_per_s": round(in_window / (tb - ta)),
+        "events": int(times.size),
         "wall_s": round(wall, 2),
-        "client_cpu_share": round((cb - ca) / (tb - ta), 3), "server_cpu_share": round(server_cpu / wall, 3),
+        "client_cpu_share": round((cb - ca) / (tb - ta), 3),
+        "server_cpu_share": round(server_cpu / wall, 3),
         "events_per_client_cpu_s": round(in_window / (cb - ca)),
-        "events_per_read": round(times.size / reads, 2), "failed": sum(not r.ok for r in records),
+        "events_per_read": round(times.size / reads, 2),
+        "failed": sum(not r.ok for r in records),
         "cpu_pressure": None if pressure0 is None else round((pressure1 - pressure0) / 1e6 / wall, 3),
     }
 
@@ -188,46 +237,66 @@ def machine() -> dict:
         loop = type(runner.get_loop()).__module__.split(".")[0]
     if loop == "asyncio" and stamped_loop_factory() is not None:
         loop = "asyncio, kernel receive stamps"
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "aiohttp": aiohttp.__version__, "event_loop": loop,
-            "load_average_at_start": os.getloadavg()}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "aiohttp": aiohttp.__version__,
+        "event_loop": loop,
+        "load_average_at_start": os.getloadavg(),
+    }
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Load generator accuracy and rate\n\n`{result['command']}`  \n{result['date']}, "
-             f"{result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}), kernel "
-             f"{result['machine']['kernel']}, Python {result['machine']['python']}, aiohttp "
-             f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}; client on CPU "
-             f"{result['client_cpu']}, scripted server on CPU {result['server_cpu']}.\n",
-             "Errors in ms against the scripted server's write times (client arrival minus server write per "
-             "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
-             "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a "
-             "point is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try "
-             f"is kept. Goal: every p99 within {GOAL_P99_MS:g} ms.\n",
-             "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event "
-             "max | p99 goal met | client CPU | server CPU | cpu pressure | failed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Load generator accuracy and rate\n\n`{result['command']}`  \n{result['date']}, "
+        f"{result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}), kernel "
+        f"{result['machine']['kernel']}, Python {result['machine']['python']}, aiohttp "
+        f"{result['machine']['aiohttp']}, {result['machine']['event_loop']}; client on CPU "
+        f"{result['client_cpu']}, scripted server on CPU {result['server_cpu']}.\n",
+        "Errors in ms against the scripted server's write times (client arrival minus server write per "
+        "event; TTFT/ITL/TPOT errors derived). `aligned`: every stream emits on one decode-step clock. "
+        "cpu pressure: share of the run during which some task waited for a CPU (other tenants); a "
+        "point is run again (up to `--tries`) while it exceeds `--max-pressure`, and the quietest try "
+        f"is kept. Goal: every p99 within {GOAL_P99_MS:g} ms.\n",
+        "| streams | aligned | events/s | event p50 | event p99 | TTFT p99 | ITL p99 | TPOT p99 | event "
+        "max | p99 goal met | client CPU | server CPU | cpu pressure | failed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in result["accuracy"]:
-        lines.append(f"| {r['streams']} | {'yes' if r['aligned_steps'] else 'no'} | {r['events_per_s']} | "
-                     f"{r['event_p50_ms']:.3f} | {r['event_p99_ms']:.3f} | {r['ttft_p99_ms']:.3f} | "
-                     f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
-                     f"{'yes' if meets_goal(r) else 'no'} | {r['client_cpu_share']:.0%} | "
-                     f"{r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |")
+        lines.append(
+            f"| {r['streams']} | {'yes' if r['aligned_steps'] else 'no'} | {r['events_per_s']} | "
+            f"{r['event_p50_ms']:.3f} | {r['event_p99_ms']:.3f} | {r['ttft_p99_ms']:.3f} | "
+            f"{r['itl_p99_ms']:.3f} | {r['tpot_p99_ms']:.3f} | {r['event_max_ms']:.3f} | "
+            f"{'yes' if meets_goal(r) else 'no'} | {r['client_cpu_share']:.0%} | "
+            f"{r['server_cpu_share']:.0%} | {r['cpu_pressure']} | {r['failed']} |"
+        )
     if result.get("rate"):
-        lines += ["",
-                  "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
-                  "(one process, one event loop: 100% is one core), and events handled per second of client "
-                  "CPU (at saturation, the rate one core sustains).\n",
-                  "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per "
-                  "client CPU-second | events per read | cpu pressure |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Event rate over the steady middle half of each run: offered vs achieved, the client's CPU "
+            "(one process, one event loop: 100% is one core), and events handled per second of client "
+            "CPU (at saturation, the rate one core sustains).\n",
+            "| streams | gap ms | offered ev/s | achieved ev/s | client CPU | server CPU | events per "
+            "client CPU-second | events per read | cpu pressure |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in result["rate"]:
-            lines.append(f"| {r['streams']} | {r['itl_s'] * 1e3:g} | {r['offered_events_per_s']} | "
-                         f"{r['achieved_events_per_s']} | {r['client_cpu_share']:.0%} | "
-                         f"{r['server_cpu_share']:.0%} | {r['events_per_client_cpu_s']} | "
-                         f"{r['events_per_read']} | {r['cpu_pressure']} |")
+            lines.append(
+                f"| {r['streams']} | {r['itl_s'] * 1e3:g} | {r['offered_events_per_s']} | "
+                f"{r['achieved_events_per_s']} | {r['client_cpu_share']:.0%} | "
+                f"{r['server_cpu_share']:.0%} | {r['events_per_client_cpu_s']} | "
+                f"{r['events_per_read']} | {r['cpu_pressure']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -240,24 +309,38 @@ def main() -> None:
     parser.add_argument("--rate-streams", type=int, default=400)
     parser.add_argument("--out", type=Path, help="folder for loadgen_accuracy.json and .md")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tries", type=int, default=3,
-                        help="run a point again (up to this many times) while CPU pressure exceeds "
-                             "--max-pressure; the quietest try is kept")
+    parser.add_argument(
+        "--tries",
+        type=int,
+        default=3,
+        help="run a point again (up to this many times) while CPU pressure exceeds "
+        "--max-pressure; the quietest try is kept",
+    )
     parser.add_argument("--max-pressure", type=float, default=0.05)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    parser.add_argument("--client-cpu", default=str(cpus[-1]) if len(cpus) >= 2 else "none",
-                        help="CPU for the client (this process), or 'none' to leave placement to the kernel")
+    parser.add_argument(
+        "--client-cpu",
+        default=str(cpus[-1]) if len(cpus) >= 2 else "none",
+        help="CPU for the client (this process), or 'none' to leave placement to the kernel",
+    )
     parser.add_argument("--server-cpu", default=str(cpus[-2]) if len(cpus) >= 2 else "none")
     args = parser.parse_args()
     pinned = args.client_cpu != "none" and args.server_cpu != "none"
     pin = Pinning(int(args.client_cpu), int(args.server_cpu)) if pinned else Pinning(None, None)
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"loadgen-accuracy-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
-    result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "machine": machine(), "client_cpu": args.client_cpu, "server_cpu": args.server_cpu,
-              "accuracy": [], "rate": []}
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine(),
+        "client_cpu": args.client_cpu,
+        "server_cpu": args.server_cpu,
+        "accuracy": [],
+        "rate": [],
+    }
     runs = [(int(n), False) for n in args.streams.split(",") if n]
     runs += [(int(n), True) for n in args.aligned.split(",") if n]
+
     def quietest(run, *run_args) -> dict:
         tries = []
         for _ in range(args.tries):
@@ -271,8 +354,9 @@ def main() -> None:
 
     for streams, aligned in runs:
         itl, per_stream = ACCURACY.get(streams, (0.05, 2))
-        result["accuracy"].append(quietest(measure, pin, streams, itl, per_stream, workdir, args.seed,
-                                           aligned))
+        result["accuracy"].append(
+            quietest(measure, pin, streams, itl, per_stream, workdir, args.seed, aligned)
+        )
     if not args.no_rate:
         for gap in (float(g) / 1e3 for g in args.rate_gaps_ms.split(",")):
             result["rate"].append(quietest(rate_point, pin, args.rate_streams, gap))
@@ -282,8 +366,11 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "loadgen_accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
         (args.out / "loadgen_accuracy.md").write_text(text)
-    missed = [f"{r['streams']}{' aligned' if r['aligned_steps'] else ''}" for r in result["accuracy"]
-              if not meets_goal(r)]
+    missed = [
+        f"{r['streams']}{' aligned' if r['aligned_steps'] else ''}"
+        for r in result["accuracy"]
+        if not meets_goal(r)
+    ]
     if missed:
         sys.exit(f"p99 goal ({GOAL_P99_MS:g} ms) missed at: {', '.join(missed)}")
 

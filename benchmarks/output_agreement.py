@@ -42,13 +42,21 @@ def greedy_answers(backend: str, checkpoint: str, served: str, max_tokens: int, 
     tokenizer, which llama.cpp's GGUF carries too)."""
     cls = ADAPTERS[backend]
     port = free_port()
-    spec = cls.launch_spec(ModelSource(checkpoint, served), Variant(max_num_seqs=4), port, workdir=log_dir,
-                           gpu=False)
+    spec = cls.launch_spec(
+        ModelSource(checkpoint, served), Variant(max_num_seqs=4), port, workdir=log_dir, gpu=False
+    )
     for path in spec.dirs:
         Path(path).mkdir(parents=True, exist_ok=True)
     env = {**spec.env, **spec.process_env, **(package_env() if cls.server_family == "reference" else {})}
-    launcher = ProcessLauncher(backend, "", ServerProcess(spec.command, env, None, list(spec.scratch)),
-                               f"http://127.0.0.1:{port}", spec.health_path, log_dir / f"{backend}.log", 600)
+    launcher = ProcessLauncher(
+        backend,
+        "",
+        ServerProcess(spec.command, env, None, list(spec.scratch)),
+        f"http://127.0.0.1:{port}",
+        spec.health_path,
+        log_dir / f"{backend}.log",
+        600,
+    )
     texts = []
     with launcher:
         launcher.start()
@@ -86,20 +94,35 @@ def main(argv: list[str] | None = None) -> int:
     answers: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="agreement-") as tmp:
         for backend in backends:
-            answers[backend] = greedy_answers(backend, checkpoint, args.model, args.max_tokens,
-                                              Path(tmp) / backend)
+            answers[backend] = greedy_answers(
+                backend, checkpoint, args.model, args.max_tokens, Path(tmp) / backend
+            )
     ids = {b: [tokenizer.encode(t, add_special_tokens=False) for t in texts] for b, texts in answers.items()}
     base = backends[0]
     rows = []
     for other in backends[1:]:
         prefixes = [shared_prefix(a, b) for a, b in zip(ids[base], ids[other], strict=True)]
         same = sum(a == b for a, b in zip(answers[base], answers[other], strict=True))
-        rows.append({"pair": f"{base} vs {other}", "identical": same, "prompts": len(PROMPTS),
-                     "shared_prefix_tokens": prefixes, "of_tokens": [len(a) for a in ids[base]]})
-        print(f"{base} vs {other}: {same}/{len(PROMPTS)} identical; tokens shared before the first "
-              f"difference: {prefixes} (of {[len(a) for a in ids[base]]})")
-    result = {"model": args.model, "max_tokens": args.max_tokens, "prompts": PROMPTS, "answers": answers,
-              "agreement": rows}
+        rows.append(
+            {
+                "pair": f"{base} vs {other}",
+                "identical": same,
+                "prompts": len(PROMPTS),
+                "shared_prefix_tokens": prefixes,
+                "of_tokens": [len(a) for a in ids[base]],
+            }
+        )
+        print(
+            f"{base} vs {other}: {same}/{len(PROMPTS)} identical; tokens shared before the first "
+            f"difference: {prefixes} (of {[len(a) for a in ids[base]]})"
+        )
+    result = {
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "prompts": PROMPTS,
+        "answers": answers,
+        "agreement": rows,
+    }
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")

@@ -21,9 +21,19 @@ from reference_engine import Engine, EngineConfig, SamplingParams
 
 
 def decoding_engine(shape: str, batch: int, eager: bool, overlap: bool = False) -> Engine:
-    engine = Engine(EngineConfig(model=f"random:{shape}", device="cuda", dtype="bfloat16", max_num_seqs=64,
-                                 max_model_len=1024, max_num_batched_tokens=64 * 512,
-                                 num_kv_blocks=64 * 64 + 64, enforce_eager=eager, async_scheduling=overlap))
+    engine = Engine(
+        EngineConfig(
+            model=f"random:{shape}",
+            device="cuda",
+            dtype="bfloat16",
+            max_num_seqs=64,
+            max_model_len=1024,
+            max_num_batched_tokens=64 * 512,
+            num_kv_blocks=64 * 64 + 64,
+            enforce_eager=eager,
+            async_scheduling=overlap,
+        )
+    )
     g = torch.Generator().manual_seed(0)
     for prompt in torch.randint(3, engine.spec.vocab_size, (batch, 512), generator=g).tolist():
         engine.add_request(prompt, SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
@@ -60,9 +70,12 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             gpu.append(start.elapsed_time(end))
-        print(f"{args.shape} batch {batch}: step {host_ms[False]:.3f} ms on the host clock "
-              f"({host_ms[True]:.3f} ms with overlapped decode), graph replay {statistics.median(gpu):.3f} "
-              "ms on the GPU clock", flush=True)
+        print(
+            f"{args.shape} batch {batch}: step {host_ms[False]:.3f} ms on the host clock "
+            f"({host_ms[True]:.3f} ms with overlapped decode), graph replay {statistics.median(gpu):.3f} "
+            "ms on the GPU clock",
+            flush=True,
+        )
         del engine, runner
         torch.cuda.empty_cache()
         engine = decoding_engine(args.shape, batch, eager=True)
@@ -70,8 +83,10 @@ def main() -> None:
             for _ in range(5):
                 engine.step()
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60),
-              flush=True)
+        print(
+            prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60),
+            flush=True,
+        )
         del engine
         torch.cuda.empty_cache()
 

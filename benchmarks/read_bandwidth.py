@@ -55,8 +55,9 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
 
 
 @triton.jit
-def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT_K: tl.constexpr):
+def _gemv_in_major_kernel(
+    wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr
+):
     """y = x W with W stored (in, out): each program reads BLOCK_N columns over 1/SPLIT_K of the rows; split
     programs add into a float32 y (atomics: order-dependent rounding, a probe of the speed only)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,8 +67,11 @@ def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.con
     for k0 in range(k_start, k_start + k_len, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < k
-        w = tl.load(wt_ptr + ks[:, None].to(tl.int64) * stride_wt + cols[None, :],
-                    mask=k_mask[:, None] & (cols[None, :] < n), other=0.0)
+        w = tl.load(
+            wt_ptr + ks[:, None].to(tl.int64) * stride_wt + cols[None, :],
+            mask=k_mask[:, None] & (cols[None, :] < n),
+            other=0.0,
+        )
         acc += w.to(tl.float32) * tl.load(x_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)[:, None]
     y = tl.sum(acc, axis=0)
     if SPLIT_K == 1:
@@ -77,9 +81,23 @@ def _gemv_in_major_kernel(wt_ptr, x_ptr, y_ptr, n, k, stride_wt, BLOCK_N: tl.con
 
 
 @triton.jit
-def _splitk_gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x, stride_w, stride_y,
-                        K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr):
+def _splitk_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    m,
+    n,
+    stride_x,
+    stride_w,
+    stride_y,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """y = x W^T for a few rows x (all in one BLOCK_M tile), W stored (out, in), on the tensor cores; K a
     multiple of BLOCK_K. Program (tile, split) streams BLOCK_N rows of W once, over 1/SPLIT_K of the input, so
     that even a 4096-wide output gives every SM programs (SPLIT_K = 1: the plain skinny GEMM). With SPLIT_K >
@@ -124,21 +142,38 @@ def _splitk_gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, m, n, stride_x
             tl.atomic_xchg(count_ptr + tile, 0)
 
 
-SKINNY_CONFIGS = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 4, 5), (32, 256, 4, 3), (64, 256, 4, 3),
-                  (128, 64, 4, 5), (128, 128, 8, 3), (16, 256, 4, 4))
+SKINNY_CONFIGS = (
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+    (64, 64, 4, 5),
+    (32, 256, 4, 3),
+    (64, 256, 4, 3),
+    (128, 64, 4, 5),
+    (128, 128, 8, 3),
+    (16, 256, 4, 4),
+)
 
 
-IN_MAJOR_CONFIGS = ((32, 256, 4, 3, 1), (16, 256, 4, 3, 1), (64, 128, 4, 3, 1), (32, 128, 4, 4, 1),
-                    (32, 512, 8, 3, 1),
-                    (64, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 8))
+IN_MAJOR_CONFIGS = (
+    (32, 256, 4, 3, 1),
+    (16, 256, 4, 3, 1),
+    (64, 128, 4, 3, 1),
+    (32, 128, 4, 4, 1),
+    (32, 512, 8, 3, 1),
+    (64, 256, 4, 3, 2),
+    (128, 128, 4, 3, 4),
+    (64, 128, 4, 4, 4),
+    (128, 64, 4, 4, 8),
+)
 
 
 # (rows, columns a step, warps, stages, launch): launch "plain", "pdl" (programmatic dependent launch) or
 # "pdl_prefetch" (PDL, and each program's rows asked into L2 before it waits for the kernel before it).
 GEMV_TILINGS = ((8, 512, 4, 3), (4, 512, 4, 3), (2, 1024, 4, 3), (16, 512, 4, 3))
-GEMV_CONFIGS = (*((*tiling, launch) for tiling in GEMV_TILINGS
-                  for launch in ("plain", "pdl", "pdl_prefetch")),
-                (8, 512, 4, 3, "pdl_prefetch_whole"))
+GEMV_CONFIGS = (
+    *((*tiling, launch) for tiling in GEMV_TILINGS for launch in ("plain", "pdl", "pdl_prefetch")),
+    (8, 512, 4, 3, "pdl_prefetch_whole"),
+)
 GEMV_PREFETCH_BYTES = 2048  # of each row, in "pdl_prefetch"
 
 
@@ -174,8 +209,9 @@ def read_bandwidths(gib: float = 4.0) -> dict[str, float]:
     for block, iters, warps in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4), (8192, 16, 16)):
         grid = triton.cdiv(n, block * iters)
         out = torch.empty(grid, dtype=torch.float32, device="cuda")
-        launch = functools.partial(_read_kernel[(grid,)], x, out, n, BLOCK=block, ITERS=iters,
-                                   num_warps=warps)
+        launch = functools.partial(
+            _read_kernel[(grid,)], x, out, n, BLOCK=block, ITERS=iters, num_warps=warps
+        )
         best[f"triton_read_{block}x{iters}_w{warps}"] = 2 * n / gpu_seconds(launch)
     best["torch_sum"] = 2 * n / gpu_seconds(x.sum)
     return best
@@ -194,14 +230,23 @@ def linear_shapes(shape: str) -> dict[str, tuple[int, int]]:
 
 
 # (columns of W a program, input a step, splits of the input, warps, stages) for the split-K GEMM
-SPLITK_CONFIGS = ((64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 4, 6),
-                  (64, 128, 8, 4, 4),
-                  (128, 128, 2, 4, 3), (128, 128, 4, 4, 3), (128, 64, 4, 8, 4), (32, 128, 2, 4, 4),
-                  (32, 128, 4, 4, 4))
+SPLITK_CONFIGS = (
+    (64, 128, 1, 4, 4),
+    (64, 128, 2, 4, 4),
+    (64, 128, 4, 4, 4),
+    (64, 64, 4, 4, 6),
+    (64, 128, 8, 4, 4),
+    (128, 128, 2, 4, 3),
+    (128, 128, 4, 4, 3),
+    (128, 64, 4, 8, 4),
+    (32, 128, 2, 4, 4),
+    (32, 128, 4, 4, 4),
+)
 
 
-def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = False,
-                    splitk_only: bool = False) -> dict[str, dict[str, float]]:
+def gemm_bandwidths(
+    shape: str, rows: int, copies: int = 8, gemv_only: bool = False, splitk_only: bool = False
+) -> dict[str, dict[str, float]]:
     """Per linear and variant (see the module's docstring): GPU time and weights read per second; `gemv_only`
     measures only cuBLAS as called and the engine's GEMV, `splitk_only` cuBLAS as called and the split-K
     GEMM."""
@@ -209,8 +254,9 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
     for name, (out_f, in_f) in linear_shapes(shape).items():
         weights = [torch.randn(out_f, in_f, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         x = torch.randn(rows, in_f, dtype=torch.bfloat16, device="cuda")
-        variants = {"linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x),
-                                                weights)}
+        variants = {
+            "linear": functools.partial(_each, functools.partial(torch.nn.functional.linear, x), weights)
+        }
         y = torch.empty(rows, out_f, dtype=torch.bfloat16, device="cuda")
         transposed = []
         if splitk_only and rows > 1:
@@ -221,8 +267,9 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
             for bn, bk, split, warps, stages in SPLITK_CONFIGS:
                 if in_f % bk:
                     continue
-                launch = functools.partial(_splitk_each, x, weights, y, parts, counts, bn, bk, split, warps,
-                                           stages)
+                launch = functools.partial(
+                    _splitk_each, x, weights, y, parts, counts, bn, bk, split, warps, stages
+                )
                 launch()
                 err = ((y.float() - reference).norm() / reference.norm()).item()
                 assert err < 1e-2, f"split-K GEMM {bn}x{bk} split {split}: relative error {err:.1e}"
@@ -240,13 +287,23 @@ def gemm_bandwidths(shape: str, rows: int, copies: int = 8, gemv_only: bool = Fa
                 variants["mv"] = functools.partial(_each, lambda w, v=x[0]: torch.mv(w, v), weights)
                 y32 = torch.zeros(out_f, dtype=torch.float32, device="cuda")
                 for bn, bk, warps, stages, split in IN_MAJOR_CONFIGS:
-                    launch = functools.partial(_gemv_in_major_each, transposed, x[0],
-                                               y32 if split > 1 else y[0], bn, bk, warps, stages, split)
+                    launch = functools.partial(
+                        _gemv_in_major_each,
+                        transposed,
+                        x[0],
+                        y32 if split > 1 else y[0],
+                        bn,
+                        bk,
+                        warps,
+                        stages,
+                        split,
+                    )
                     variants[f"triton_in_major_{bn}x{bk}_w{warps}_s{stages}_split{split}"] = launch
         if rows == 1:
             for bn, bk, warps, stages, launch_mode in GEMV_CONFIGS:
-                launch = functools.partial(_gemv_each, weights, x[0], y[0], bn, bk, warps, stages,
-                                           launch_mode)
+                launch = functools.partial(
+                    _gemv_each, weights, x[0], y[0], bn, bk, warps, stages, launch_mode
+                )
                 suffix = "" if launch_mode == "plain" else f"_{launch_mode}"
                 variants[f"triton_gemv_{bn}x{bk}_w{warps}_s{stages}{suffix}"] = launch
         bytes_read = out_f * in_f * 2
@@ -268,8 +325,18 @@ def _gemv_in_major_each(transposed, x, y, bn, bk, warps, stages, split) -> None:
         if split > 1:
             y.zero_()
         _gemv_in_major_kernel[(triton.cdiv(wt.shape[1], bn), split)](
-            wt, x, y, wt.shape[1], wt.shape[0], wt.stride(0), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            num_warps=warps, num_stages=stages)
+            wt,
+            x,
+            y,
+            wt.shape[1],
+            wt.shape[0],
+            wt.stride(0),
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            SPLIT_K=split,
+            num_warps=warps,
+            num_stages=stages,
+        )
 
 
 def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
@@ -280,10 +347,24 @@ def _skinny_each(x, weights, y, bn, bk, warps, stages) -> None:
 def _splitk_each(x, weights, y, parts, counts, bn, bk, split, warps, stages) -> None:
     for w in weights:
         _splitk_gemm_kernel[(triton.cdiv(w.shape[0], bn), split)](
-            x, w, y, parts, counts, x.shape[0], w.shape[0], x.stride(0), w.stride(0), y.stride(0),
+            x,
+            w,
+            y,
+            parts,
+            counts,
+            x.shape[0],
+            w.shape[0],
+            x.stride(0),
+            w.stride(0),
+            y.stride(0),
             K=w.shape[1],
-            BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            num_warps=warps, num_stages=stages)
+            BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])),
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            SPLIT_K=split,
+            num_warps=warps,
+            num_stages=stages,
+        )
 
 
 def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
@@ -293,11 +374,25 @@ def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
     whole_row = weights[0].shape[1] * weights[0].element_size()
     prefetch = {"pdl_prefetch": GEMV_PREFETCH_BYTES, "pdl_prefetch_whole": whole_row}.get(launch_mode, 0)
     for w in weights:
-        _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](w, x, y, y, w.shape[0], w.stride(0), K=w.shape[1],
-                                                     HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, UNROLL=False,
-                                                     PDL=pdl,
-                                                     PREFETCH=prefetch, PRELOAD=False, launch_pdl=pdl,
-                                                     num_warps=warps, num_stages=stages)
+        _gemv_kernel[(triton.cdiv(w.shape[0], bn),)](
+            w,
+            x,
+            y,
+            y,
+            w.shape[0],
+            w.stride(0),
+            K=w.shape[1],
+            HAS_BIAS=False,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            UNROLL=False,
+            PDL=pdl,
+            PREFETCH=prefetch,
+            PRELOAD=False,
+            launch_pdl=pdl,
+            num_warps=warps,
+            num_stages=stages,
+        )
 
 
 def main() -> None:
@@ -308,13 +403,20 @@ def main() -> None:
     p.add_argument("--gemv-only", action="store_true", help="cuBLAS as called and the engine's GEMV only")
     p.add_argument("--splitk-only", action="store_true", help="cuBLAS as called and the split-K GEMM only")
     args = p.parse_args()
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "copy_bytes_per_s": copy_bandwidth(), "read_bytes_per_s": read_bandwidths(), "gemm": {}}
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bytes_per_s": copy_bandwidth(),
+        "read_bytes_per_s": read_bandwidths(),
+        "gemm": {},
+    }
     rows_measured = [int(r) for r in args.rows.split(",")]
     for shape in args.shapes.split(","):
-        report["gemm"][shape] = {str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only,
-                                                              splitk_only=args.splitk_only)
-                                 for rows in rows_measured}
+        report["gemm"][shape] = {
+            str(rows): gemm_bandwidths(shape, rows, gemv_only=args.gemv_only, splitk_only=args.splitk_only)
+            for rows in rows_measured
+        }
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"copy {report['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
     for name, bw in report["read_bytes_per_s"].items():
@@ -329,11 +431,16 @@ def main() -> None:
                     members = [k for k in timings if k.startswith(family)]
                     if members:
                         bests.append(min(members, key=lambda k: timings[k]["us"]))
-                cells = ", ".join(f"{k} {v['us']:.1f}" for k, v in timings.items()
-                                  if not k.startswith("triton")
-                                  or k == best or k in bests)
-                print(f"{shape} rows={rows} {name} ({g['bytes'] / 1e6:.0f} MB): {cells} us; best {best} "
-                      f"{timings[best]['bytes_per_s'] / 1e12:.2f} TB/s")
+                cells = ", ".join(
+                    f"{k} {v['us']:.1f}"
+                    for k, v in timings.items()
+                    if not k.startswith("triton") or k == best or k in bests
+                )
+                print(
+                    f"{shape} rows={rows} {name} ({g['bytes'] / 1e6:.0f} MB): {cells} us; best {best} "
+                    f"{timings[best]['bytes_per_s'] / 1e12:.2f} TB/s"
+                )
+
 
 if __name__ == "__main__":
     main()

@@ -64,12 +64,19 @@ def summarise(records: list, wall_s: float) -> dict:
     tpots = [t for r in ok if (t := timing.tpot(r)) is not None]
     gaps = [g for r in ok for g in timing.itl(r)]
     return {
-        "requests_ok": len(ok), "requests_failed": len(records) - len(ok), "output_tokens": tokens,
-        "output_tokens_per_s": tokens / wall_s, "wall_s": wall_s,
-        "ttft_ms_p50": 1e3 * statistics.median(ttfts), "ttft_ms_p99": 1e3 * percentile(ttfts, 0.99),
-        "tpot_ms_p50": 1e3 * statistics.median(tpots), "tpot_ms_p99": 1e3 * percentile(tpots, 0.99),
-        "itl_ms_p50": 1e3 * statistics.median(gaps), "itl_ms_p99": 1e3 * percentile(gaps, 0.99),
-        "itl_ms_max": 1e3 * max(gaps), "gaps_over_50ms": sum(g > 0.05 for g in gaps),
+        "requests_ok": len(ok),
+        "requests_failed": len(records) - len(ok),
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / wall_s,
+        "wall_s": wall_s,
+        "ttft_ms_p50": 1e3 * statistics.median(ttfts),
+        "ttft_ms_p99": 1e3 * percentile(ttfts, 0.99),
+        "tpot_ms_p50": 1e3 * statistics.median(tpots),
+        "tpot_ms_p99": 1e3 * percentile(tpots, 0.99),
+        "itl_ms_p50": 1e3 * statistics.median(gaps),
+        "itl_ms_p99": 1e3 * percentile(gaps, 0.99),
+        "itl_ms_max": 1e3 * max(gaps),
+        "gaps_over_50ms": sum(g > 0.05 for g in gaps),
         "gaps_over_250ms": sum(g > 0.25 for g in gaps),
     }
 
@@ -85,8 +92,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=None,
-                   help="token ids are drawn below this (default: /v1/models)")
+    p.add_argument(
+        "--vocab", type=int, default=None, help="token ids are drawn below this (default: /v1/models)"
+    )
     p.add_argument("--py-spy-round", type=int, default=None)
     p.add_argument("--py-spy-out", default="py-spy.txt")
     p.add_argument("--server-log", default="server.log")
@@ -97,34 +105,73 @@ def main() -> None:
     url = args.url or f"http://127.0.0.1:{args.port}"
     launched = time.perf_counter()
     if args.url is None:
-        cmd = [sys.executable, "-m", "reference_engine.server", "--model", args.model, "--port",
-               str(args.port),
-               "--max-num-seqs", str(max(64, *args.concurrency)), *shlex.split(args.server_args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "reference_engine.server",
+            "--model",
+            args.model,
+            "--port",
+            str(args.port),
+            "--max-num-seqs",
+            str(max(64, *args.concurrency)),
+            *shlex.split(args.server_args),
+        ]
         log = open(args.server_log, "w", encoding="utf-8")  # noqa: SIM115 (open for the server's life)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                    filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                  os.environ.get("PYTHONPATH")]))})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+                ),
+            },
+        )
     try:
         ready_s = wait_ready(url, proc, 600)
-        print(json.dumps({"ready_s": round(time.perf_counter() - launched, 2),
-                          "polled_s": round(ready_s, 2)}),
-              flush=True)
+        print(
+            json.dumps({"ready_s": round(time.perf_counter() - launched, 2), "polled_s": round(ready_s, 2)}),
+            flush=True,
+        )
         vocab = args.vocab or 32000
         adapter = get_adapter("reference", prompt_as_token_ids=True, force_output_length=True)
         rng = random.Random(0)
         for concurrency in args.concurrency:
             for r in range(1, args.rounds + 1):
-                specs = [RequestSpec(f"c{concurrency}-r{r}-{i}",
-                                     tuple(rng.randrange(3, vocab) for _ in range(args.input_len)), "",
-                                     args.output_len) for i in range(args.requests)]
+                specs = [
+                    RequestSpec(
+                        f"c{concurrency}-r{r}-{i}",
+                        tuple(rng.randrange(3, vocab) for _ in range(args.input_len)),
+                        "",
+                        args.output_len,
+                    )
+                    for i in range(args.requests)
+                ]
                 spy = None
                 if args.py_spy_round == r and proc is not None:
-                    spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
-                                            "--idle", "--threads", "--gil", "--subprocesses", "--rate", "200",
-                                            "--nonblocking",
-                                            "-o", args.py_spy_out], stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL)
+                    spy = subprocess.Popen(
+                        [
+                            "py-spy",
+                            "record",
+                            "--pid",
+                            str(proc.pid),
+                            "--format",
+                            "raw",
+                            "--idle",
+                            "--threads",
+                            "--gil",
+                            "--subprocesses",
+                            "--rate",
+                            "200",
+                            "--nonblocking",
+                            "-o",
+                            args.py_spy_out,
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
                     time.sleep(1.0)
                 t0 = time.perf_counter()
                 records = run_load_sync(PointJob(url, adapter, specs, ClosedLoop(concurrency)))
@@ -132,9 +179,16 @@ def main() -> None:
                 if spy is not None:
                     spy.send_signal(2)
                     spy.wait(timeout=60)
-                line = {"label": args.label, "model": args.model, "concurrency": concurrency, "round": r,
-                        **{k: round(v, 2) if isinstance(v, float) else v
-                           for k, v in summarise(records, wall).items()}}
+                line = {
+                    "label": args.label,
+                    "model": args.model,
+                    "concurrency": concurrency,
+                    "round": r,
+                    **{
+                        k: round(v, 2) if isinstance(v, float) else v
+                        for k, v in summarise(records, wall).items()
+                    },
+                }
                 print(json.dumps(line), flush=True)
                 if args.out:
                     with open(args.out, "a", encoding="utf-8") as f:

@@ -57,7 +57,7 @@ def launch_once(server_args: list[str], timeout_s: float) -> tuple[dict[str, flo
                 continue
             second = datetime.strptime(clock.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
             when = second + int(clock.group(2)) / 1e3
-            lines.append(f"{when - spawned:7.3f} {line[clock.end():].rstrip()}")
+            lines.append(f"{when - spawned:7.3f} {line[clock.end() :].rstrip()}")
             for name, phrase in MILESTONES.items():
                 if phrase in line and name not in seen:
                     seen[name] = round(when - spawned, 3)
@@ -87,14 +87,22 @@ def main() -> None:
         runs.append(seen)
         logs.append(lines)
         print(json.dumps(seen), flush=True)
-    medians = {name: statistics.median(r[name] for r in runs if name in r)
-               for name in MILESTONES if any(name in r for r in runs)}
-    meta = dict(label=args.label, machine=platform.platform(), cpus=os.cpu_count(),
-                python=platform.python_version(),
-                command=" ".join(["benchmarks/server_startup.py", *sys.argv[1:]]),
-                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), server_args=server_args,
-                load_average_before=[round(x, 2) for x in load_before],
-                load_average_after=[round(x, 2) for x in os.getloadavg()])
+    medians = {
+        name: statistics.median(r[name] for r in runs if name in r)
+        for name in MILESTONES
+        if any(name in r for r in runs)
+    }
+    meta = dict(
+        label=args.label,
+        machine=platform.platform(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        command=" ".join(["benchmarks/server_startup.py", *sys.argv[1:]]),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        server_args=server_args,
+        load_average_before=[round(x, 2) for x in load_before],
+        load_average_after=[round(x, 2) for x in os.getloadavg()],
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = dict(meta=meta, medians=medians, runs=runs, logs=logs)

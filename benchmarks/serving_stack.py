@@ -92,16 +92,23 @@ def measure(url: str, pid: int, specs, concurrency: int, tokenizer) -> dict:
     itls = [gap for r in ok for gap in timing.itl(r)]
     steps = after[STEP_COUNTERS[0]] - before[STEP_COUNTERS[0]]
     step_seconds = after[STEP_COUNTERS[1]] - before[STEP_COUNTERS[1]]
-    return dict(concurrency=concurrency, requests=len(records), ok=len(ok), output_tokens=out_tokens,
-                wall_s=round(wall, 3), output_tok_s=round(out_tokens / wall, 1),
-                itl_p50_ms=round(1e3 * statistics.median(itls), 3),
-                itl_p99_ms=round(1e3 * percentile(itls, 0.99), 3),
-                steps=int(steps), steps_per_s=round(steps / wall, 1),
-                step_us=round(1e6 * step_seconds / max(1, steps), 1),
-                server_cpu_s=round(front_cpu + child_cpu, 3),
-                server_cpu_us_per_token=round(1e6 * (front_cpu + child_cpu) / max(1, out_tokens), 1),
-                front_cpu_us_per_token=round(1e6 * front_cpu / max(1, out_tokens), 1),
-                child_cpu_us_per_token=round(1e6 * child_cpu / max(1, out_tokens), 1))
+    return dict(
+        concurrency=concurrency,
+        requests=len(records),
+        ok=len(ok),
+        output_tokens=out_tokens,
+        wall_s=round(wall, 3),
+        output_tok_s=round(out_tokens / wall, 1),
+        itl_p50_ms=round(1e3 * statistics.median(itls), 3),
+        itl_p99_ms=round(1e3 * percentile(itls, 0.99), 3),
+        steps=int(steps),
+        steps_per_s=round(steps / wall, 1),
+        step_us=round(1e6 * step_seconds / max(1, steps), 1),
+        server_cpu_s=round(front_cpu + child_cpu, 3),
+        server_cpu_us_per_token=round(1e6 * (front_cpu + child_cpu) / max(1, out_tokens), 1),
+        front_cpu_us_per_token=round(1e6 * front_cpu / max(1, out_tokens), 1),
+        child_cpu_us_per_token=round(1e6 * child_cpu / max(1, out_tokens), 1),
+    )
 
 
 def main() -> None:
@@ -109,17 +116,28 @@ def main() -> None:
     p.add_argument("--label", required=True)
     p.add_argument("--out", default="benchmarks/results/serving_stack")
     p.add_argument("--concurrency", default="64,256")
-    p.add_argument("--requests-per-stream", type=int, default=2,
-                   help="requests per load point = this x concurrency")
+    p.add_argument(
+        "--requests-per-stream", type=int, default=2, help="requests per load point = this x concurrency"
+    )
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
     args = p.parse_args()
     tokenizer = synthetic_tokenizer(named_shape("tiny"))
     concurrencies = [int(x) for x in args.concurrency.split(",")]
-    server_flags = ["--device", "cpu", "--dtype", "float32", "--max-num-seqs", str(max(concurrencies)),
-                    "--max-num-batched-tokens", str(max(2048, args.input_len * max(concurrencies))),
-                    "--max-model-len", str(args.input_len + args.output_len + 16), *args.server_arg]
+    server_flags = [
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        str(max(concurrencies)),
+        "--max-num-batched-tokens",
+        str(max(2048, args.input_len * max(concurrencies))),
+        "--max-model-len",
+        str(args.input_len + args.output_len + 16),
+        *args.server_arg,
+    ]
     rows = []
     work = Path(tempfile.mkdtemp(prefix="serving-stack-"))
     load_before = os.getloadavg()
@@ -128,18 +146,31 @@ def main() -> None:
         run_load_sync(PointJob(server.url, get_adapter("reference", model=MODEL), warmup, ClosedLoop(8)))
         for i, c in enumerate(concurrencies):
             # Fresh prompts per point, so no point is served from the prefix cache the previous one filled.
-            specs = random_dataset(tokenizer, args.requests_per_stream * c, args.input_len, args.output_len,
-                                   seed=i, id_prefix=f"c{c}")
+            specs = random_dataset(
+                tokenizer,
+                args.requests_per_stream * c,
+                args.input_len,
+                args.output_len,
+                seed=i,
+                id_prefix=f"c{c}",
+            )
             row = measure(server.url, server.proc.pid, specs, c, tokenizer)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    meta = dict(label=args.label, machine=platform.platform(), cpus=os.cpu_count(),
-                python=platform.python_version(),
-                command=" ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model=MODEL,
-                input_len=args.input_len, output_len=args.output_len, server_flags=server_flags,
-                load_average_before=[round(x, 2) for x in load_before],
-                load_average_after=[round(x, 2) for x in os.getloadavg()])
+    meta = dict(
+        label=args.label,
+        machine=platform.platform(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        command=" ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        model=MODEL,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        server_flags=server_flags,
+        load_average_before=[round(x, 2) for x in load_before],
+        load_average_after=[round(x, 2) for x in os.getloadavg()],
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.label}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
@@ -148,19 +179,26 @@ def main() -> None:
 
 def write_table(out: Path) -> None:
     """The table of every result in `out` (table.md), for the README to quote."""
-    lines = ["| label | streams | output tok/s | ITL p50 ms | ITL p99 ms | steps/s | us in a step | server "
-             "CPU us/token | of which front end / core | load avg (1 min) before |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| label | streams | output tok/s | ITL p50 ms | ITL p99 ms | steps/s | us in a step | server "
+        "CPU us/token | of which front end / core | load avg (1 min) before |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for path in sorted(out.glob("*.json")):
         result = json.loads(path.read_text())
         meta = result["meta"]
         for r in result["rows"]:
-            split = f"{r['front_cpu_us_per_token']:.1f} / {r['child_cpu_us_per_token']:.1f}" \
-                if "front_cpu_us_per_token" in r else "-"
-            lines.append(f"| {meta['label']} | {r['concurrency']} | {r['output_tok_s']:.0f} | "
-                         f"{r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['steps_per_s']:.1f} | "
-                         f"{r['step_us']:.0f} | {r['server_cpu_us_per_token']:.1f} | {split} | "
-                         f"{meta['load_average_before'][0]} |")
+            split = (
+                f"{r['front_cpu_us_per_token']:.1f} / {r['child_cpu_us_per_token']:.1f}"
+                if "front_cpu_us_per_token" in r
+                else "-"
+            )
+            lines.append(
+                f"| {meta['label']} | {r['concurrency']} | {r['output_tok_s']:.0f} | "
+                f"{r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['steps_per_s']:.1f} | "
+                f"{r['step_us']:.0f} | {r['server_cpu_us_per_token']:.1f} | {split} | "
+                f"{meta['load_average_before'][0]} |"
+            )
     lines += ["", *median_table(out)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -174,15 +212,21 @@ def median_table(out: Path) -> list[str]:
         label = re.sub(r"-r\d+$", "", result["meta"]["label"])
         for r in result["rows"]:
             groups.setdefault((label, r["concurrency"]), []).append(r)
-    lines = ["| setup | streams | rounds | output tok/s (median) | ITL p50 ms | ITL p99 ms | steps/s | "
-             "server CPU us/token |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| setup | streams | rounds | output tok/s (median) | ITL p50 ms | ITL p99 ms | steps/s | "
+        "server CPU us/token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (label, streams), rows in groups.items():
+
         def med(key: str, rows=rows) -> float:
             return statistics.median(r[key] for r in rows)
-        lines.append(f"| {label} | {streams} | {len(rows)} | {med('output_tok_s'):.0f} | "
-                     f"{med('itl_p50_ms'):.2f} | {med('itl_p99_ms'):.2f} | {med('steps_per_s'):.1f} | "
-                     f"{med('server_cpu_us_per_token'):.1f} |")
+
+        lines.append(
+            f"| {label} | {streams} | {len(rows)} | {med('output_tok_s'):.0f} | "
+            f"{med('itl_p50_ms'):.2f} | {med('itl_p99_ms'):.2f} | {med('steps_per_s'):.1f} | "
+            f"{med('server_cpu_us_per_token'):.1f} |"
+        )
     return lines
 
 

@@ -56,11 +56,13 @@ def point_line(records: list[RequestRecord]) -> str:
     decode = np.array([steps[i - 1] for i in range(1, len(starts)) if i not in first_steps])
     itl_ms = np.array(itl)
     p = np.percentile(itl_ms, [50, 90, 99, 99.5])
-    return (f"steps {len(starts):5d}  decode p50 {np.median(decode):6.2f} ms | first-token steps"
-            f" {len(prefill):4d} mean {prefill.mean():6.1f} ms, {prefill.sum() / 1000:5.2f} s,"
-            f" {len(firsts) / len(prefill):4.1f} prompts each | ITL p50 {p[0]:6.2f} p90 {p[1]:6.2f}"
-            f" p99 {p[2]:6.2f} p99.5 {p[3]:6.2f} max {itl_ms.max():6.1f} | tokens/event"
-            f" {np.mean(per_event):4.2f} | gaps >50 ms {(itl_ms > 50).sum()}, >250 ms {(itl_ms > 250).sum()}")
+    return (
+        f"steps {len(starts):5d}  decode p50 {np.median(decode):6.2f} ms | first-token steps"
+        f" {len(prefill):4d} mean {prefill.mean():6.1f} ms, {prefill.sum() / 1000:5.2f} s,"
+        f" {len(firsts) / len(prefill):4.1f} prompts each | ITL p50 {p[0]:6.2f} p90 {p[1]:6.2f}"
+        f" p99 {p[2]:6.2f} p99.5 {p[3]:6.2f} max {itl_ms.max():6.1f} | tokens/event"
+        f" {np.mean(per_event):4.2f} | gaps >50 ms {(itl_ms > 50).sum()}, >250 ms {(itl_ms > 250).sum()}"
+    )
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def copy_range(path: Path, start: int, length: int, target: torch.Tensor, stream
             got = 0
             while got < n:
                 got += f.readinto(view[got:])
-            target[offset:offset + n].copy_(buffers[turn % 2][:n], non_blocking=True)
+            target[offset : offset + n].copy_(buffers[turn % 2][:n], non_blocking=True)
             events[turn % 2] = torch.cuda.Event()
             events[turn % 2].record(stream)
     stream.synchronize()
@@ -69,9 +69,13 @@ def read_staged(files: list[Path], device: torch.device, threads: int) -> int:
         size = path.stat().st_size
         target = torch.empty(size, dtype=torch.uint8, device=device)
         share = -(-size // threads)
-        workers = [threading.Thread(target=copy_range, args=(path, start, min(share, size - start), target,
-                                                             torch.cuda.Stream(device)))
-                   for start in range(0, size, share)]
+        workers = [
+            threading.Thread(
+                target=copy_range,
+                args=(path, start, min(share, size - start), target, torch.cuda.Stream(device)),
+            )
+            for start in range(0, size, share)
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -137,13 +141,22 @@ def main() -> None:
                 moved = WAYS[way](files, device)
                 torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - t0
-                line = {"way": way, "round": r + 1, "bytes": moved, "seconds": round(seconds, 3),
-                        "gb_per_s": round(moved / seconds / 1e9, 2)}
+                line = {
+                    "way": way,
+                    "round": r + 1,
+                    "bytes": moved,
+                    "seconds": round(seconds, 3),
+                    "gb_per_s": round(moved / seconds / 1e9, 2),
+                }
             except Exception as error:  # a way the machine does not allow (registering a mapping, say)
                 line = {"way": way, "round": r + 1, "error": repr(error)}
             torch.cuda.empty_cache()
-            line.update(device=torch.cuda.get_device_name(device), cpus=os.cpu_count(),
-                        machine=platform.platform(), checkpoint=str(args.checkpoint))
+            line.update(
+                device=torch.cuda.get_device_name(device),
+                cpus=os.cpu_count(),
+                machine=platform.platform(),
+                checkpoint=str(args.checkpoint),
+            )
             print(json.dumps(line), flush=True)
             lines.append(line)
     if args.out:

@@ -37,8 +37,11 @@ class Errors:
 
     def summary(self) -> dict[str, Any]:
         """p50/p99/max of the absolute errors in milliseconds, and the smallest signed event error."""
-        out: dict[str, Any] = {"requests": self.n_requests, "events": len(self.event),
-                               "unmatched": len(self.unmatched)}
+        out: dict[str, Any] = {
+            "requests": self.n_requests,
+            "events": len(self.event),
+            "unmatched": len(self.unmatched),
+        }
         for name in ("event", "ttft", "itl", "tpot"):
             values = np.abs(np.asarray(getattr(self, name), dtype=float)) * 1e3
             if values.size:

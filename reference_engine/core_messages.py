@@ -78,8 +78,14 @@ class CoreOutput:
 
     @staticmethod
     def row(out: RequestOutput) -> tuple:
-        return (out.request_id, out.new_token_ids, out.new_logprobs, out.finished, out.finish_reason,
-                out.num_cached_tokens)
+        return (
+            out.request_id,
+            out.new_token_ids,
+            out.new_logprobs,
+            out.finished,
+            out.finish_reason,
+            out.num_cached_tokens,
+        )
 
 
 @dataclass

@@ -70,8 +70,14 @@ class CaptureReport:
 
 
 class CUDAGraphRunner:
-    def __init__(self, model: LlamaModel, max_model_len: int, block_size: int, device: torch.device,
-                 context_bounds: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+        context_bounds: list[int] | None = None,
+    ) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.device = device
@@ -91,22 +97,28 @@ class CUDAGraphRunner:
         self.rows = torch.zeros(5, max_batch, dtype=torch.long, device=dev)
         self.rows[2] = -1
         self.rows[3] = 1
-        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-         self.gather_rows) = self.rows.unbind(0)
+        (self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.gather_rows) = (
+            self.rows.unbind(0)
+        )
         self.block_tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=dev)
         # Host staging, pinned so that the copies are asynchronous; two sets, used in turn, because with
         # overlapped decode the host fills the next step's while the last one's copy may still be queued.
         pin = dev.type == "cuda"  # (the staging logic also runs on a CPU, under tests, with stand-in graphs)
         self.host_rows = [torch.zeros(5, max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self.host_tables = [torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=pin)
-                            for _ in range(2)]
+        self.host_tables = [
+            torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, pin_memory=pin) for _ in range(2)
+        ]
         self.num_runs = 0
 
     def _batch(self, size: int, bound: int) -> AttentionBatch:
-        return AttentionBatch(slot_mapping=self.slot_mapping[:size], num_decode=size,
-                              decode_block_tables=self.block_tables[:size],
-                              decode_context_lens=self.context_lens[:size],
-                              decode_max_context=bound, decode_split_context=self.max_model_len)
+        return AttentionBatch(
+            slot_mapping=self.slot_mapping[:size],
+            num_decode=size,
+            decode_block_tables=self.block_tables[:size],
+            decode_context_lens=self.context_lens[:size],
+            decode_max_context=bound,
+            decode_split_context=self.max_model_len,
+        )
 
     def _forward(self, size: int, bound: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self._batch(size, bound))
@@ -148,8 +160,9 @@ class CUDAGraphRunner:
         self.graphs[size, bound] = graph
         report = self.report
         report.seconds_per_bucket[size] = report.seconds_per_bucket.get(size, 0.0) + time.perf_counter() - t0
-        report.pool_bytes_per_bucket[size] = (report.pool_bytes_per_bucket.get(size, 0)
-                                              + torch.cuda.memory_reserved(self.device) - reserved)
+        report.pool_bytes_per_bucket[size] = (
+            report.pool_bytes_per_bucket.get(size, 0) + torch.cuda.memory_reserved(self.device) - reserved
+        )
 
     def bucket_for(self, n: int) -> int | None:
         """The smallest captured batch size that holds n rows (None: run eager)."""
@@ -159,8 +172,15 @@ class CUDAGraphRunner:
         """The smallest captured context bound that holds the batch's longest context."""
         return next(bound for bound in self.context_bounds if bound >= longest_context)
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            context_lens: list[int], gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        context_lens: list[int],
+        gather: tuple[torch.Tensor, list[int]] | None = None,
+    ) -> torch.Tensor:
         """Replay the bucket that fits these n decode rows; returns logits [n, vocab] (a view, valid until
         the next replay). With `gather` (tokens on the device, and a row of them for each of the first k input
         rows), those rows' token ids are taken from there on the device instead of from `input_ids`.
@@ -177,10 +197,11 @@ class CUDAGraphRunner:
         rows[2, n:size] = -1  # padded rows: no cache write, a one-token context over block 0
         rows[3, n:size] = 1
         if gather is not None:
-            rows[4, :len(gather[1])] = torch.tensor(gather[1])
+            rows[4, : len(gather[1])] = torch.tensor(gather[1])
         width = max(len(t) for t in tables)
-        host_tables[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables],
-                                               dtype=torch.int32)
+        host_tables[:n, :width] = torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32
+        )
         host_tables[n:size, :width] = 0
         # Whole rows, so that both copies are contiguous: a strided one goes through a pageable temporary,
         # which can make the host wait for the device (stale entries past a row's length are never read).

@@ -41,10 +41,16 @@ class Engine:
         self.device, self.dtype, self.spec = built.device, built.dtype, built.spec
         self.max_model_len, self.tokenizer_source = built.max_model_len, built.tokenizer_source
         self.runner = built.runner
-        self.block_manager = BlockManager(built.num_kv_blocks, config.block_size,
-                                          config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.mixed_prefill_tokens, SHARE_EXPONENTS[config.mixed_prefill_share])
+        self.block_manager = BlockManager(
+            built.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.mixed_prefill_tokens,
+            SHARE_EXPONENTS[config.mixed_prefill_share],
+        )
         self.sampler = Sampler(self.spec.eos_token_ids, self.device, config.seed)
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
@@ -71,8 +77,9 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------------------
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
         """Queue a request; raises ValueError for input the engine cannot serve exactly as asked."""
         params = params or SamplingParams()
         prompt = list(prompt_token_ids)
@@ -90,8 +97,9 @@ class Engine:
 
     def validate_request(self, prompt: list[int], params: SamplingParams) -> None:
         """Raise ValueError, with a message fit for a client, for a request this engine cannot serve."""
-        RequestLimits(self.spec.vocab_size, self.max_model_len, self.block_size,
-                      self.block_manager.num_blocks).validate(prompt, params)
+        RequestLimits(
+            self.spec.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks
+        ).validate(prompt, params)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; None if it is unknown or already finished."""
@@ -157,8 +165,11 @@ class Engine:
             return "length"
         return None
 
-    def generate(self, prompts: list[list[int]] | list[str],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: list[list[int]] | list[str],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Run prompts (token ids, or text to encode) to completion; outputs in the order given."""
         if not isinstance(params, list):
             params = [params or SamplingParams()] * len(prompts)
@@ -178,7 +189,12 @@ class Engine:
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(
-            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
-            kv_blocks_free=bm.num_free_blocks, prefix_queried_tokens=bm.prefix_queried_tokens,
-            prefix_hit_tokens=bm.prefix_hit_tokens, preemptions=self.scheduler.num_preemptions)
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            prefix_queried_tokens=bm.prefix_queried_tokens,
+            prefix_hit_tokens=bm.prefix_hit_tokens,
+            preemptions=self.scheduler.num_preemptions,
+        )

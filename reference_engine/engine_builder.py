@@ -57,28 +57,52 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     _phase(setup, "resolve_model", t1 - t0, f"model {config.model} resolved")
     # what a comparison needs to check that backends were set up alike (adapters/reference.py reads it)
     eager = config.enforce_eager or device.type != "cuda"
-    log.info("engine config: model=%s, dtype=%s, max_model_len=%d, max_num_seqs=%d, "
-             "max_num_batched_tokens=%d, mixed_prefill_tokens=%s, block_size=%d, "
-             "enable_prefix_caching=%s, enforce_eager=%s, quantization=none, device=%s", config.model,
-             str(dtype).removeprefix("torch."), max_model_len, config.max_num_seqs,
-             config.max_num_batched_tokens,
-             config.mixed_prefill_tokens or f"shared ({config.mixed_prefill_share})",
-             config.block_size, config.enable_prefix_caching, eager, device)
+    log.info(
+        "engine config: model=%s, dtype=%s, max_model_len=%d, max_num_seqs=%d, "
+        "max_num_batched_tokens=%d, mixed_prefill_tokens=%s, block_size=%d, "
+        "enable_prefix_caching=%s, enforce_eager=%s, quantization=none, device=%s",
+        config.model,
+        str(dtype).removeprefix("torch."),
+        max_model_len,
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        config.mixed_prefill_tokens or f"shared ({config.mixed_prefill_share})",
+        config.block_size,
+        config.enable_prefix_caching,
+        eager,
+        device,
+    )
     torch.manual_seed(config.seed)
-    runner = ModelRunner(resolved, device, dtype, max_model_len, config.block_size, config.seed,
-                         config.kernels, config.cpu_linear)
+    runner = ModelRunner(
+        resolved,
+        device,
+        dtype,
+        max_model_len,
+        config.block_size,
+        config.seed,
+        config.kernels,
+        config.cpu_linear,
+    )
     setup.weights_bytes = runner.weights_bytes
     t2 = time.perf_counter()
-    _phase(setup, "load_weights", t2 - t1,
-           f"weights loaded: {setup.weights_bytes / 2**30:.3f} GiB, {dtype} on {device}")
+    _phase(
+        setup,
+        "load_weights",
+        t2 - t1,
+        f"weights loaded: {setup.weights_bytes / 2**30:.3f} GiB, {dtype} on {device}",
+    )
     num_blocks = kv_blocks(config, runner, device, max_model_len)
     runner.allocate_kv_cache(num_blocks)
     setup.num_kv_blocks = num_blocks
     setup.kv_cache_bytes = num_blocks * runner.kv_bytes_per_block()
     t3 = time.perf_counter()
-    _phase(setup, "allocate_kv_cache", t3 - t2,
-           f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens, "
-           f"{setup.kv_cache_bytes / 2**30:.3f} GiB")
+    _phase(
+        setup,
+        "allocate_kv_cache",
+        t3 - t2,
+        f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens, "
+        f"{setup.kv_cache_bytes / 2**30:.3f} GiB",
+    )
     if device.type == "cuda" and not config.enforce_eager:
         _capture_graphs(config, runner, setup)
     if config.warm_up if config.warm_up is not None else device.type == "cuda":
@@ -86,32 +110,44 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         steps = runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)
         _phase(setup, "warm_up", time.perf_counter() - t4, f"eager steps warmed up: {steps} step shapes")
     setup.device, setup.dtype = str(device), str(dtype).removeprefix("torch.")
-    built = BuiltEngine(config, device, dtype, spec, max_model_len, config.tokenizer or checkpoint, runner,
-                        num_blocks, setup)
+    built = BuiltEngine(
+        config, device, dtype, spec, max_model_len, config.tokenizer or checkpoint, runner, num_blocks, setup
+    )
     setup.phases["total"] = time.perf_counter() - t0
     return built
 
 
 def _capture_graphs(config: EngineConfig, runner: ModelRunner, setup: EngineStartup) -> None:
     """Decode graphs per batch-size bucket, then the pieces of steps that carry prompt tokens."""
-    report = runner.capture_cuda_graphs(config.max_num_seqs, config.cuda_graph_batch_sizes,
-                                        config.cuda_graph_context_bounds)
+    report = runner.capture_cuda_graphs(
+        config.max_num_seqs, config.cuda_graph_batch_sizes, config.cuda_graph_context_bounds
+    )
     setup.cuda_graph_buckets = sorted(report.seconds_per_bucket)
     setup.cuda_graph_warmup_seconds = report.warmup_seconds
     setup.cuda_graph_capture_seconds = dict(report.seconds_per_bucket)
     setup.cuda_graph_pool_bytes = report.pool_bytes
-    _phase(setup, "capture_cuda_graphs", report.total_seconds,
-           f"CUDA graphs captured: {len(report.seconds_per_bucket)} buckets "
-           f"{setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB")
-    log.info("CUDA graphs: first-use warm-up %.3f s, then per bucket %s; context bounds %s",
-             report.warmup_seconds,
-             ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()),
-             report.context_bounds)
+    _phase(
+        setup,
+        "capture_cuda_graphs",
+        report.total_seconds,
+        f"CUDA graphs captured: {len(report.seconds_per_bucket)} buckets "
+        f"{setup.cuda_graph_buckets}, pool {report.pool_bytes / 2**30:.3f} GiB",
+    )
+    log.info(
+        "CUDA graphs: first-use warm-up %.3f s, then per bucket %s; context bounds %s",
+        report.warmup_seconds,
+        ", ".join(f"{size}: {sec:.3f} s" for size, sec in report.seconds_per_bucket.items()),
+        report.context_bounds,
+    )
     mixed = runner.capture_mixed_graphs(config.max_num_batched_tokens, config.mixed_cuda_graph_sizes)
     setup.mixed_graph_sizes, setup.mixed_graph_pool_bytes = mixed.sizes, mixed.pool_bytes
-    _phase(setup, "capture_mixed_graphs", mixed.seconds,
-           f"CUDA graphs for steps with prompt tokens: {mixed.graphs} pieces over token counts "
-           f"{mixed.sizes}, pool {mixed.pool_bytes / 2**30:.3f} GiB")
+    _phase(
+        setup,
+        "capture_mixed_graphs",
+        mixed.seconds,
+        f"CUDA graphs for steps with prompt tokens: {mixed.graphs} pieces over token counts "
+        f"{mixed.sizes}, pool {mixed.pool_bytes / 2**30:.3f} GiB",
+    )
 
 
 def _phase(setup: EngineStartup, name: str, seconds: float, message: str) -> None:
@@ -128,8 +164,11 @@ def model_len(config: EngineConfig, spec: ModelSpec) -> int:
     if config.max_model_len is None:
         return min(limit, DEFAULT_MAX_MODEL_LEN)
     if config.max_model_len > limit:
-        why = "sliding-window attention is not implemented" if spec.sliding_window == limit else \
-            "the model's max_position_embeddings"
+        why = (
+            "sliding-window attention is not implemented"
+            if spec.sliding_window == limit
+            else "the model's max_position_embeddings"
+        )
         raise ValueError(f"max_model_len {config.max_model_len} exceeds {limit} ({why})")
     return config.max_model_len
 
@@ -148,8 +187,13 @@ def kv_blocks(config: EngineConfig, runner: ModelRunner, device: torch.device, m
         free, total = torch.cuda.mem_get_info(device)
         graphs_reserve = 0 if config.enforce_eager else 1024**3
         budget = int(total * config.gpu_memory_utilization - (total - free) - activations - graphs_reserve)
-        log.info("memory: %.2f GiB total, %.2f GiB in use, %.2f GiB peak activations -> KV budget %.2f GiB",
-                 total / 2**30, (total - free) / 2**30, activations / 2**30, budget / 2**30)
+        log.info(
+            "memory: %.2f GiB total, %.2f GiB in use, %.2f GiB peak activations -> KV budget %.2f GiB",
+            total / 2**30,
+            (total - free) / 2**30,
+            activations / 2**30,
+            budget / 2**30,
+        )
     else:
         full = -(-max_model_len // config.block_size) * config.max_num_seqs * per_block
         budget = min(full, DEFAULT_CPU_KV_BUDGET)

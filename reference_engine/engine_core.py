@@ -58,8 +58,13 @@ class CoreLink:
     results: Connection  # the core sends on it
 
 
-def run_engine_core(config: EngineConfig, pipes: list[tuple[Connection, Connection]], cpu_threads: int | None,
-                    log_level: str, log_format: str) -> None:
+def run_engine_core(
+    config: EngineConfig,
+    pipes: list[tuple[Connection, Connection]],
+    cpu_threads: int | None,
+    log_level: str,
+    log_format: str,
+) -> None:
     """The child process's entry point: build the engine, report ready to every front end, then serve commands
     until told to stop or the first front end goes away. `pipes`: (commands, results) per front end."""
     links = [CoreLink(commands, results) for commands, results in pipes]
@@ -179,8 +184,9 @@ class EngineCore:
             self.engine.abort(request_id)
         with contextlib.suppress(OSError):
             link.results.close()
-        (log.warning if mine else log.info)("front end %d went away; aborted its %d requests", index,
-                                            len(mine))
+        (log.warning if mine else log.info)(
+            "front end %d went away; aborted its %d requests", index, len(mine)
+        )
 
     def _route(self, outputs: list[RequestOutput]) -> dict[int, list[tuple]]:
         """Each output as a `CoreOutput` row, grouped by the front end that added its request."""
@@ -192,8 +198,9 @@ class EngineCore:
                 routed.setdefault(index, []).append(CoreOutput.row(out))
         return routed
 
-    def _report(self, routed: dict[int, list[tuple]], rejected: dict[int, list[tuple[str, str]]],
-                everyone: bool) -> None:
+    def _report(
+        self, routed: dict[int, list[tuple]], rejected: dict[int, list[tuple[str, str]]], everyone: bool
+    ) -> None:
         """Send each front end its part of this step, where it has one (or `everyone`), or where its view of
         the engine's counters is older than `STATS_EVERY_S`."""
         stats = self.engine.stats()
@@ -201,11 +208,17 @@ class EngineCore:
         for index, link in list(self.links.items()):
             outputs = routed.get(index, [])
             refused = rejected.get(index, [])
-            if not (everyone or outputs or refused or self.num_added[index] != self.reported_added[index]
-                    or now - self.last_report[index] >= STATS_EVERY_S):
+            if not (
+                everyone
+                or outputs
+                or refused
+                or self.num_added[index] != self.reported_added[index]
+                or now - self.last_report[index] >= STATS_EVERY_S
+            ):
                 continue
-            report = StepReport(outputs, stats, self.num_added[index], self.num_steps, self.step_seconds,
-                                refused)
+            report = StepReport(
+                outputs, stats, self.num_added[index], self.num_steps, self.step_seconds, refused
+            )
             try:
                 link.results.send(Step(report))
             except OSError:

@@ -72,16 +72,21 @@ class RequestLimits:
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
         if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
-                             "which leaves no room for an output token")
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
+                "which leaves no room for an output token"
+            )
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds max_model_len {self.max_model_len}")
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len {self.max_model_len}"
+            )
         need = -(-total // self.block_size)
         if need > self.num_kv_blocks:
-            raise ValueError(f"the request needs {need} KV blocks but the cache holds only "
-                             f"{self.num_kv_blocks}")
+            raise ValueError(
+                f"the request needs {need} KV blocks but the cache holds only {self.num_kv_blocks}"
+            )
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad_stop:
             raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad_stop[:5]}")
@@ -99,10 +104,17 @@ class EngineInfo:
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
-        limits = RequestLimits(engine.spec.vocab_size, engine.max_model_len, engine.block_size,
-                               engine.block_manager.num_blocks)
-        return cls(limits, engine.spec, engine.tokenizer_source, engine.device.type,
-                   engine.config.max_num_seqs, engine.setup)
+        limits = RequestLimits(
+            engine.spec.vocab_size, engine.max_model_len, engine.block_size, engine.block_manager.num_blocks
+        )
+        return cls(
+            limits,
+            engine.spec,
+            engine.tokenizer_source,
+            engine.device.type,
+            engine.config.max_num_seqs,
+            engine.setup,
+        )
 
     @property
     def max_model_len(self) -> int:

@@ -40,8 +40,12 @@ def freeze_startup_heap(process: str) -> Callable[[str, dict], None]:
         elif started:
             took = time.perf_counter() - started.pop()
             if took > SLOW_COLLECTION_S:
-                log.warning("%s: a full garbage collection took %.0f ms (%d objects collected)", process,
-                            took * 1000, info.get("collected", 0))
+                log.warning(
+                    "%s: a full garbage collection took %.0f ms (%d objects collected)",
+                    process,
+                    took * 1000,
+                    info.get("collected", 0),
+                )
 
     gc.callbacks.append(watch)
     return watch

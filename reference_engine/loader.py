@@ -34,7 +34,7 @@ class ResolvedModel:
 def resolve_model(name: str) -> ResolvedModel:
     """`random:<shape>`, a built-in name, a local checkpoint directory, or a hub id (network permitting)."""
     if name.startswith(RANDOM_PREFIX):
-        return ResolvedModel(name, named_shape(name[len(RANDOM_PREFIX):]), None)
+        return ResolvedModel(name, named_shape(name[len(RANDOM_PREFIX) :]), None)
     if name in BUILTIN_MODELS:
         path = builtin_checkpoint(name)
         return ResolvedModel(name, read_spec(path), path)
@@ -44,7 +44,8 @@ def resolve_model(name: str) -> ResolvedModel:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise FileNotFoundError(
             f"model {name!r} is neither a checkpoint directory, a hub id (org/name), a built-in "
-            f"({', '.join(BUILTIN_MODELS)}) nor random:<shape>")
+            f"({', '.join(BUILTIN_MODELS)}) nor random:<shape>"
+        )
     path = _download(name)
     return ResolvedModel(name, read_spec(path), path)
 
@@ -53,8 +54,11 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=[
-            "*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.model"]))
+        return Path(
+            snapshot_download(
+                repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.model"]
+            )
+        )
     except Exception as exc:  # the hub raises many kinds: offline, gated, missing
         raise FileNotFoundError(f"could not fetch {repo_id!r} from the Hugging Face hub: {exc}") from exc
 
@@ -62,9 +66,16 @@ def _download(repo_id: str) -> Path:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-             "fp16": torch.float16, "half": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+    }
     if dtype not in table:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return table[dtype]
@@ -73,10 +84,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def _checkpoint_parts(spec: ModelSpec, ours: str) -> list[tuple[str, slice]]:
     """The Hugging Face tensors that make up one of our parameters, and the rows each fills."""
     kv = spec.num_kv_heads * spec.head_dim
-    fused = {"self_attn.qkv_proj": [("self_attn.q_proj", spec.num_heads * spec.head_dim),
-                                    ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
-             "mlp.gate_up_proj": [("mlp.gate_proj", spec.intermediate_size),
-                                  ("mlp.up_proj", spec.intermediate_size)]}
+    fused = {
+        "self_attn.qkv_proj": [
+            ("self_attn.q_proj", spec.num_heads * spec.head_dim),
+            ("self_attn.k_proj", kv),
+            ("self_attn.v_proj", kv),
+        ],
+        "mlp.gate_up_proj": [
+            ("mlp.gate_proj", spec.intermediate_size),
+            ("mlp.up_proj", spec.intermediate_size),
+        ],
+    }
     hf = ours if ours.startswith("lm_head") else "model." + ours
     for fused_name, parts in fused.items():
         if fused_name in hf:
@@ -109,9 +127,18 @@ def load_checkpoint_weights(model: LlamaModel, checkpoint: Path) -> None:
         raise ValueError(f"{checkpoint} lacks {len(missing)} tensors, e.g. {', '.join(missing[:4])}")
 
 
-SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-                      "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-                      "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the mapping is read-only
 
 
@@ -202,8 +229,9 @@ def allocate_empty(model: torch.nn.Module, device: torch.device) -> None:
             setattr(module, name, made[id(buffer)])
 
 
-def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dtype: torch.dtype,
-                ops, seed: int = 0) -> LlamaModel:
+def build_model(
+    resolved: ResolvedModel, max_len: int, device: torch.device, dtype: torch.dtype, ops, seed: int = 0
+) -> LlamaModel:
     """Allocate the model straight on its device in its dtype (no CPU copy, no float32 copy first) and fill
     its weights. Logs the two parts' times: allocation (which pays for CUDA's start) and filling."""
     start = time.perf_counter()
@@ -220,7 +248,12 @@ def build_model(resolved: ResolvedModel, max_len: int, device: torch.device, dty
         torch.cuda.synchronize(device)
     filled = time.perf_counter()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    log.info("model allocated on %s in %.3f s; weights filled (%s) in %.3f s, %.2f GB/s", device,
-             allocated - start, "checkpoint" if resolved.checkpoint else "random",
-             filled - allocated, size / max(filled - allocated, 1e-9) / 1e9)
+    log.info(
+        "model allocated on %s in %.3f s; weights filled (%s) in %.3f s, %.2f GB/s",
+        device,
+        allocated - start,
+        "checkpoint" if resolved.checkpoint else "random",
+        filled - allocated,
+        size / max(filled - allocated, 1e-9) / 1e9,
+    )
     return model.eval().requires_grad_(False)

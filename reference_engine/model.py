@@ -24,8 +24,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Normalise x; with `residual`, first add it and also return the sum (the next residual)."""
         if residual is None:
             return self.ops.rms_norm(x, self.weight, self.eps)
@@ -70,7 +71,6 @@ class RotaryEmbedding(nn.Module):
         self.cos, self.sin = emb.cos(), emb.sin()
 
 
-
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, ops: Ops) -> None:
         super().__init__()
@@ -88,9 +88,18 @@ class Attention(nn.Module):
     def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """Project, rotate q and k, store k and v at each token's cache slot; returns q [T, heads, dim]."""
         rotary = self.rotary
-        return self.ops.project_rope_and_write_kv(self.qkv_proj, x, positions, rotary.cos, rotary.sin,
-                                                  self.k_cache, self.v_cache, slot_mapping, self.num_heads,
-                                                  self.num_kv_heads)
+        return self.ops.project_rope_and_write_kv(
+            self.qkv_proj,
+            x,
+            positions,
+            rotary.cos,
+            rotary.sin,
+            self.k_cache,
+            self.v_cache,
+            slot_mapping,
+            self.num_heads,
+            self.num_kv_heads,
+        )
 
     def attend(self, q: torch.Tensor, batch: AttentionBatch, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every query over its whole context, read from the cache (where `project` just wrote)."""
@@ -129,8 +138,9 @@ class LlamaModel(nn.Module):
         self.ops = ops
         # given an empty weight, as every parameter here is filled by the loader: nn.Embedding's own init
         # draws normal_, whose meta-device kernel imports sympy (1.2 s of start-up) when built on meta
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size,
-                                         _weight=torch.empty(spec.vocab_size, spec.hidden_size))
+        self.embed_tokens = nn.Embedding(
+            spec.vocab_size, spec.hidden_size, _weight=torch.empty(spec.vocab_size, spec.hidden_size)
+        )
         self.rotary = RotaryEmbedding(spec, max_len)
         self.layers = nn.ModuleList(DecoderLayer(spec, self.rotary, ops) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
@@ -138,29 +148,38 @@ class LlamaModel(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
-                ) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
         """Hidden states after the final norm: the pieces in order, each layer's attention between two."""
         self.ops.begin_step()
         out, residual = self.first_piece(input_ids, positions, batch.slot_mapping)
         for index, layer in enumerate(self.layers, start=1):
-            out, residual = self.piece(index, layer.self_attn.attend(out, batch), residual, positions,
-                                       batch.slot_mapping)
+            out, residual = self.piece(
+                index, layer.self_attn.attend(out, batch), residual, positions, batch.slot_mapping
+            )
         return out
 
     # The forward pass in the pieces that lie between attention calls. Nothing in a piece depends on how
     # the tokens divide into sequences, only on their number, so a CUDA graph of each piece serves any step
     # of that many tokens; attention, which reads the step's paging, runs between them (piecewise_graphs.py).
 
-    def first_piece(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def first_piece(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The embedding, then the first layer up to its attention: (q, residual)."""
         x = self.embed_tokens(input_ids)
         layer = self.layers[0]
         return layer.self_attn.project(positions, layer.input_layernorm(x), slot_mapping), x
 
-    def piece(self, index: int, attended: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
-              slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def piece(
+        self,
+        index: int,
+        attended: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """From layer index-1's attention output to layer index's attention input: the o projection, the
         residual add and norm, the MLP, then the next layer's norm and q/k/v (its q returned with the
         residual); after the last layer, the final norm (the hidden states returned instead of q)."""

@@ -45,12 +45,14 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
-                f"({self.num_kv_heads})")
+                f"({self.num_kv_heads})"
+            )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(
                 f"rope scaling type {rope_type!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
 
     def num_parameters(self) -> int:
         """Parameter count, to size memory and the bandwidth roofline."""
@@ -92,7 +94,8 @@ def spec_from_hf_config(cfg: dict[str, Any], generation_cfg: dict[str, Any] | No
     if arch is None:
         named = ", ".join(archs) or f"model_type={cfg.get('model_type')!r}"
         raise UnsupportedModelError(
-            f"unsupported architecture {named}; this engine serves {', '.join(SUPPORTED_ARCHITECTURES)}")
+            f"unsupported architecture {named}; this engine serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"unsupported activation {cfg.get('hidden_act')!r} (only silu)")
     num_heads = int(cfg["num_attention_heads"])
@@ -131,46 +134,141 @@ def spec_from_hf_config(cfg: dict[str, Any], generation_cfg: dict[str, Any] | No
 def read_spec(checkpoint_dir: Path) -> ModelSpec:
     config_path = checkpoint_dir / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{checkpoint_dir} has no config.json; "
-                                "is it a Hugging Face checkpoint directory?")
+        raise FileNotFoundError(
+            f"{checkpoint_dir} has no config.json; is it a Hugging Face checkpoint directory?"
+        )
     cfg = json.loads(config_path.read_text())
     gen_path = checkpoint_dir / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.is_file() else None
     return spec_from_hf_config(cfg, gen)
 
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # Shapes for random-weight runs: latency does not depend on the weights' values, only on these numbers.
 NAMED_SHAPES: dict[str, ModelSpec] = {
-    "tiny": ModelSpec("llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,)),
-    "smollm2-135m": ModelSpec("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                              num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                              max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
-                              eos_token_ids=(2,)),
-    "llama-3.2-1b": ModelSpec("llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                              num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
-                              rope_scaling=_LLAMA3_ROPE, max_position_embeddings=131072,
-                              tie_word_embeddings=True, bos_token_id=128000, eos_token_ids=(128001,)),
-    "llama-3-8b": ModelSpec("llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                            num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                            max_position_embeddings=8192, bos_token_id=128000, eos_token_ids=(128001,)),
-    "llama-2-7b": ModelSpec("llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                            num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
-                            max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,)),
-    "llama-2-13b": ModelSpec("llama", vocab_size=32000, hidden_size=5120, intermediate_size=13824,
-                             num_layers=40, num_heads=40, num_kv_heads=40, head_dim=128,
-                             max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,)),
-    "mistral-7b": ModelSpec("mistral", vocab_size=32768, hidden_size=4096, intermediate_size=14336,
-                            num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1000000.0,
-                            max_position_embeddings=32768, bos_token_id=1, eos_token_ids=(2,)),
-    "qwen2.5-0.5b": ModelSpec("qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                              num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6,
-                              rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True,
-                              qkv_bias=True, bos_token_id=None, eos_token_ids=(151645, 151643)),
+    "tiny": ModelSpec(
+        "llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "smollm2-135m": ModelSpec(
+        "llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "llama-3.2-1b": ModelSpec(
+        "llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        bos_token_id=128000,
+        eos_token_ids=(128001,),
+    ),
+    "llama-3-8b": ModelSpec(
+        "llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        bos_token_id=128000,
+        eos_token_ids=(128001,),
+    ),
+    "llama-2-7b": ModelSpec(
+        "llama",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "llama-2-13b": ModelSpec(
+        "llama",
+        vocab_size=32000,
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_layers=40,
+        num_heads=40,
+        num_kv_heads=40,
+        head_dim=128,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "mistral-7b": ModelSpec(
+        "mistral",
+        vocab_size=32768,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "qwen2.5-0.5b": ModelSpec(
+        "qwen2",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        bos_token_id=None,
+        eos_token_ids=(151645, 151643),
+    ),
 }
 
 

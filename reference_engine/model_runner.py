@@ -66,15 +66,16 @@ def step_inputs(items: list[tuple[Sequence, int]], block_size: int) -> StepInput
     step = StepInputs()
     for seq, n in ordered:
         start = seq.num_computed_tokens
-        last = step.add(seq.token_ids[start:start + n], start, seq.block_table, block_size)
+        last = step.add(seq.token_ids[start : start + n], start, seq.block_table, block_size)
         if start + n == len(seq):
             step.sample_rows.append(last)
             step.sample_seqs.append(seq)
     return step
 
 
-def lookahead_inputs(seqs: list[Sequence], block_size: int,
-                     admitted: list[tuple[Sequence, int]] | None = None) -> StepInputs:
+def lookahead_inputs(
+    seqs: list[Sequence], block_size: int, admitted: list[tuple[Sequence, int]] | None = None
+) -> StepInputs:
     """A decode step for sequences whose next token is still being sampled on the device: each feeds the
     token at position `num_computed_tokens`, whose id the device fills in (overlapped decode); positions,
     slots and block tables do not depend on it. `admitted`: requests admitted beside them with their number
@@ -93,7 +94,7 @@ def lookahead_inputs(seqs: list[Sequence], block_size: int,
         step.sample_seqs.append(seq)
     for seq, n in sorted(admitted or [], key=lambda item: item[1] > 1):
         start = seq.num_computed_tokens
-        last = step.add(seq.token_ids[start:start + n], start, seq.block_table, bs)
+        last = step.add(seq.token_ids[start : start + n], start, seq.block_table, bs)
         if start + n == len(seq):
             step.sample_rows.append(last)
             step.sample_seqs.append(seq)
@@ -101,8 +102,17 @@ def lookahead_inputs(seqs: list[Sequence], block_size: int,
 
 
 class ModelRunner:
-    def __init__(self, resolved: ResolvedModel, device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 block_size: int, seed: int, kernels: str = "auto", cpu_linear: str = "onednn") -> None:
+    def __init__(
+        self,
+        resolved: ResolvedModel,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        block_size: int,
+        seed: int,
+        kernels: str = "auto",
+        cpu_linear: str = "onednn",
+    ) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.max_model_len = max_model_len
         self.spec = resolved.spec
@@ -158,8 +168,9 @@ class ModelRunner:
             offset = len(step.input_ids)
             step.input_ids.extend([1] * n)
             step.positions.extend(range(n))
-            step.slots.extend(table[p // self.block_size] * self.block_size + p % self.block_size
-                              for p in range(n))
+            step.slots.extend(
+                table[p // self.block_size] * self.block_size + p % self.block_size for p in range(n)
+            )
             step.prefills.append((offset, n, n, table))
             step.sample_rows.append(offset + n - 1)
             first += nb
@@ -219,18 +230,22 @@ class ModelRunner:
         step = StepInputs()
         for start, n in [(context - 1, 1)] * decodes + prefills:
             table = list(range(-(-(start + n) // bs)))
-            step.sample_rows.append(step.add(torch.randint(self.spec.vocab_size, (n,)).tolist(), start, table,
-                                             bs))
+            step.sample_rows.append(
+                step.add(torch.randint(self.spec.vocab_size, (n,)).tolist(), start, table, bs)
+            )
         return step
 
-    def capture_cuda_graphs(self, max_num_seqs: int, sizes: list[int] | None = None,
-                            context_bounds: list[int] | None = None) -> CaptureReport:
-        self.graphs = CUDAGraphRunner(self.model, self.max_model_len, self.block_size, self.device,
-                                      context_bounds)
+    def capture_cuda_graphs(
+        self, max_num_seqs: int, sizes: list[int] | None = None, context_bounds: list[int] | None = None
+    ) -> CaptureReport:
+        self.graphs = CUDAGraphRunner(
+            self.model, self.max_model_len, self.block_size, self.device, context_bounds
+        )
         return self.graphs.capture(graph_batch_sizes(max_num_seqs, sizes))
 
-    def capture_mixed_graphs(self, max_num_batched_tokens: int, sizes: list[int] | None = None
-                             ) -> PiecewiseReport:
+    def capture_mixed_graphs(
+        self, max_num_batched_tokens: int, sizes: list[int] | None = None
+    ) -> PiecewiseReport:
         """Graphs of the pieces between attention calls, for steps that carry prompt tokens."""
         chosen = mixed_graph_sizes(max_num_batched_tokens, sizes)
         if not chosen:
@@ -248,21 +263,28 @@ class ModelRunner:
         first k rows (decodes queued behind the step in flight), which of them is its input, so that the host
         need not wait for them; the other rows' ids are the step's own."""
         if self.graphs is not None and not step.prefills and self.graphs.bucket_for(len(step.input_ids)):
-            logits = self.graphs.run(step.input_ids, step.positions, step.slots, step.decode_tables,
-                                     step.decode_lens, gather)
+            logits = self.graphs.run(
+                step.input_ids, step.positions, step.slots, step.decode_tables, step.decode_lens, gather
+            )
             rows = step.sample_rows
             if len(rows) < logits.shape[0]:
                 logits = logits[to_device(rows, self.device, torch.long)]
             return logits
         if self.mixed_graphs is not None and self.mixed_graphs.bucket_for(len(step.input_ids)):
-            hidden = self.mixed_graphs.run(step.input_ids, step.positions, step.slots,
-                                           lambda slots: self.attention_batch(step, slots), gather)
+            hidden = self.mixed_graphs.run(
+                step.input_ids,
+                step.positions,
+                step.slots,
+                lambda slots: self.attention_batch(step, slots),
+                gather,
+            )
             return self._sampled_logits(hidden, step.sample_rows)
         gathered = gather[1] if gather is not None else []
         input_ids, positions, slots, sample_rows, gather_rows = lists_to_device(
-            [step.input_ids, step.positions, step.slots, step.sample_rows, gathered], self.device, torch.long)
+            [step.input_ids, step.positions, step.slots, step.sample_rows, gathered], self.device, torch.long
+        )
         if gather is not None:
-            input_ids[:len(gathered)] = gather[0].index_select(0, gather_rows)
+            input_ids[: len(gathered)] = gather[0].index_select(0, gather_rows)
         hidden = self.model(input_ids, positions, self.attention_batch(step, slots))
         return self._sampled_logits(hidden, sample_rows)
 
@@ -283,21 +305,36 @@ class ModelRunner:
         if step.prefills and tile_tokens is not None:  # the ops attend every chunk in one launch
             chunks, prefill_tables, tiles, prefill_width = prefill_batch_lists(step.prefills, tile_tokens)
             tables, decode_lens, chunks, prefill_tables, tiles = lists_to_device(
-                [tables, step.decode_lens, chunks, prefill_tables, tiles], dev, torch.int32)
+                [tables, step.decode_lens, chunks, prefill_tables, tiles], dev, torch.int32
+            )
             prefill_tables = prefill_tables.view(len(step.prefills), prefill_width)
             batch = AttentionBatch(
-                slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
-                prefills=[PrefillChunk(start, n, ctx, prefill_tables[i, :len(table)])
-                          for i, (start, n, ctx, table) in enumerate(step.prefills)],
-                prefill_batch=PrefillBatch(chunks.view(-1, 3), prefill_tables, tiles.view(-1, 2),
-                                           max(ctx for _, _, ctx, _ in step.prefills)))
+                slot_mapping=slot_mapping,
+                num_decode=len(step.decode_lens),
+                prefills=[
+                    PrefillChunk(start, n, ctx, prefill_tables[i, : len(table)])
+                    for i, (start, n, ctx, table) in enumerate(step.prefills)
+                ],
+                prefill_batch=PrefillBatch(
+                    chunks.view(-1, 3),
+                    prefill_tables,
+                    tiles.view(-1, 2),
+                    max(ctx for _, _, ctx, _ in step.prefills),
+                ),
+            )
         else:
             prefill_tables = [table for _, _, _, table in step.prefills]
             tables, decode_lens, *prefill_tables = lists_to_device(
-                [tables, step.decode_lens, *prefill_tables], dev, torch.int32)
-            batch = AttentionBatch(slot_mapping=slot_mapping, num_decode=len(step.decode_lens),
-                                   prefills=[PrefillChunk(start, n, ctx, table) for (start, n, ctx, _), table
-                                             in zip(step.prefills, prefill_tables, strict=True)])
+                [tables, step.decode_lens, *prefill_tables], dev, torch.int32
+            )
+            batch = AttentionBatch(
+                slot_mapping=slot_mapping,
+                num_decode=len(step.decode_lens),
+                prefills=[
+                    PrefillChunk(start, n, ctx, table)
+                    for (start, n, ctx, _), table in zip(step.prefills, prefill_tables, strict=True)
+                ],
+            )
         if step.decode_lens:
             batch.decode_block_tables = tables.view(len(step.decode_tables), width)
             batch.decode_context_lens = decode_lens

@@ -96,8 +96,7 @@ class OverlappedSteps:
 
     def _ends_by_length(self, seq: Sequence) -> bool:
         """Whether the token now being sampled for `seq` is certainly its last, whatever its value."""
-        return (seq.num_output_tokens + 1 >= seq.params.max_tokens
-                or len(seq) + 1 >= self.engine.max_model_len)
+        return seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= self.engine.max_model_len
 
     def _next_rows(self, flight: InFlightStep) -> list[tuple[int, Sequence]]:
         """The decode rows of the step after `flight` (its row in `flight`, sequence) when that step can be
@@ -136,8 +135,9 @@ class OverlappedSteps:
         pending = [1] * len(seqs) + [0] * (len(step.sample_seqs) - len(seqs))
         return self._sample(step.sample_seqs, logits, pending)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, pending: list[int] | None = None
-                ) -> InFlightStep:
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, pending: list[int] | None = None
+    ) -> InFlightStep:
         """Sample on the device and start the copy of the tokens to the host, without waiting for either."""
         sampler = self.engine.sampler
         tokens = sampler.choose(logits, seqs, pending)

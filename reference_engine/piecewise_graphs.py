@@ -72,7 +72,7 @@ class PiecewiseGraphRunner:
 
     def inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The bucket's token ids, positions and cache slots."""
-        ids, positions, slots = self.flat_inputs[:3 * size].view(3, size).unbind(0)
+        ids, positions, slots = self.flat_inputs[: 3 * size].view(3, size).unbind(0)
         return ids, positions, slots
 
     def run_piece(self, size: int, index: int) -> None:
@@ -133,9 +133,14 @@ class PiecewiseGraphRunner:
         """The smallest captured bucket holding num_tokens (None: run eagerly)."""
         return next((size for size in self.sizes if size >= num_tokens and size in self.graphs), None)
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int],
-            batch_for: Callable[[torch.Tensor], AttentionBatch],
-            gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        batch_for: Callable[[torch.Tensor], AttentionBatch],
+        gather: tuple[torch.Tensor, list[int]] | None = None,
+    ) -> torch.Tensor:
         """Hidden states [n, hidden] of a step of n tokens (a view, valid until the next replay):
         `batch_for(slot_mapping)` gives its attention batch (the rows' paging), built once for every
         layer. With `gather` (tokens on the device, and a row of them for each of the first k input rows),
@@ -145,12 +150,15 @@ class PiecewiseGraphRunner:
         size = self.bucket_for(n)
         assert size is not None, f"no piecewise bucket holds {n} tokens"
         pad = size - n
-        host = torch.tensor([*input_ids, *[0] * pad, *positions, *[0] * pad, *slots, *[-1] * pad],
-                            dtype=torch.long, pin_memory=self.device.type == "cuda")
-        self.flat_inputs[:3 * size].copy_(host, non_blocking=True)  # pinned: the caching allocator waits
+        host = torch.tensor(
+            [*input_ids, *[0] * pad, *positions, *[0] * pad, *slots, *[-1] * pad],
+            dtype=torch.long,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.flat_inputs[: 3 * size].copy_(host, non_blocking=True)  # pinned: the caching allocator waits
         if gather is not None:
             rows = to_device(gather[1], self.device, torch.long)
-            torch.index_select(gather[0], 0, rows, out=self.inputs(size)[0][:len(gather[1])])
+            torch.index_select(gather[0], 0, rows, out=self.inputs(size)[0][: len(gather[1])])
         batch = batch_for(self.inputs(size)[2][:n])
         graphs = self.graphs[size]
         graphs[0].replay()

@@ -40,15 +40,19 @@ class Sampler:
         picked = chosen.index_select(0, index)
         return logits.index_select(0, index).log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)
 
-    def choose(self, logits: torch.Tensor, seqs: list[Sequence], pending: list[int] | None = None
-               ) -> torch.Tensor:
+    def choose(
+        self, logits: torch.Tensor, seqs: list[Sequence], pending: list[int] | None = None
+    ) -> torch.Tensor:
         """The chosen tokens as a tensor on the logits' device, so that a caller can use them there
         without waiting for the device (overlapped decode feeds them to the next step). `pending`: per row,
         tokens already chosen but not yet appended to its sequence (1 for a decode queued behind the step in
         flight), so that min_tokens bans stop tokens up to the right position."""
         pending = pending or [0] * len(seqs)
-        bans = [(row, banned) for row, (seq, ahead) in enumerate(zip(seqs, pending, strict=True))
-                if seq.num_output_tokens + ahead < seq.params.min_tokens and (banned := self.stop_ids(seq))]
+        bans = [
+            (row, banned)
+            for row, (seq, ahead) in enumerate(zip(seqs, pending, strict=True))
+            if seq.num_output_tokens + ahead < seq.params.min_tokens and (banned := self.stop_ids(seq))
+        ]
         if bans:
             logits = logits.clone()  # the caller's logits stay raw, for logprobs
             for row, banned in bans:
@@ -72,8 +76,11 @@ class Sampler:
             logits = _top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         shared = [i for i, s in enumerate(seqs) if s.generator is None]
-        draws = torch.empty(len(shared), probs.shape[1], device=device).exponential_(
-            generator=self.generator) if shared else None
+        draws = (
+            torch.empty(len(shared), probs.shape[1], device=device).exponential_(generator=self.generator)
+            if shared
+            else None
+        )
         if len(shared) == len(seqs):
             q = draws
         else:
@@ -98,4 +105,3 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-

@@ -18,8 +18,14 @@ class Status(enum.Enum):
 class Sequence:
     """Tokens so far, the KV blocks that hold them, and how far the cache has computed them."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival: int, generator: torch.Generator | None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival: int,
+        generator: torch.Generator | None,
+    ) -> None:
         self.request_id = request_id
         self.prompt_len = len(prompt_token_ids)
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then every generated token
@@ -40,7 +46,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+        return self.token_ids[self.prompt_len :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -77,7 +83,7 @@ class RequestOutput:
         self.finish_reason: str | None = seq.finish_reason  # "stop" (EOS or stop token), "length", "abort"
         self.num_cached_tokens = seq.num_cached_prompt_tokens
         n = len(new_token_ids)
-        self.new_logprobs = seq.logprobs[len(seq.logprobs) - n:] if seq.params.logprobs else None
+        self.new_logprobs = seq.logprobs[len(seq.logprobs) - n :] if seq.params.logprobs else None
 
     @classmethod
     def of(cls, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
@@ -85,13 +91,15 @@ class RequestOutput:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self._seq.token_ids[:self._seq.prompt_len]
+        return self._seq.token_ids[: self._seq.prompt_len]
 
     @property
     def token_ids(self) -> list[int]:
         """Generated tokens so far."""
-        return self._seq.token_ids[self._seq.prompt_len:self._length]
+        return self._seq.token_ids[self._seq.prompt_len : self._length]
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
-                f"finished={self.finished}, finish_reason={self.finish_reason!r})")
+        return (
+            f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
+            f"finished={self.finished}, finish_reason={self.finish_reason!r})"
+        )

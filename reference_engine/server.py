@@ -26,8 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_process:
         # A bad setting raises here and again as the server starts, which reports it as any start-up error.
         with contextlib.suppress(ValueError):
-            core = start_engine_core(engine_config(args), args.cpu_threads, args.log_level.upper(),
-                                     LOG_FORMAT, args.api_server_count)
+            core = start_engine_core(
+                engine_config(args),
+                args.cpu_threads,
+                args.log_level.upper(),
+                LOG_FORMAT,
+                args.api_server_count,
+            )
             extra = ExtraFrontends(args, core.links[1:]) if args.api_server_count > 1 else None
     from reference_engine.serving.server import log_start, run
 

@@ -17,8 +17,9 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded: an en
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 
-def load_tokenizer(checkpoint: Path | None, spec: ModelSpec, override: str | None = None
-                   ) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    checkpoint: Path | None, spec: ModelSpec, override: str | None = None
+) -> PreTrainedTokenizerBase:
     source = override or (str(checkpoint) if checkpoint is not None else None)
     if source is None:
         return synthetic_tokenizer(spec)
@@ -61,10 +62,13 @@ def plain_fast_tokenizer(source: str) -> bool:
         model_config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     except (OSError, ValueError):
         return False
-    return ((folder / "tokenizer.json").is_file()
-            and tokenizer_config.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES
-            and "auto_map" not in tokenizer_config and "auto_map" not in model_config
-            and model_config.get("model_type", "llama") in PLAIN_TOKENIZER_MODEL_TYPES)
+    return (
+        (folder / "tokenizer.json").is_file()
+        and tokenizer_config.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES
+        and "auto_map" not in tokenizer_config
+        and "auto_map" not in model_config
+        and model_config.get("model_type", "llama") in PLAIN_TOKENIZER_MODEL_TYPES
+    )
 
 
 def synthetic_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerFast:

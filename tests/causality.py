@@ -20,8 +20,9 @@ from workloads.records import RequestRecord
 CLOCK_TOLERANCE_S = 2e-4
 
 
-def stamped_before_sent(record: RequestRecord, entry: dict[str, Any],
-                        tolerance_s: float = CLOCK_TOLERANCE_S) -> list[tuple[int, float]]:
+def stamped_before_sent(
+    record: RequestRecord, entry: dict[str, Any], tolerance_s: float = CLOCK_TOLERANCE_S
+) -> list[tuple[int, float]]:
     """(event index, seconds early) of each event whose client time precedes the scripted server's write of
     the oldest data that can have come in the same socket read. Events sharing one client time came in one
     read; the first event's read may also have carried the response head (written after `headers_s`). The

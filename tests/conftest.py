@@ -47,8 +47,16 @@ def tiny_server(llama_dir, tmp_path_factory):
     """Our server on the tiny Llama checkpoint (short context, so length limits are easy to hit)."""
     from servers import reference_server
 
-    with reference_server(str(llama_dir), tmp_path_factory.mktemp("logs"), "--max-model-len", "256",
-                          "--max-num-seqs", "32", "--max-body-bytes", "65536") as server:
+    with reference_server(
+        str(llama_dir),
+        tmp_path_factory.mktemp("logs"),
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "32",
+        "--max-body-bytes",
+        "65536",
+    ) as server:
         yield server
 
 
@@ -56,8 +64,16 @@ def tiny_server(llama_dir, tmp_path_factory):
 def smollm2_server(smollm2_dir, tmp_path_factory):
     from servers import reference_server
 
-    with reference_server(str(smollm2_dir), tmp_path_factory.mktemp("logs"), "--max-model-len", "1024",
-                          "--served-model-name", "smollm2", "--num-kv-blocks", "512") as server:
+    with reference_server(
+        str(smollm2_dir),
+        tmp_path_factory.mktemp("logs"),
+        "--max-model-len",
+        "1024",
+        "--served-model-name",
+        "smollm2",
+        "--num-kv-blocks",
+        "512",
+    ) as server:
         yield server
 
 
@@ -91,10 +107,12 @@ def docker_client():
     """The Docker-compatible API at DOCKER_HOST: in CI, podman's (`.ci/setup_podman.sh RUN_DIR`)."""
     host = os.environ.get("DOCKER_HOST")
     if not host:
-        pytest.skip("DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it "
-                    "prints")
-    docker = pytest.importorskip("docker",
-                                 reason="the docker SDK is not installed (`pip install -e '.[docker]'`)")
+        pytest.skip(
+            "DOCKER_HOST is not set: run `.ci/setup_podman.sh RUN_DIR` and export the DOCKER_HOST it prints"
+        )
+    docker = pytest.importorskip(
+        "docker", reason="the docker SDK is not installed (`pip install -e '.[docker]'`)"
+    )
     try:
         client = docker.DockerClient(base_url=host, timeout=900)
         client.ping()

@@ -126,24 +126,40 @@ def _app(slots: int, service_s: float, distribution: str, seed: int):
                 delay = start + first + k * gap - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": k + 1,
-                         "total_tokens": prompt_tokens + k + 1}
-                chunk = {"id": "cmpl-known", "object": "text_completion", "created": int(time.time()),
-                         "model": MODEL, "usage": usage,
-                         "choices": [{"index": 0, "text": " token",
-                                      "finish_reason": "length" if k == n_out - 1 else None}]}
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": k + 1,
+                    "total_tokens": prompt_tokens + k + 1,
+                }
+                chunk = {
+                    "id": "cmpl-known",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": MODEL,
+                    "usage": usage,
+                    "choices": [
+                        {"index": 0, "text": " token", "finish_reason": "length" if k == n_out - 1 else None}
+                    ],
+                }
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         finally:
             gate.give()  # the slot frees with the last token, as a server's sequence slot does
-        final = {"id": "cmpl-known", "object": "text_completion", "created": int(time.time()), "model": MODEL,
-                 "choices": [], "usage": usage}
+        final = {
+            "id": "cmpl-known",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": MODEL,
+            "choices": [],
+            "usage": usage,
+        }
         await response.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()
         return response
 
     app = web.Application()
-    app.add_routes([web.get("/health", health), web.get("/v1/models", models),
-                    web.post("/v1/completions", completions)])
+    app.add_routes(
+        [web.get("/health", health), web.get("/v1/models", models), web.post("/v1/completions", completions)]
+    )
     return app
 
 
@@ -163,12 +179,24 @@ async def _serve(slots: int, service_s: float, distribution: str, seed: int, lif
 
 
 @contextmanager
-def known_server(slots: int, service_s: float, distribution: str = "constant", seed: int = 0,
-                 lifetime_s: float = 600.0) -> Iterator[KnownServer]:
+def known_server(
+    slots: int, service_s: float, distribution: str = "constant", seed: int = 0, lifetime_s: float = 600.0
+) -> Iterator[KnownServer]:
     """Start the server in a subprocess on a free loopback port; always stopped on exit."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--slots", str(slots),
-           "--service-s", str(service_s), "--distribution", distribution, "--seed", str(seed),
-           "--lifetime-s", str(lifetime_s)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--slots",
+        str(slots),
+        "--service-s",
+        str(service_s),
+        "--distribution",
+        distribution,
+        "--seed",
+        str(seed),
+        "--lifetime-s",
+        str(lifetime_s),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
@@ -190,8 +218,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--service-s", type=float, required=True)
-    parser.add_argument("--distribution", default="constant",
-                        choices=("constant", "exponential", "lognormal"))
+    parser.add_argument(
+        "--distribution", default="constant", choices=("constant", "exponential", "lognormal")
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lifetime-s", type=float, default=600.0)
     args = parser.parse_args()

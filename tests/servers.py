@@ -26,8 +26,13 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -79,8 +84,9 @@ def vllm_spec(vllm: str, checkpoint: str, port: int, run_dir: Path):
     from adapters.launch_spec import ModelSource, Variant
     from adapters.vllm import VLLMCompletionsAdapter
 
-    return VLLMCompletionsAdapter.launch_spec(ModelSource(checkpoint, checkpoint), Variant(), port,
-                                              workdir=run_dir, gpu=False, executable=vllm)
+    return VLLMCompletionsAdapter.launch_spec(
+        ModelSource(checkpoint, checkpoint), Variant(), port, workdir=run_dir, gpu=False, executable=vllm
+    )
 
 
 def vllm_server_cmd(vllm: str, checkpoint: str, port: int, *extra: str) -> list[str]:
@@ -100,12 +106,17 @@ def vllm_server(vllm: str, checkpoint: str, run_dir: Path, *extra: str):
     """A live vLLM server. Healthy is not enough (an unsupported shape fails only at the first request), so
     one short completion must succeed before the server is handed out."""
     port = free_port()
-    server = ServerProcess(vllm_server_cmd(vllm, checkpoint, port, *extra), port,
-                           run_dir / f"vllm-{port}.log", env=vllm_env(run_dir))
+    server = ServerProcess(
+        vllm_server_cmd(vllm, checkpoint, port, *extra),
+        port,
+        run_dir / f"vllm-{port}.log",
+        env=vllm_env(run_dir),
+    )
     try:
         server.wait_healthy(timeout=400)
-        resp = requests.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2},
-                             timeout=120)
+        resp = requests.post(
+            server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=120
+        )
         if resp.status_code != 200:
             raise RuntimeError(f"vLLM answered {resp.status_code}: {resp.text[:500]}\n{server.log()[-3000:]}")
         yield server

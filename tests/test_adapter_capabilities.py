@@ -57,7 +57,8 @@ def test_serving_defaults_are_fixed_only_where_the_server_fixes_them(monkeypatch
     monkeypatch.setattr("reference_engine.serving.options.os.cpu_count", lambda: 16)
     assert ADAPTERS["vllm"].serving_defaults(gpu) == {"api_servers": 1}
     assert ADAPTERS["reference-chat"].serving_defaults(gpu) == (
-        {"api_servers": 4, "max_num_seqs": 256, "max_batched_tokens": 8192} if gpu
+        {"api_servers": 4, "max_num_seqs": 256, "max_batched_tokens": 8192}
+        if gpu
         else {"api_servers": 1, "max_num_seqs": 64, "max_batched_tokens": 2048}
     )
     assert ADAPTERS["tgi"].serving_defaults(gpu) == ADAPTERS["llamacpp"].serving_defaults(gpu) == {}
@@ -94,12 +95,15 @@ def test_the_cpu_note_names_the_engines_that_run_eager_there():
     assert _cpu_note(SimpleNamespace(setups={"vllm:graphs": setups["vllm:graphs"]})) == ""
 
 
-@pytest.mark.parametrize(("backend", "served", "model"), [
-    ("trtllm-triton", None, "ensemble"),  # Triton's model, not the checkpoint
-    ("trtllm-triton", "tllm", "tllm"),
-    ("vllm", None, "/models/m"),
-    ("vllm", "m", "m"),
-])
+@pytest.mark.parametrize(
+    ("backend", "served", "model"),
+    [
+        ("trtllm-triton", None, "ensemble"),  # Triton's model, not the checkpoint
+        ("trtllm-triton", "tllm", "tllm"),
+        ("vllm", None, "/models/m"),
+        ("vllm", "m", "m"),
+    ],
+)
 def test_an_adapter_is_given_the_served_name_unless_its_model_is_its_own(backend, served, model):
     from compare.measure.loop import Launch
 
@@ -109,11 +113,27 @@ def test_an_adapter_is_given_the_served_name_unless_its_model_is_its_own(backend
 
 
 def _launch_plan(name: str, launch: str = "process") -> tuple[SimpleNamespace, SimpleNamespace]:
-    backend = SimpleNamespace(name=name, variant="eager" if name == "reference" else "", key=name, options=(),
-                              server_args=[], launched=True)
-    plan = SimpleNamespace(repeats=1, served_model=None, model="m", dtype="auto", max_model_len=None,
-                           backends=[backend], vllm_bin=sys.executable, launch=launch, startup_timeout=5.0,
-                           match_serving=False, images={})
+    backend = SimpleNamespace(
+        name=name,
+        variant="eager" if name == "reference" else "",
+        key=name,
+        options=(),
+        server_args=[],
+        launched=True,
+    )
+    plan = SimpleNamespace(
+        repeats=1,
+        served_model=None,
+        model="m",
+        dtype="auto",
+        max_model_len=None,
+        backends=[backend],
+        vllm_bin=sys.executable,
+        launch=launch,
+        startup_timeout=5.0,
+        match_serving=False,
+        images={},
+    )
     return plan, backend
 
 
@@ -138,10 +158,13 @@ def test_only_our_cpu_image_is_built_here(tmp_path, monkeypatch):
     monkeypatch.setattr("compare.launch.backend_launch.devices.gpu_visible", lambda: False)
     monkeypatch.setattr("compare.launch.containers.docker_client", lambda: "client")
     asked = []
-    monkeypatch.setattr("compare.launch.images.ensure_reference_cpu_image",
-                        lambda client, tag, log=None: asked.append(("built", tag)))
-    monkeypatch.setattr("compare.launch.images.ensure_image",
-                        lambda client, tag, log=None: asked.append(("pulled", tag)))
+    monkeypatch.setattr(
+        "compare.launch.images.ensure_reference_cpu_image",
+        lambda client, tag, log=None: asked.append(("built", tag)),
+    )
+    monkeypatch.setattr(
+        "compare.launch.images.ensure_image", lambda client, tag, log=None: asked.append(("pulled", tag))
+    )
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     run = RunDir.create(tmp_path / "run", {"model": "m"}, ["compare", "run"])
     for name in ("reference", "llamacpp"):

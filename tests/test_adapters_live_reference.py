@@ -25,11 +25,15 @@ def test_live_stream_counts(tiny_server, llama_dir, tokenizer, tmp_path, name):
     adapter = get_adapter(name, model=str(llama_dir))
     specs = random_dataset(tokenizer, 6, "uniform:4:40", "uniform:5:30", seed=0)
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(PointJob(tiny_server.url, adapter, specs, ClosedLoop(3), output_path=out,
-                                     backend=name, tokenizer=tokenizer))
+    records = run_load_sync(
+        PointJob(
+            tiny_server.url, adapter, specs, ClosedLoop(3), output_path=out, backend=name, tokenizer=tokenizer
+        )
+    )
     assert len(records) == 6 and [r.request_id for r in read_records(out)]
-    for record, spec in zip(sorted(records, key=lambda r: r.request_id),
-                            sorted(specs, key=lambda s: s.request_id), strict=True):
+    for record, spec in zip(
+        sorted(records, key=lambda r: r.request_id), sorted(specs, key=lambda s: s.request_id), strict=True
+    ):
         assert record.error_kind is None, record.error_message
         assert record.http_status == 200
         token_events = [e for e in record.events if e[1] > 0]
@@ -52,7 +56,15 @@ def test_live_stream_counts(tiny_server, llama_dir, tokenizer, tmp_path, name):
 def test_server_metrics_map_to_common_names(tiny_server):
     text = requests.get(tiny_server.url + "/metrics", timeout=10).text
     common = common_metrics(text, get_adapter("reference").metric_names)
-    for key in ("requests_running", "requests_waiting", "kv_cache_usage", "kv_blocks_used", "kv_blocks_free",
-                "generation_tokens_total", "ttft_seconds_count", "e2e_seconds_sum"):
+    for key in (
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_usage",
+        "kv_blocks_used",
+        "kv_blocks_free",
+        "generation_tokens_total",
+        "ttft_seconds_count",
+        "e2e_seconds_sum",
+    ):
         assert key in common, key
     assert common["kv_blocks_free"] > 0

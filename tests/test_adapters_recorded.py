@@ -21,23 +21,71 @@ STREAMS = Path(__file__).parent / "data" / "streams"
 
 # file, adapter (name, options), per-event token counts, usage (prompt, completion), finish reason, text
 CASES = [
-    ("vllm_completions_continuous_usage.sse", ("vllm", {}), [1, 1, 1, 1, 1, 2, 1, 0, 0], (6, 8), "length",
-     " Tokyo is東京 and"),
-    ("vllm_completions_final_usage.sse", ("vllm", {}), [1, 1, 1, 1, 1, 1, 1, 0, 0], (9, 7), "length",
-     " The café opens at nine"),
-    ("vllm_chat_continuous_usage.sse", ("vllm-chat", {}), [0, 1, 2, 1, 1, 1, 1, 0, 0], (12, 7), "stop",
-     "Bonjour le monde🙂"),
-    ("tgi_generate_stream.sse", ("tgi", {}), [1, 1, 1, 1, 1, 1], (5, 6), "eos_token",
-     " Deep learning isé</s>"),
+    (
+        "vllm_completions_continuous_usage.sse",
+        ("vllm", {}),
+        [1, 1, 1, 1, 1, 2, 1, 0, 0],
+        (6, 8),
+        "length",
+        " Tokyo is東京 and",
+    ),
+    (
+        "vllm_completions_final_usage.sse",
+        ("vllm", {}),
+        [1, 1, 1, 1, 1, 1, 1, 0, 0],
+        (9, 7),
+        "length",
+        " The café opens at nine",
+    ),
+    (
+        "vllm_chat_continuous_usage.sse",
+        ("vllm-chat", {}),
+        [0, 1, 2, 1, 1, 1, 1, 0, 0],
+        (12, 7),
+        "stop",
+        "Bonjour le monde🙂",
+    ),
+    (
+        "tgi_generate_stream.sse",
+        ("tgi", {}),
+        [1, 1, 1, 1, 1, 1],
+        (5, 6),
+        "eos_token",
+        " Deep learning isé</s>",
+    ),
     ("tgi_openai_chat.sse", ("tgi-openai", {}), [1, 1, 1, 1, 0, 0], (17, 4), "length", "Deep learning is"),
-    ("tgi_openai_completions.sse", ("tgi-openai-completions", {}), [1, 1, 1], (5, 3), "length",
-     " Deep learning is"),
-    ("trtllm_completions.sse", ("trtllm", {"model": "m"}), [1, 1, 2, 1, 1, 0, 0], (7, 6), "length",
-     " Paris is the capitalé"),
-    ("trtllm_chat.sse", ("trtllm-chat", {"model": "m"}), [0, 1, 1, 2, 1, 0, 0], (20, 5), "stop",
-     "Hello! How can"),
-    ("triton_generate_stream.sse", ("trtllm-triton", {}), [1, 1, 1, 1], (None, None), None,
-     "\nMachine learning is"),
+    (
+        "tgi_openai_completions.sse",
+        ("tgi-openai-completions", {}),
+        [1, 1, 1],
+        (5, 3),
+        "length",
+        " Deep learning is",
+    ),
+    (
+        "trtllm_completions.sse",
+        ("trtllm", {"model": "m"}),
+        [1, 1, 2, 1, 1, 0, 0],
+        (7, 6),
+        "length",
+        " Paris is the capitalé",
+    ),
+    (
+        "trtllm_chat.sse",
+        ("trtllm-chat", {"model": "m"}),
+        [0, 1, 1, 2, 1, 0, 0],
+        (20, 5),
+        "stop",
+        "Hello! How can",
+    ),
+    (
+        "triton_generate_stream.sse",
+        ("trtllm-triton", {}),
+        [1, 1, 1, 1],
+        (None, None),
+        None,
+        "\nMachine learning is",
+    ),
 ]
 
 
@@ -76,35 +124,51 @@ def test_without_continuous_usage_counts_are_estimates_and_disagree():
 def test_events_keep_the_time_of_the_read_that_completed_them():
     body = (STREAMS / "vllm_chat_continuous_usage.sse").read_bytes()
     second = body.index(b"data:", 10)
-    chunks = [(1.0, body[:second - 5]), (2.0, body[second - 5:second + 3]), (3.0, body[second + 3:])]
+    chunks = [(1.0, body[: second - 5]), (2.0, body[second - 5 : second + 3]), (3.0, body[second + 3 :])]
     reading = read_stream(get_adapter("vllm-chat"), chunks)
     assert reading.times[:2] == [2.0, 3.0]  # the role chunk's blank line came in the second read
 
 
-@pytest.mark.parametrize("name,adapter_name,message", [
-    ("vllm_stream_error.sse", "vllm", "The engine encountered an internal error."),
-    ("tgi_stream_error.sse", "tgi",
-     "Request failed during generation: Server error: CUDA out of memory (generation)"),
-    ("triton_stream_error.sse", "trtllm-triton", "in ensemble 'ensemble', Encountered error for requestId 7"),
-])
+@pytest.mark.parametrize(
+    "name,adapter_name,message",
+    [
+        ("vllm_stream_error.sse", "vllm", "The engine encountered an internal error."),
+        (
+            "tgi_stream_error.sse",
+            "tgi",
+            "Request failed during generation: Server error: CUDA out of memory (generation)",
+        ),
+        (
+            "triton_stream_error.sse",
+            "trtllm-triton",
+            "in ensemble 'ensemble', Encountered error for requestId 7",
+        ),
+    ],
+)
 def test_errors_inside_a_stream(name, adapter_name, message):
     reading = read_stream(get_adapter(adapter_name), [(0.0, (STREAMS / name).read_bytes())])
     assert reading.problem == (ErrorKind.STREAM_ERROR, message)
     assert reading.counts[0] == 1  # what came before the error is still counted
 
 
-@pytest.mark.parametrize("name,adapter_name,cut_before", [
-    ("vllm_completions_continuous_usage.sse", "vllm", b"data: [DONE]"),
-    ("vllm_chat_continuous_usage.sse", "vllm-chat",
-     b'data: {"id":"chatcmpl-0c6f2d8e91b34a7f","object":"chat.completion.chunk","created":1732000100,'
-     b'"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[]'),
-    ("tgi_generate_stream.sse", "tgi", b'data:{"index":6'),
-    ("trtllm_chat.sse", "trtllm-chat", b"data: [DONE]"),
-])
+@pytest.mark.parametrize(
+    "name,adapter_name,cut_before",
+    [
+        ("vllm_completions_continuous_usage.sse", "vllm", b"data: [DONE]"),
+        (
+            "vllm_chat_continuous_usage.sse",
+            "vllm-chat",
+            b'data: {"id":"chatcmpl-0c6f2d8e91b34a7f","object":"chat.completion.chunk","created":1732000100,'
+            b'"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[]',
+        ),
+        ("tgi_generate_stream.sse", "tgi", b'data:{"index":6'),
+        ("trtllm_chat.sse", "trtllm-chat", b"data: [DONE]"),
+    ],
+)
 def test_stream_closed_without_its_final_event(name, adapter_name, cut_before):
     body = (STREAMS / name).read_bytes()
     options = {"model": "m"} if adapter_name.startswith("trtllm") else {}
-    reading = read_stream(get_adapter(adapter_name, **options), [(0.0, body[:body.index(cut_before)])])
+    reading = read_stream(get_adapter(adapter_name, **options), [(0.0, body[: body.index(cut_before)])])
     if adapter_name == "vllm-chat":  # the finish chunk came, but not the usage chunk and [DONE]
         assert reading.finish_reason == "stop"
     assert reading.problem is not None and reading.problem[0] == ErrorKind.INCOMPLETE_STREAM

@@ -23,9 +23,16 @@ def body(name: str, **options) -> dict:
 
 def test_vllm_forces_length_and_asks_for_continuous_usage():
     assert body("vllm", model="m") == {
-        "path": "/v1/completions", "model": "m", "prompt": "The quick brown fox", "max_tokens": 37,
-        "temperature": 0.0, "ignore_eos": True, "min_tokens": 37, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        "path": "/v1/completions",
+        "model": "m",
+        "prompt": "The quick brown fox",
+        "max_tokens": 37,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "min_tokens": 37,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     chat = body("vllm-chat")
     assert chat["path"] == "/v1/chat/completions"
     assert chat["messages"] == [{"role": "user", "content": "The quick brown fox"}]
@@ -42,8 +49,11 @@ def test_plain_openai_sends_only_openai_fields():
 
 
 def test_tgi_native_asks_for_details_and_cannot_force():
-    assert body("tgi") == {"path": "/generate_stream", "inputs": "The quick brown fox",
-                           "parameters": {"max_new_tokens": 37, "details": True, "do_sample": False}}
+    assert body("tgi") == {
+        "path": "/generate_stream",
+        "inputs": "The quick brown fox",
+        "parameters": {"max_new_tokens": 37, "details": True, "do_sample": False},
+    }
     assert not get_adapter("tgi").forces_output_length
     assert get_adapter("tgi").build_request(SPEC, stream=False).path == "/generate"
     with pytest.raises(ValueError, match="cannot force"):
@@ -67,14 +77,25 @@ def test_trtllm_serve_quirks():
 
 
 def test_triton_generate():
-    assert body("trtllm-triton") == {"path": "/v2/models/ensemble/generate_stream",
-                                     "text_input": "The quick brown fox",
-                                     "max_tokens": 37, "stream": True, "min_length": 37}
-    adapter = get_adapter("trtllm-triton", model="tensorrt_llm_bls", min_length_field="min_tokens",
-                          sampling={"temperature": 0.0})
+    assert body("trtllm-triton") == {
+        "path": "/v2/models/ensemble/generate_stream",
+        "text_input": "The quick brown fox",
+        "max_tokens": 37,
+        "stream": True,
+        "min_length": 37,
+    }
+    adapter = get_adapter(
+        "trtllm-triton",
+        model="tensorrt_llm_bls",
+        min_length_field="min_tokens",
+        sampling={"temperature": 0.0},
+    )
     b = adapter.build_request(SPEC).body
-    assert (b["min_tokens"] == 37 and b["temperature"] == 0.0
-            and adapter.info_path == "/v2/models/tensorrt_llm_bls")
+    assert (
+        b["min_tokens"] == 37
+        and b["temperature"] == 0.0
+        and adapter.info_path == "/v2/models/tensorrt_llm_bls"
+    )
 
 
 def test_reference_speaks_vllm_and_tgi():
@@ -89,26 +110,55 @@ def test_extra_body_and_registry():
     assert b["seed"] == 7 and b["temperature"] == 0.7
     with pytest.raises(ValueError, match="unknown adapter 'sglang'"):
         get_adapter("sglang")
-    assert set(ADAPTERS) >= {"openai", "openai-chat", "vllm", "tgi", "tgi-openai", "trtllm", "trtllm-triton",
-                             "reference"}
+    assert set(ADAPTERS) >= {
+        "openai",
+        "openai-chat",
+        "vllm",
+        "tgi",
+        "tgi-openai",
+        "trtllm",
+        "trtllm-triton",
+        "reference",
+    }
     for name, cls in ADAPTERS.items():
         adapter = get_adapter(name, **({"model": "m"} if name in ("trtllm", "trtllm-chat") else {}))
         assert adapter.health_path.startswith("/") and adapter.metrics_path.startswith("/")
         assert adapter.describe()["adapter"] == name == cls.name
 
 
-@pytest.mark.parametrize("name,response,text,tokens", [
-    ("vllm",
-     {"id": "c", "object": "text_completion",
-      "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
-              "usage": {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5}}, " ok", 5),
-    ("vllm-chat", {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                "finish_reason": "stop"}],
-                   "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
-     "hi", 2),
-    ("tgi", {"generated_text": " Deep", "details": {"finish_reason": "length", "generated_tokens": 3}},
-     " Deep", 3),
-])
+@pytest.mark.parametrize(
+    "name,response,text,tokens",
+    [
+        (
+            "vllm",
+            {
+                "id": "c",
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5},
+            },
+            " ok",
+            5,
+        ),
+        (
+            "vllm-chat",
+            {
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+            },
+            "hi",
+            2,
+        ),
+        (
+            "tgi",
+            {"generated_text": " Deep", "details": {"finish_reason": "length", "generated_tokens": 3}},
+            " Deep",
+            3,
+        ),
+    ],
+)
 def test_whole_responses(name, response, text, tokens):
     event = get_adapter(name).parse_response(json.dumps(response).encode())
     assert (event.text, event.n_tokens, event.is_done) == (text, tokens, True)
@@ -130,9 +180,15 @@ vllm:e2e_request_latency_seconds_count{model_name="a"} 5
 # TYPE unrelated_metric gauge
 unrelated_metric 9
 """
-    assert common_metrics(text, VLLM_METRICS) == {"requests_running": 4.0, "kv_cache_usage": 0.25,
-                                                  "generation_tokens_total": 1200.0, "e2e_seconds_sum": 7.5,
-                                                  "e2e_seconds_count": 5.0}
-    tgi = ("# TYPE tgi_queue_size gauge\ntgi_queue_size 2\n"
-           "# TYPE tgi_request_count counter\ntgi_request_count 10\n")
+    assert common_metrics(text, VLLM_METRICS) == {
+        "requests_running": 4.0,
+        "kv_cache_usage": 0.25,
+        "generation_tokens_total": 1200.0,
+        "e2e_seconds_sum": 7.5,
+        "e2e_seconds_count": 5.0,
+    }
+    tgi = (
+        "# TYPE tgi_queue_size gauge\ntgi_queue_size 2\n"
+        "# TYPE tgi_request_count counter\ntgi_request_count 10\n"
+    )
     assert common_metrics(tgi, TGI_METRICS) == {"requests_waiting": 2.0, "requests_total": 10.0}

@@ -43,17 +43,29 @@ def test_reference_server_log(tiny_server):
     assert "graphs_captured" not in phases
     # its configuration line, read for the parity audit: what the server was started with
     settings = read_config(tiny_server.log(), get_adapter("reference").config_lines)
-    assert settings == {"dtype": "float32", "max_model_len": "256", "quantization": "none",
-                        "enforce_eager": "True", "prefix_caching": "True", "max_num_seqs": "32",
-                        "max_batched_tokens": "2048", "block_size": "16"}
+    assert settings == {
+        "dtype": "float32",
+        "max_model_len": "256",
+        "quantization": "none",
+        "enforce_eager": "True",
+        "prefix_caching": "True",
+        "max_num_seqs": "32",
+        "max_batched_tokens": "2048",
+        "block_size": "16",
+    }
 
 
 def test_reference_graph_line_and_durations():
-    line = ("INFO reference_engine: CUDA graphs captured: 9 buckets [1, 2, 4, 8, 16, 24, 32, 48, 64], "
-            "pool 0.045 GiB in 0.340 s")
+    line = (
+        "INFO reference_engine: CUDA graphs captured: 9 buckets [1, 2, 4, 8, 16, 24, 32, 48, 64], "
+        "pool 0.045 GiB in 0.340 s"
+    )
     (phase,) = parse_startup_log(line, get_adapter("reference").startup_patterns)
-    assert (phase.name == "graphs_captured" and phase.gib == pytest.approx(0.045)
-            and phase.seconds == pytest.approx(0.34))
+    assert (
+        phase.name == "graphs_captured"
+        and phase.gib == pytest.approx(0.045)
+        and phase.seconds == pytest.approx(0.34)
+    )
     assert phase.fields["buckets"] == "9"
     assert parse_duration("10.212938047s") == pytest.approx(10.212938047)
     assert parse_duration("890.5ms") == pytest.approx(0.8905)
@@ -77,8 +89,12 @@ def test_tgi_2x_log_recorded_from_a_public_start():
     got = {p.name: p.seconds for p in parsed.phases}
     # download 22:11:52.564228 -> 22:11:56.268206; warm-up 22:12:06.158565 -> 22:12:09.754597 (the log's
     # clock)
-    assert got == {"download": pytest.approx(3.703978), "shard_load": pytest.approx(9.709293463),
-                   "warmup": pytest.approx(3.596032), "server_ready": 0.0}
+    assert got == {
+        "download": pytest.approx(3.703978),
+        "shard_load": pytest.approx(9.709293463),
+        "warmup": pytest.approx(3.596032),
+        "server_ready": 0.0,
+    }
     assert parsed.memory == {"kv_tokens": 43808}
 
 
@@ -104,10 +120,17 @@ def test_trtllm_serve_log_recorded_from_a_public_start():
     got = {p.name: p.seconds for p in parsed.phases}
     # two sizing rounds, each autotuned and each capturing 11 graphs: 04:21:10-37 + 04:21:52-53 autotuning,
     # 04:21:37-50 + 04:21:53-57 capture
-    assert got == {"weights": pytest.approx(49.14), "autotune": 28.0, "cuda_graphs": 17.0,
-                   "server_ready": 0.0}
-    assert parsed.memory == {"weights": pytest.approx(63.32 * 2**30), "kv_cache": pytest.approx(5.95 * 2**30),
-                             "kv_tokens": 86720}  # the second, real, KV-cache sizing wins
+    assert got == {
+        "weights": pytest.approx(49.14),
+        "autotune": 28.0,
+        "cuda_graphs": 17.0,
+        "server_ready": 0.0,
+    }
+    assert parsed.memory == {
+        "weights": pytest.approx(63.32 * 2**30),
+        "kv_cache": pytest.approx(5.95 * 2**30),
+        "kv_tokens": 86720,
+    }  # the second, real, KV-cache sizing wins
 
 
 def test_trtllm_engine_build_lines():

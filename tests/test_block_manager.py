@@ -33,7 +33,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         hits, hashes = self.bm.match_prefix(tokens)
         assert len(hits) * BLOCK_SIZE < len(tokens), "a prefix hit must leave a token to compute"
         for i, b in enumerate(hits):
-            assert self.bm.blocks[b].token_ids == tuple(tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
+            assert self.bm.blocks[b].token_ids == tuple(tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
         assert len(hits) >= self._longest_indexed_common_prefix(tokens), "a shared prefix was not reused"
         if self.bm.admission_cost(hits, len(tokens)) > self.bm.num_free_blocks:
             return
@@ -48,9 +48,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         best = 0
         for seq in self.live:
             j = 0
-            while (j < cap and (j + 1) * BLOCK_SIZE <= seq.num_computed_tokens
-                   and seq.token_ids[:(j + 1) * BLOCK_SIZE] == tokens[:(j + 1) * BLOCK_SIZE]
-                   and self.bm.cached.get(self.bm.blocks[seq.block_table[j]].hash) == seq.block_table[j]):
+            while (
+                j < cap
+                and (j + 1) * BLOCK_SIZE <= seq.num_computed_tokens
+                and seq.token_ids[: (j + 1) * BLOCK_SIZE] == tokens[: (j + 1) * BLOCK_SIZE]
+                and self.bm.cached.get(self.bm.blocks[seq.block_table[j]].hash) == seq.block_table[j]
+            ):
                 j += 1
             best = max(best, j)
         return best
@@ -88,7 +91,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert len(set(seq.block_table)) == len(seq.block_table), "a sequence holds a block twice"
             assert len(seq.block_table) * BLOCK_SIZE >= len(seq)
             for i, b in enumerate(seq.block_table):
-                holders.setdefault(b, []).append(tuple(seq.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]))
+                holders.setdefault(b, []).append(tuple(seq.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]))
         for b, contents in holders.items():
             if len(contents) > 1:
                 block = self.bm.blocks[b]
@@ -108,8 +111,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManager = BlockManagerMachine.TestCase
-TestBlockManager.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
-                                     suppress_health_check=[HealthCheck.too_slow])
+TestBlockManager.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def test_shared_prefix_reuses_blocks_and_counts_hits():

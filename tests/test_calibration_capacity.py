@@ -44,8 +44,9 @@ RARE = 0.01  # a verdict a simulated point of the server gives less often than t
 SLO_FACTOR = 1.4  # the TTFT limit, in mean service times
 
 
-def simulated_point(rate: float, slots: int, service_s: float, distribution: str, arrival: str, n: int,
-                    seed: int) -> PointFacts:
+def simulated_point(
+    rate: float, slots: int, service_s: float, distribution: str, arrival: str, n: int, seed: int
+) -> PointFacts:
     """The facts of an open-loop point of `n` requests (its own draw of arrivals) against the known server,
     simulated: sends on schedule, ends when the service does."""
     rng = np.random.default_rng(seed)
@@ -53,19 +54,44 @@ def simulated_point(rate: float, slots: int, service_s: float, distribution: str
     services = service_times(distribution, service_s, n, rng)
     ttft = simulate_ttft(sends, services, slots)
     ends = sends + ttft + (1 - TTFT_SHARE) * services
-    requests = pd.DataFrame({
-        "status": "ok", "send_s": sends, "scheduled_s": sends, "end_s": ends, "ttft_s": ttft,
-        "ttft_intended_s": ttft, "e2e_s": ends - sends, "e2e_intended_s": ends - sends, "tpot_s": np.nan,
-    })
-    row = {"load_point": f"r={rate:g}", "concurrency": None, "rate": rate, "requests": n,
-           "requests_failed": 0, "request_rps": n / (ends.max() - sends[0])}
+    requests = pd.DataFrame(
+        {
+            "status": "ok",
+            "send_s": sends,
+            "scheduled_s": sends,
+            "end_s": ends,
+            "ttft_s": ttft,
+            "ttft_intended_s": ttft,
+            "e2e_s": ends - sends,
+            "e2e_intended_s": ends - sends,
+            "tpot_s": np.nan,
+        }
+    )
+    row = {
+        "load_point": f"r={rate:g}",
+        "concurrency": None,
+        "rate": rate,
+        "requests": n,
+        "requests_failed": 0,
+        "request_rps": n / (ends.max() - sends[0]),
+    }
     return sweep.point_facts(row, requests)
 
 
 def sync_point(service_s: float, n: int = 40) -> PointFacts:
     """Concurrency 1 against the known server: TTFT the first share of each service."""
-    return PointFacts("c=1", 1, None, 1 / service_s, TTFT_SHARE * service_s, TTFT_SHARE * service_s,
-                      TTFT_SHARE * service_s, 0.0, sent=n, completed=n)
+    return PointFacts(
+        "c=1",
+        1,
+        None,
+        1 / service_s,
+        TTFT_SHARE * service_s,
+        TTFT_SHARE * service_s,
+        TTFT_SHARE * service_s,
+        0.0,
+        sent=n,
+        completed=n,
+    )
 
 
 CASES = [(1, 0.1, "constant"), (2, 0.05, "exponential"), (4, 0.2, "lognormal")]
@@ -78,18 +104,29 @@ def test_saturation_never_fires_far_below_capacity_and_fires_far_above(
 ) -> None:
     capacity_rps = slots / service_s
     sync = sync_point(service_s)
-    below = [simulated_point(capacity_rps / 3, slots, service_s, distribution, arrival, 40, seed)
-             for seed in range(100)]
+    below = [
+        simulated_point(capacity_rps / 3, slots, service_s, distribution, arrival, 40, seed)
+        for seed in range(100)
+    ]
     fired = [saturation(p, sync) for p in below if saturation(p, sync)]
     assert not fired, f"at a third of the capacity: {fired[:3]}"
-    above = [simulated_point(2 * capacity_rps, slots, service_s, distribution, arrival, N_REQUESTS, seed)
-             for seed in range(100)]
+    above = [
+        simulated_point(2 * capacity_rps, slots, service_s, distribution, arrival, N_REQUESTS, seed)
+        for seed in range(100)
+    ]
     assert sum(1 for p in above if saturation(p, sync)) >= 95
 
 
 def _row(achieved: float, offered: float, lag_ms: float, n: int = 16, arrival: str = "poisson") -> dict:
-    return {"mode": "open", "achieved_rps": achieved, "offered_rps": offered, "lag_p99_ms": lag_ms,
-            "requests": n, "runs": 1, "arrival": arrival}
+    return {
+        "mode": "open",
+        "achieved_rps": achieved,
+        "offered_rps": offered,
+        "lag_p99_ms": lag_ms,
+        "requests": n,
+        "runs": 1,
+        "arrival": arrival,
+    }
 
 
 def test_late_client_warning_reads_the_lag_and_the_sampling_error_of_the_arrivals():
@@ -107,8 +144,16 @@ def test_late_client_warning_reads_the_lag_and_the_sampling_error_of_the_arrival
     assert sum(1 for r in rates if late_client(_row(r, 10.0, 2.0))) <= 0.03 * len(rates)
 
 
-def verdict_share(rate: float, verdict: str, slots: int, service_s: float, distribution: str, arrival: str,
-                  limit_s: float, reps: int = 100) -> float:
+def verdict_share(
+    rate: float,
+    verdict: str,
+    slots: int,
+    service_s: float,
+    distribution: str,
+    arrival: str,
+    limit_s: float,
+    reps: int = 100,
+) -> float:
     """The share of `reps` simulated points of `N_REQUESTS` at `rate` (each its own draw of arrivals and
     service times, from an empty server, like a measured point) whose p50 TTFT verdict is `verdict`."""
     rng = np.random.default_rng(12345)
@@ -153,13 +198,25 @@ def test_sweep_and_capacity_bracket_the_known_capacity(
     make_tokenizer(tmp_path / "tok")
     limit_s = SLO_FACTOR * service_s
     with known_server(slots, service_s, distribution, seed, lifetime_s=300) as server:
-        plan = build_plan({
-            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "known-model",
-            "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": "4",
-            "num_requests": N_REQUESTS, "arrival": arrival, "seed": seed, "capacity": True,
-            "slo": f"ttft={limit_s * 1e3:g}ms", "capacity_percentile": 50, "sweep_points": 3,
-            "sweep_concurrency": 2 * slots, "capacity_precision": 0.1,
-        })
+        plan = build_plan(
+            {
+                "backends": "vllm",
+                "endpoints": [f"vllm={server.url}"],
+                "model": "known-model",
+                "tokenizer": str(tmp_path / "tok"),
+                "input_len": "8",
+                "output_len": "4",
+                "num_requests": N_REQUESTS,
+                "arrival": arrival,
+                "seed": seed,
+                "capacity": True,
+                "slo": f"ttft={limit_s * 1e3:g}ms",
+                "capacity_percentile": 50,
+                "sweep_points": 3,
+                "sweep_concurrency": 2 * slots,
+                "capacity_precision": 0.1,
+            }
+        )
         outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=0, watcher=Watcher())
     assert outcome.code == 0
     # every open-loop point drew its own arrivals, and its seed is recorded in the manifest and runs.jsonl
@@ -190,10 +247,12 @@ def test_sweep_and_capacity_bracket_the_known_capacity(
     assert f"capacity under the SLO {found.lo:.4g} requests/s" in section
     decision = report.split("## Decision", 1)[1].split("\n## ", 1)[0]
     assert "within the SLOs at" not in decision  # no goodput claim set beside the capacity
-    print(f"slots={slots} service={service_s} {distribution} {arrival} seed={seed}: capacity {known:.4g}, "
-          f"most served {most:.4g}, saturated from {min(r for r, _ in called):.4g}; "
-          f"the simulated server holds the SLO up to {holds_up_to:.4g} and misses it from {misses_from:.4g} "
-          f"(each in {RARE:.0%} of points); bracket [{found.lo:.4g}, {found.hi:.4g})")
+    print(
+        f"slots={slots} service={service_s} {distribution} {arrival} seed={seed}: capacity {known:.4g}, "
+        f"most served {most:.4g}, saturated from {min(r for r, _ in called):.4g}; "
+        f"the simulated server holds the SLO up to {holds_up_to:.4g} and misses it from {misses_from:.4g} "
+        f"(each in {RARE:.0%} of points); bracket [{found.lo:.4g}, {found.hi:.4g})"
+    )
 
 
 @pytest.mark.live
@@ -210,12 +269,23 @@ def test_capacity_points_are_sized_so_that_their_percentile_can_be_decided(tmp_p
     make_tokenizer(tmp_path / "tok")
     needed = min_n_for_bound(0.9)
     with known_server(2, 0.05, "constant", 5, lifetime_s=200) as server:
-        plan = build_plan({
-            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "known-model",
-            "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": "4", "num_requests": 8,
-            "seed": 5, "capacity": True, "slo": "ttft=70ms", "capacity_percentile": 90, "sweep_points": 2,
-            "sweep_concurrency": 4,
-        })
+        plan = build_plan(
+            {
+                "backends": "vllm",
+                "endpoints": [f"vllm={server.url}"],
+                "model": "known-model",
+                "tokenizer": str(tmp_path / "tok"),
+                "input_len": "8",
+                "output_len": "4",
+                "num_requests": 8,
+                "seed": 5,
+                "capacity": True,
+                "slo": "ttft=70ms",
+                "capacity_percentile": 90,
+                "sweep_points": 2,
+                "sweep_concurrency": 4,
+            }
+        )
         outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=0, watcher=Watcher())
     assert outcome.code == 0
     entries = outcome.run_dir.manifest["points"]

@@ -49,11 +49,23 @@ def _turn(rng: np.random.Generator, key: str, repeat: int, n: int, scale: float)
         slot = int(np.argmin(free))
         send[i], end[i] = free[slot], free[slot] + e2e[i]
         free[slot] = end[i]
-    return pd.DataFrame({
-        "backend": key, "variant": "", "workload": "wl", "load_point": f"c={CONCURRENCY}", "status": "ok",
-        "warmup": False, "repeat": repeat, "run_id": f"{key}-{repeat}", "e2e_s": e2e, "ttft_s": 0.1 * e2e,
-        "output_tokens": 64.0, "send_s": send, "end_s": end,
-    })
+    return pd.DataFrame(
+        {
+            "backend": key,
+            "variant": "",
+            "workload": "wl",
+            "load_point": f"c={CONCURRENCY}",
+            "status": "ok",
+            "warmup": False,
+            "repeat": repeat,
+            "run_id": f"{key}-{repeat}",
+            "e2e_s": e2e,
+            "ttft_s": 0.1 * e2e,
+            "output_tokens": 64.0,
+            "send_s": send,
+            "end_s": end,
+        }
+    )
 
 
 def _table(seed: int, scales: dict[str, float], n: int, launches: int, drift: float) -> pd.DataFrame:
@@ -73,8 +85,14 @@ def _row(requests: pd.DataFrame, key: str) -> dict[str, object]:
     point (each launch's window rate, averaged)."""
     mine = requests[requests["backend"] == key]
     rate = float(np.mean([window_rate(g) for _, g in mine.groupby("repeat")]))
-    return {"backend": key, "variant": "", "workload": "wl", "load_point": f"c={CONCURRENCY}",
-            "mode": "closed", "output_tok_s": rate}
+    return {
+        "backend": key,
+        "variant": "",
+        "workload": "wl",
+        "load_point": f"c={CONCURRENCY}",
+        "mode": "closed",
+        "output_tok_s": rate,
+    }
 
 
 def _verdicts(seed: int, scales: dict[str, float], n: int, launches: int, drift: float) -> tuple[str, str]:
@@ -144,12 +162,31 @@ def test_live_aa_pair_through_compare_run_names_no_established_winner(llama_dir,
         scripted_server(flavor="trtllm", default_schedule=same) as b,
     ):
         run_compare(
-            "run", "--backends", "vllm,trtllm",
-            "--endpoint", f"vllm={a.url}", "--endpoint", f"trtllm={b.url}",
-            "--model", "scripted-model", "--tokenizer", str(llama_dir), "--concurrency", "1,4",
-            "--num-requests", "30", "--input-len", "16", "--output-len", "8", "--n-boot", "300",
-            "--repeats", "2",
-            "--out", str(out),
+            "run",
+            "--backends",
+            "vllm,trtllm",
+            "--endpoint",
+            f"vllm={a.url}",
+            "--endpoint",
+            f"trtllm={b.url}",
+            "--model",
+            "scripted-model",
+            "--tokenizer",
+            str(llama_dir),
+            "--concurrency",
+            "1,4",
+            "--num-requests",
+            "30",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--n-boot",
+            "300",
+            "--repeats",
+            "2",
+            "--out",
+            str(out),
         )
     report = (out / "report.md").read_text()
     decision = report.split("## Decision", 1)[1].split("## Warnings", 1)[0]

@@ -184,8 +184,15 @@ def test_scripted_server_closed_loop_reads_its_capacity(tmp_path, concurrency, s
             warmup = [RequestSpec(f"w{k}-{i}", (5, 6, 7), "a b c", tokens) for i in range(warm)]
             path = tmp_path / f"r{k}.jsonl"
             run_load_sync(
-                PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(concurrency),
-                         warmup_specs=warmup, output_path=path, run_id=f"run{k}")
+                PointJob(
+                    server.url,
+                    get_adapter("vllm"),
+                    specs,
+                    ClosedLoop(concurrency),
+                    warmup_specs=warmup,
+                    output_path=path,
+                    run_id=f"run{k}",
+                )
             )
             row = summarize(read_records(path), n_boot=0).iloc[0]
             assert row["requests_ok"] == n and row["window"] == STEADY, (k, seed)

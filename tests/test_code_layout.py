@@ -80,8 +80,11 @@ def stage_violations(graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_import_cycle():
     graph = import_graph()
-    checked = {m: {t for t in targets if _package(t) in CHECKED} for m, targets in graph.items()
-               if _package(m) in CHECKED}
+    checked = {
+        m: {t for t in targets if _package(t) in CHECKED}
+        for m, targets in graph.items()
+        if _package(m) in CHECKED
+    }
     assert cycles(checked) == []
 
 
@@ -92,15 +95,23 @@ def test_packages_import_one_way():
         "reference_engine": {"compare", "workloads", "adapters"},
         "instruments": {"compare", "reference_engine"},
     }
-    wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in sorted(targets)
-             if _package(t) in forbidden.get(_package(m), ())]
+    wrong = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        for t in sorted(targets)
+        if _package(t) in forbidden.get(_package(m), ())
+    ]
     assert wrong == []
 
 
 def production_imports_of_instruments(graph: dict[str, set[str]]) -> list[str]:
     """'module -> instruments module' for every production module that imports a test instrument."""
-    return [f"{m} -> {t}" for m, targets in graph.items() for t in sorted(targets)
-            if _package(m) in PRODUCTION and _package(t) == "instruments"]
+    return [
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        if _package(m) in PRODUCTION and _package(t) == "instruments"
+    ]
 
 
 def test_production_never_imports_instruments():
@@ -137,14 +148,18 @@ def test_the_stage_rule_sees_an_import_inside_a_function_and_ignores_one_for_typ
 
 
 def test_functions_short():
-    longer = [f"{where}: {function_lines(f)} lines" for where, f in _functions()
-              if function_lines(f) > MAX_FUNCTION_LINES]
+    longer = [
+        f"{where}: {function_lines(f)} lines"
+        for where, f in _functions()
+        if function_lines(f) > MAX_FUNCTION_LINES
+    ]
     assert longer == []
 
 
 def test_functions_few_parameters():
-    many = [f"{where}: {parameters(f)} parameters" for where, f in _functions()
-            if parameters(f) > MAX_PARAMETERS]
+    many = [
+        f"{where}: {parameters(f)} parameters" for where, f in _functions() if parameters(f) > MAX_PARAMETERS
+    ]
     assert many == []
 
 
@@ -162,8 +177,10 @@ if __name__ == "__main__":  # prints the numbers and the graph: python tests/tes
     print(f"compare/cli.py: {cli_lines} lines")
     edges = sum(map(len, graph.values()))
     print(f"{len(graph)} modules, {edges} import edges; cycles: {cycles(graph) or 'none'}")
-    print(f"stages of compare/: {' < '.join((*STAGES, TOP))}; "
-          f"imports up the order: {stage_violations(graph) or 'none'}")
+    print(
+        f"stages of compare/: {' < '.join((*STAGES, TOP))}; "
+        f"imports up the order: {stage_violations(graph) or 'none'}"
+    )
     for m in sorted(graph):
         if _package(m) in CHECKED:
             print(f"  {m} -> {', '.join(sorted(graph[m])) or '-'}")

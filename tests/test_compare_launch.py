@@ -66,16 +66,25 @@ def test_a_phase_that_ran_beside_others_says_so_in_the_set_up_line():
     from compare.analysis.selection import describe_setup
 
     clock = "2025-03-01 12:00:0"
-    log = "\n".join([
-        f"{clock}1,000 INFO reference_engine.server: starting llm-compare reference server 0.1.0, model m",
-        f"{clock}5,000 INFO reference_engine.server: tokenizer loaded in 3.900 s",
-        f"{clock}6,000 INFO reference_engine: weights loaded: 0.501 GiB, torch.float32 on cpu in 4.200 s",
-        f"{clock}7,000 INFO reference_engine: KV cache allocated: 1456 blocks of 16 tokens, 1.000 GiB"
-        " in 0.900 s",
-        "",
-    ])
-    report = SetupReport("reference", "graphs", "process", "http://x",
-                         spawned_at=datetime(2025, 3, 1, 12, 0, 0).timestamp(), ready_s=7.2)
+    log = "\n".join(
+        [
+            f"{clock}1,000 INFO reference_engine.server: "
+            "starting llm-compare reference server 0.1.0, model m",
+            f"{clock}5,000 INFO reference_engine.server: tokenizer loaded in 3.900 s",
+            f"{clock}6,000 INFO reference_engine: weights loaded: 0.501 GiB, torch.float32 on cpu in 4.200 s",
+            f"{clock}7,000 INFO reference_engine: KV cache allocated: 1456 blocks of 16 tokens, 1.000 GiB"
+            " in 0.900 s",
+            "",
+        ]
+    )
+    report = SetupReport(
+        "reference",
+        "graphs",
+        "process",
+        "http://x",
+        spawned_at=datetime(2025, 3, 1, 12, 0, 0).timestamp(),
+        ready_s=7.2,
+    )
     apply_log(report, parse_log("reference", log))
     line = describe_setup(report)
     assert "tokenizer 3.9 s (beside weights), weights 4.2 s, kv_cache 0.9 s)" in line

@@ -17,8 +17,18 @@ from compare_cli import ROOT, compare_cmd, compare_env, run_compare
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-SMALL = ["--concurrency", "1", "--num-requests", "4", "--input-len", "16", "--output-len", "8", "--n-boot",
-         "100"]
+SMALL = [
+    "--concurrency",
+    "1",
+    "--num-requests",
+    "4",
+    "--input-len",
+    "16",
+    "--output-len",
+    "8",
+    "--n-boot",
+    "100",
+]
 
 
 def setups(out: Path) -> dict[str, dict]:
@@ -27,8 +37,20 @@ def setups(out: Path) -> dict[str, dict]:
 
 def test_launch_docker_runs_the_reference_container(docker_client, reference_image, llama_dir, tmp_path):
     out = tmp_path / "run"
-    run_compare("run", "--launch", "docker", "--image", f"reference={reference_image.id}", "--backends",
-                "reference", "--model", str(llama_dir), *SMALL, "--out", str(out))
+    run_compare(
+        "run",
+        "--launch",
+        "docker",
+        "--image",
+        f"reference={reference_image.id}",
+        "--backends",
+        "reference",
+        "--model",
+        str(llama_dir),
+        *SMALL,
+        "--out",
+        str(out),
+    )
     setup = setups(out)["reference"]
     assert setup["launcher"] == "docker" and setup["image"] == reference_image.id and setup["exit_code"] == 0
     assert [p["name"] for p in setup["phases"]][:2] == ["container_start", "process_start"]
@@ -49,11 +71,36 @@ def test_ctrl_c_removes_the_container(docker_client, reference_image, llama_dir,
     no container left with the launch's session label."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        compare_cmd("run", "--launch", "docker", "--image", f"reference={reference_image.id}", "--backends",
-                    "reference", "--model", str(llama_dir), "--concurrency", "2", "--num-requests", "200",
-                    "--input-len", "16", "--output-len", "200", "--warmup", "0", "--n-boot", "100",
-                    "--out", str(out)),
-        env=compare_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        compare_cmd(
+            "run",
+            "--launch",
+            "docker",
+            "--image",
+            f"reference={reference_image.id}",
+            "--backends",
+            "reference",
+            "--model",
+            str(llama_dir),
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "200",
+            "--input-len",
+            "16",
+            "--output-len",
+            "200",
+            "--warmup",
+            "0",
+            "--n-boot",
+            "100",
+            "--out",
+            str(out),
+        ),
+        env=compare_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
     )
     try:
         log = out / "logs" / "reference-eager.log"
@@ -84,13 +131,27 @@ def test_ctrl_c_removes_the_container(docker_client, reference_image, llama_dir,
     assert (out / "report.md").exists()
 
 
-def test_launch_process_runs_real_vllm_and_ours_and_weighs_set_up_against_latency(vllm_bin, llama_dir,
-                                                                                   tmp_path):
+def test_launch_process_runs_real_vllm_and_ours_and_weighs_set_up_against_latency(
+    vllm_bin, llama_dir, tmp_path
+):
     """The real vLLM (its CPU build) started by `compare run`, its phases read from its own log, beside our
     server; the break-even table is computed from the two set-up reports."""
     out = tmp_path / "run"
-    run_compare("run", "--launch", "process", "--vllm-bin", vllm_bin, "--backends", "vllm,reference",
-                "--model", str(llama_dir), *SMALL, "--out", str(out), timeout=400)
+    run_compare(
+        "run",
+        "--launch",
+        "process",
+        "--vllm-bin",
+        vllm_bin,
+        "--backends",
+        "vllm,reference",
+        "--model",
+        str(llama_dir),
+        *SMALL,
+        "--out",
+        str(out),
+        timeout=400,
+    )
     by_backend = setups(out)
     vllm, ours = by_backend["vllm"], by_backend["reference"]
     assert vllm["command"][:2] == [vllm_bin, "serve"] and "--enforce-eager" in vllm["command"]

@@ -64,8 +64,10 @@ def test_vllm_non_default_args_line_is_read():
     }
     assert non_default_args("non-default args: {not a dict") == {}
     # the scheduler's line (vLLM's API server prints it when chunked prefill is on) gives the token budget
-    chunked = "(APIServer pid=7) INFO 12-01 10:00:00 [scheduler.py:231] Chunked prefill is enabled with " \
+    chunked = (
+        "(APIServer pid=7) INFO 12-01 10:00:00 [scheduler.py:231] Chunked prefill is enabled with "
         "max_num_batched_tokens=8192."
+    )
     d = declared_settings(vllm_launch(log=chunked))
     assert (d.max_batched_tokens, d.chunked_prefill, d.sources["max_batched_tokens"]) == (8192, True, "log")
     d = declared_settings(vllm_launch(log=NON_DEFAULT))
@@ -85,10 +87,24 @@ def test_vllm_non_default_args_line_is_read():
 
 
 def test_launch_flags_are_read_with_their_short_forms():
-    flags = ("-tp", "4", "--api-server-count=3", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
-             "--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.75", "--kv-cache-dtype",
-             "fp8_e5m2", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}',
-             "-pp", "2")
+    flags = (
+        "-tp",
+        "4",
+        "--api-server-count=3",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "1024",
+        "--no-enable-chunked-prefill",
+        "--gpu-memory-utilization",
+        "0.75",
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+        "--speculative-config",
+        '{"method": "eagle", "num_speculative_tokens": 3}',
+        "-pp",
+        "2",
+    )
     d = declared_settings(vllm_launch(*flags))
     assert (d.tensor_parallel, d.pipeline_parallel, d.api_servers, d.max_num_seqs) == (4, 2, 3, 16)
     assert (d.max_batched_tokens, d.chunked_prefill, d.gpu_memory_utilization) == (1024, False, 0.75)
@@ -162,11 +178,14 @@ def _specs(gpu: bool, reference_args: tuple[str, ...] = (), vllm_args: tuple[str
     return out
 
 
-@pytest.mark.parametrize(("gpu", "cores", "front_ends", "seqs", "tokens"), [
-    (True, 16, 4, 256, 8192),  # ours runs 4 front ends on a GPU host with 16 cores: vLLM gets 4 too
-    (True, 2, 1, 256, 8192),
-    (False, 16, 1, 64, 2048),
-])
+@pytest.mark.parametrize(
+    ("gpu", "cores", "front_ends", "seqs", "tokens"),
+    [
+        (True, 16, 4, 256, 8192),  # ours runs 4 front ends on a GPU host with 16 cores: vLLM gets 4 too
+        (True, 2, 1, 256, 8192),
+        (False, 16, 1, 64, 2048),
+    ],
+)
 def test_matching_gives_ours_and_vllm_the_same_values(monkeypatch, gpu, cores, front_ends, seqs, tokens):
     monkeypatch.setattr("reference_engine.serving.options.os.cpu_count", lambda: cores)
     matched = plan_match(_specs(gpu), gpu)
@@ -204,9 +223,18 @@ def test_launch_specs_are_matched_at_launch(tmp_path, monkeypatch):
         SimpleNamespace(name=n, variant=v, key=k, options=(), server_args=[], launched=True)
         for n, v, k in (("reference", "graphs", "reference:graphs"), ("vllm", "", "vllm"))
     ]
-    plan = SimpleNamespace(repeats=1, served_model=None, model="m", dtype="auto", max_model_len=None,
-                           backends=backends, vllm_bin=sys.executable, launch="process", startup_timeout=5.0,
-                           match_serving=True)
+    plan = SimpleNamespace(
+        repeats=1,
+        served_model=None,
+        model="m",
+        dtype="auto",
+        max_model_len=None,
+        backends=backends,
+        vllm_bin=sys.executable,
+        launch="process",
+        startup_timeout=5.0,
+        match_serving=True,
+    )
     declared = {}
     for backend in backends:
         launcher = make_launcher(plan, backend, run, 0, str(tmp_path))
@@ -247,11 +275,21 @@ def test_rebuilt_h200_run_shows_the_front_end_difference(tmp_path):
 
 def _bench(path: Path, model: str, prompt: int, n: int = 12) -> Path:
     """A `vllm bench serve` result: `n` requests at concurrency 4, each a little quicker than ours."""
-    path.write_text(json.dumps({
-        "model_id": model, "duration": 2.0, "max_concurrency": 4, "request_rate": float("inf"),
-        "input_lens": [prompt] * n, "output_lens": [20] * n, "ttfts": [0.01] * n,
-        "itls": [[0.001] * 19 for _ in range(n)], "errors": [""] * n,
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "model_id": model,
+                "duration": 2.0,
+                "max_concurrency": 4,
+                "request_rate": float("inf"),
+                "input_lens": [prompt] * n,
+                "output_lens": [20] * n,
+                "ttfts": [0.01] * n,
+                "itls": [[0.001] * 19 for _ in range(n)],
+                "errors": [""] * n,
+            }
+        )
+    )
     return path
 
 

@@ -223,9 +223,18 @@ def test_failed_requests_are_named_and_cannot_win(tmp_path):
 
 def headless_chromium(chromium: str, profile: Path) -> list[str]:
     """Chromium headless with a throwaway profile, no network chatter and no scrollbars in the picture."""
-    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-            "--hide-scrollbars"]
+    return [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--hide-scrollbars",
+    ]
 
 
 def test_report_html_is_self_contained_and_renders_in_chromium(tmp_path):

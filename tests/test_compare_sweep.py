@@ -21,9 +21,18 @@ from compare.runner import run_plan
 from instruments.scripted_server import ScriptedSchedule, scripted_server
 
 
-def point(rate: float | None, ttft_ms: float, completed: float | None = None, *,
-          concurrency: int | None = None, rising: bool = False, failed: float = 0.0, n: int = 200,
-          sent: float | None = None, values: dict | None = None) -> PointFacts:
+def point(
+    rate: float | None,
+    ttft_ms: float,
+    completed: float | None = None,
+    *,
+    concurrency: int | None = None,
+    rising: bool = False,
+    failed: float = 0.0,
+    n: int = 200,
+    sent: float | None = None,
+    values: dict | None = None,
+) -> PointFacts:
     """A synthetic point of `n` requests sent at `sent` (default: the offered rate) on schedule, completed at
     `completed` requests/s (default: as sent)."""
     sent = (rate or 10.0) if sent is None else sent
@@ -73,8 +82,14 @@ def test_saturation_rules_on_synthetic_points():
 
 
 def test_knee_and_saturation_point_on_synthetic_sweep():
-    points = [SYNC, point(5, 21), point(8, 35), point(11, 45), point(14, 200, completed=11, rising=True),
-              point(20, 300, completed=11, rising=True)]
+    points = [
+        SYNC,
+        point(5, 21),
+        point(8, 35),
+        point(11, 45),
+        point(14, 200, completed=11, rising=True),
+        point(20, 300, completed=11, rising=True),
+    ]
     assert knee(points, SYNC).offered_rps == 8  # 35 ms <= 2 x 20; 45 ms is past it
     found = first_saturated(points, SYNC)
     assert found is not None and found[0].offered_rps == 14
@@ -105,8 +120,9 @@ def test_sweep_runs_upwards_and_stops_at_the_first_saturated_point():
     def measure(schedule):
         asked.append(schedule)
         if isinstance(schedule, ClosedLoop):
-            return point(None, 20.0, 10.0 if schedule.concurrency == 1 else 30.0,
-                         concurrency=schedule.concurrency)
+            return point(
+                None, 20.0, 10.0 if schedule.concurrency == 1 else 30.0, concurrency=schedule.concurrency
+            )
         over = schedule.rate > 30
         return point(schedule.rate, 200.0 if over else 22.0, min(schedule.rate, 30.0), rising=over)
 
@@ -186,13 +202,24 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     make_tokenizer(tmp_path / "tok")
     schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
     with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
-        plan = build_plan({
-            "backends": "vllm", "endpoints": [f"vllm={server.url}"], "model": "scripted-model",
-            "tokenizer": str(tmp_path / "tok"), "input_len": "8", "output_len": str(OUTPUT),
-            "num_requests": 40, "arrival": "constant", "capacity": True, "slo": "ttft=80ms",
-            "capacity_percentile": 90,
-            "sweep_points": 3, "sweep_concurrency": 2 * MAX_STREAMS, "capacity_precision": 0.1,
-        })
+        plan = build_plan(
+            {
+                "backends": "vllm",
+                "endpoints": [f"vllm={server.url}"],
+                "model": "scripted-model",
+                "tokenizer": str(tmp_path / "tok"),
+                "input_len": "8",
+                "output_len": str(OUTPUT),
+                "num_requests": 40,
+                "arrival": "constant",
+                "capacity": True,
+                "slo": "ttft=80ms",
+                "capacity_percentile": 90,
+                "sweep_points": 3,
+                "sweep_concurrency": 2 * MAX_STREAMS,
+                "capacity_precision": 0.1,
+            }
+        )
         outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=200, watcher=Watcher())
     assert outcome.code == 0
     summary = outcome.results.summary
@@ -211,8 +238,8 @@ def test_sweep_and_capacity_against_a_server_of_known_capacity(tmp_path):
     # itself lie above the capacity, and be saturated)
     saturated_rates = {p.offered_rps for p in found if saturation(p, sync)}
     stop = next(i for i, r in enumerate(rates) if r in saturated_rates)
-    assert rates[:stop + 1] == sorted(rates[:stop + 1])
-    assert all(r < rates[stop] for r in rates[stop + 1:])
+    assert rates[: stop + 1] == sorted(rates[: stop + 1])
+    assert all(r < rates[stop] for r in rates[stop + 1 :])
 
     result = capacity.capacity_of(found, {"ttft": 0.08}, 90)
     assert result.hi is not None
@@ -251,8 +278,16 @@ def test_scripted_server_max_streams_queues_beyond_its_capacity(tmp_path):
     schedule = ScriptedSchedule(ttft_s=TTFT_S, itl_s=ITL_S, output_tokens=OUTPUT)
     specs = [RequestSpec(f"q-{i}", (5, 6, 7), "a b c", OUTPUT) for i in range(24)]
     with scripted_server(default_schedule=schedule, max_streams=MAX_STREAMS) as server:
-        run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(2 * MAX_STREAMS),
-                               output_path=tmp_path / "r.jsonl", run_id="q"))
+        run_load_sync(
+            PointJob(
+                server.url,
+                get_adapter("vllm"),
+                specs,
+                ClosedLoop(2 * MAX_STREAMS),
+                output_path=tmp_path / "r.jsonl",
+                run_id="q",
+            )
+        )
     records = [r for r in read_records(tmp_path / "r.jsonl") if not r.warmup]
     assert len(records) == 24 and all(r.ok for r in records)
     ttfts = sorted(timing.ttft(r) for r in records)

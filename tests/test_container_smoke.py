@@ -25,8 +25,16 @@ pytestmark = [pytest.mark.live, pytest.mark.slow]
 LABEL = "llm-compare.test"
 RUN_LABEL = "llm-compare.test.run"
 RUN_ID = uuid.uuid4().hex[:12]
-SERVER_ARGS = ["--model", "/models", "--served-model-name", "tiny", "--max-model-len", "256",
-               "--shutdown-timeout", "10"]
+SERVER_ARGS = [
+    "--model",
+    "/models",
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "256",
+    "--shutdown-timeout",
+    "10",
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +66,15 @@ def start_server(client, image, checkpoint):
     def start(*server_args: str):
         t0 = time.monotonic()
         container = client.containers.run(
-            image.id, list(server_args), detach=True, init=True,
+            image.id,
+            list(server_args),
+            detach=True,
+            init=True,
             name=f"llm-compare-test-{RUN_ID}-{len(started)}",
-            labels={LABEL: "1", RUN_LABEL: RUN_ID}, ports={"8000/tcp": ("127.0.0.1", None)},
-            volumes={str(checkpoint): {"bind": "/models", "mode": "ro"}})
+            labels={LABEL: "1", RUN_LABEL: RUN_ID},
+            ports={"8000/tcp": ("127.0.0.1", None)},
+            volumes={str(checkpoint): {"bind": "/models", "mode": "ro"}},
+        )
         started.append(container)
         container.reload()
         bindings = container.attrs["NetworkSettings"]["Ports"]["8000/tcp"]
@@ -93,8 +106,11 @@ def test_reference_server_in_container(client, start_server, record_property):
     container, url, to_healthy = start_server(*SERVER_ARGS)
     record_property("container_start_to_healthy_s", round(to_healthy, 2))
 
-    r = requests.post(url + "/v1/completions", timeout=60,
-                      json={"model": "tiny", "prompt": "the paged cache", "max_tokens": 4, "temperature": 0})
+    r = requests.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": "the paged cache", "max_tokens": 4, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["usage"]["completion_tokens"] == 4

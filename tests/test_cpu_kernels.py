@@ -27,10 +27,13 @@ LIB = load_kernel()
 pytestmark = pytest.mark.skipif(LIB is None, reason="no C compiler here: the engine keeps the torch path")
 
 
-def random_batch(rng: random.Random, num_seqs: int, heads: int, kv_heads: int, head_dim: int,
-                 block_size: int):
-    lens = [rng.choice([1, block_size - 1, block_size, block_size + 1, rng.randint(1, 300)])
-            for _ in range(num_seqs)]
+def random_batch(
+    rng: random.Random, num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_size: int
+):
+    lens = [
+        rng.choice([1, block_size - 1, block_size, block_size + 1, rng.randint(1, 300)])
+        for _ in range(num_seqs)
+    ]
     blocks_per_seq = [-(-n // block_size) for n in lens]
     num_blocks = sum(blocks_per_seq) + 7
     order = list(range(num_blocks))
@@ -42,10 +45,14 @@ def random_batch(rng: random.Random, num_seqs: int, heads: int, kv_heads: int, h
     width = max(blocks_per_seq)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     context_lens = torch.tensor(lens, dtype=torch.int32)
-    batch = AttentionBatch(slot_mapping=torch.zeros(num_seqs, dtype=torch.long), num_decode=num_seqs,
-                           decode_block_tables=padded, decode_context_lens=context_lens,
-                           decode_max_context=max(lens),
-                           decode_mask=decode_mask(context_lens, width * block_size))
+    batch = AttentionBatch(
+        slot_mapping=torch.zeros(num_seqs, dtype=torch.long),
+        num_decode=num_seqs,
+        decode_block_tables=padded,
+        decode_context_lens=context_lens,
+        decode_max_context=max(lens),
+        decode_mask=decode_mask(context_lens, width * block_size),
+    )
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
     q = torch.randn(num_seqs, heads, head_dim)
@@ -109,8 +116,9 @@ def test_c_elementwise_ops_match_torch():
     got_k, got_v, want_k, want_v = (c.clone() for c in caches + caches)
     got_q = c_ops.rope_and_write_kv(qkv.clone(), positions, cos, sin, got_k, got_v, slots, heads, kv_heads)
     keep = slots >= 0
-    want_q = torch_ops.rope_and_write_kv(qkv[keep], positions[keep], cos, sin, want_k, want_v, slots[keep],
-                                         heads, kv_heads)
+    want_q = torch_ops.rope_and_write_kv(
+        qkv[keep], positions[keep], cos, sin, want_k, want_v, slots[keep], heads, kv_heads
+    )
     torch.testing.assert_close(got_q[keep], want_q)
     torch.testing.assert_close(got_k, want_k)
     torch.testing.assert_close(got_v, want_v)

@@ -51,8 +51,9 @@ def test_pack_linears_replaces_every_linear_and_keeps_a_tied_embedding_dense():
 
 def test_engine_counts_the_packed_copy_of_a_tied_head(llama_dir):
     packed = Engine(EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", num_kv_blocks=8))
-    plain = Engine(EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", num_kv_blocks=8,
-                                cpu_linear="torch"))
+    plain = Engine(
+        EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", num_kv_blocks=8, cpu_linear="torch")
+    )
     assert plain.runner.packed_linears == 0
     assert packed.runner.packed_linears == 4 * packed.spec.num_layers + 1
     head = packed.spec.vocab_size * packed.spec.hidden_size * 4

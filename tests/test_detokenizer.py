@@ -34,7 +34,7 @@ def test_deltas_concatenate_to_the_full_decode(tokenizer):
         assert "".join(deltas) == tokenizer.decode(ids)
         # A token that ends inside a multi-byte character contributes an empty delta.
         partial = [i for i, t in enumerate(ids) if "\ufffd" in tokenizer.decode([t])]
-        assert all(deltas[i] == "" for i in partial if "\ufffd" in tokenizer.decode(ids[:i + 1]))
+        assert all(deltas[i] == "" for i in partial if "\ufffd" in tokenizer.decode(ids[: i + 1]))
 
 
 def test_stop_strings_cut_at_the_first_match_and_never_leak(tokenizer):
@@ -42,7 +42,7 @@ def test_stop_strings_cut_at_the_first_match_and_never_leak(tokenizer):
     for _ in range(20):
         text = random_text(rng, 30)
         start = rng.randrange(5, len(text) - 8)
-        stop = text[start:start + rng.randint(2, 6)]
+        stop = text[start : start + rng.randint(2, 6)]
         if not stop.strip():
             continue
         ids = tokenizer.encode(text)
@@ -55,8 +55,8 @@ def test_stop_strings_cut_at_the_first_match_and_never_leak(tokenizer):
                 break
         streamed += detok.delta(finished=True)
         assert detok.stop_string == stop
-        assert streamed == text[:text.index(stop)]
+        assert streamed == text[: text.index(stop)]
         with_stop = IncrementalDetokenizer(tokenizer, [1], stop=[stop], include_stop_str_in_output=True)
         for token in ids:
             with_stop.add(token)
-        assert with_stop.delta(finished=True) == text[:text.index(stop) + len(stop)]
+        assert with_stop.delta(finished=True) == text[: text.index(stop) + len(stop)]

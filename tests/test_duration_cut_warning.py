@@ -80,8 +80,10 @@ def test_a_point_that_reused_its_prompts_is_warned_about(tmp_path, repeats):
     run.manifest["status"] = "complete"
     run.save()
     results = analyze(RunDir.open(run.path), n_boot=50)
-    text = (f"reference:eager c=4: {repeats} of 12 requests repeated a prompt this point had sent "
-            f"({distinct} distinct)")
+    text = (
+        f"reference:eager c=4: {repeats} of 12 requests repeated a prompt this point had sent "
+        f"({distinct} distinct)"
+    )
     assert any(text in w for w in results.warnings) is bool(repeats)
 
 

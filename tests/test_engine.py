@@ -37,8 +37,9 @@ def test_preemption_gives_the_same_tokens_and_leaks_nothing(llama_dir):
     expected = [o.token_ids for o in ample.generate(prompts, GREEDY)]
     assert ample.scheduler.num_preemptions == 0
     # 40 blocks of 4 tokens hold 160 tokens; 32 requests of up to 64 tokens need far more.
-    tight = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32,
-                                num_kv_blocks=40))
+    tight = Engine(
+        EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=32, num_kv_blocks=40)
+    )
     got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
@@ -49,8 +50,9 @@ def test_chunked_prefill_matches_one_shot_prefill(qwen2_dir):
     prompts = random_prompts(6, 300, 20, 90)
     whole = Engine(EngineConfig(model=str(qwen2_dir), device="cpu", max_num_batched_tokens=4096))
     chunked = Engine(EngineConfig(model=str(qwen2_dir), device="cpu", max_num_batched_tokens=7))
-    assert [o.token_ids for o in chunked.generate(prompts, GREEDY)] == \
-        [o.token_ids for o in whole.generate(prompts, GREEDY)]
+    assert [o.token_ids for o in chunked.generate(prompts, GREEDY)] == [
+        o.token_ids for o in whole.generate(prompts, GREEDY)
+    ]
     assert_nothing_held(chunked)
 
 
@@ -67,11 +69,23 @@ def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir, mon
     first, wave = random_prompts(3, 300, 5, 20), random_prompts(5, 300, 20, 60)
     budget, cap = 64, rng.randint(3, 9)
     runs, batches = {}, []
-    for mode, mixed, power in (("uncapped", budget, 1), ("cap", cap, 1), ("shared", None, 1),
-                               ("quadratic", None, 2)):
-        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4, max_num_seqs=16,
-                                     max_num_batched_tokens=budget, mixed_prefill_tokens=mixed,
-                                     mixed_prefill_share="quadratic" if power == 2 else "linear"))
+    for mode, mixed, power in (
+        ("uncapped", budget, 1),
+        ("cap", cap, 1),
+        ("shared", None, 1),
+        ("quadratic", None, 2),
+    ):
+        engine = Engine(
+            EngineConfig(
+                model=str(llama_dir),
+                device="cpu",
+                block_size=4,
+                max_num_seqs=16,
+                max_num_batched_tokens=budget,
+                mixed_prefill_tokens=mixed,
+                mixed_prefill_share="quadratic" if power == 2 else "linear",
+            )
+        )
         schedule = engine.scheduler.schedule
 
         def recorded(schedule=schedule, sched=engine.scheduler, mode=mode, power=power):
@@ -96,8 +110,10 @@ def test_steps_that_decode_carry_at_most_the_mixed_prefill_budget(llama_dir, mon
         runs[mode] = [outs[i] for i in ids]
         assert_nothing_held(engine)
     assert runs["cap"] == runs["shared"] == runs["quadratic"] == runs["uncapped"]
-    mixed = {mode: [(tokens, share) for m, decodes, tokens, share in batches if m == mode and decodes]
-             for mode in runs}
+    mixed = {
+        mode: [(tokens, share) for m, decodes, tokens, share in batches if m == mode and decodes]
+        for mode in runs
+    }
     assert all(tokens <= cap for tokens, _ in mixed["cap"])
     assert all(tokens <= share for tokens, share in mixed["shared"])
     assert all(tokens <= share for tokens, share in mixed["quadratic"])
@@ -128,8 +144,9 @@ def test_prefix_cache_hits_and_gives_the_same_tokens(llama_dir):
 
 def test_abort_frees_blocks_mid_generation(llama_dir):
     engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", block_size=4))
-    ids = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True))
-           for p in random_prompts(6, 300)]
+    ids = [
+        engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in random_prompts(6, 300)
+    ]
     for _ in range(5):
         engine.step()
     assert engine.stats().kv_blocks_used > 0
@@ -149,18 +166,23 @@ def test_stop_conditions(qwen2_dir):
     tokens = free_run.token_ids
     stop_at = tokens[5]
     first = tokens.index(stop_at)
-    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_at],
-                                                   ignore_eos=True))[0]
-    assert out.token_ids == tokens[:first + 1] and out.finish_reason == "stop"
+    out = engine.generate(
+        [prompt], SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True)
+    )[0]
+    assert out.token_ids == tokens[: first + 1] and out.finish_reason == "stop"
     # min_tokens forbids the stop token until enough tokens exist.
-    out = engine.generate([prompt], SamplingParams(max_tokens=20, min_tokens=first + 3, temperature=0.0,
-                                                   stop_token_ids=[stop_at], ignore_eos=True))[0]
-    assert len(out.token_ids) >= first + 3 and stop_at not in out.token_ids[:first + 2]
+    out = engine.generate(
+        [prompt],
+        SamplingParams(
+            max_tokens=20, min_tokens=first + 3, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True
+        ),
+    )[0]
+    assert len(out.token_ids) >= first + 3 and stop_at not in out.token_ids[: first + 2]
     # EOS stops unless ignore_eos; treat the free run's 3rd token as EOS to force it.
     engine.eos_token_ids = {tokens[2]}
     engine.sampler.eos_token_ids = [tokens[2]]
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0))[0]
-    assert out.token_ids == tokens[:tokens.index(tokens[2]) + 1] and out.finish_reason == "stop"
+    assert out.token_ids == tokens[: tokens.index(tokens[2]) + 1] and out.finish_reason == "stop"
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))[0]
     assert out.token_ids == tokens and out.finish_reason == "length"
 
@@ -174,8 +196,10 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):
     unseeded = SamplingParams(max_tokens=40, temperature=1.3, ignore_eos=True)
     batch = engine.generate([*others[:3], prompt, *others[3:]], [unseeded] * 3 + [params] + [unseeded] * 4)
     assert batch[3].token_ids == alone
-    different = engine.generate([prompt], SamplingParams(max_tokens=32, temperature=1.0, top_p=0.95, top_k=50,
-                                                         seed=4321, ignore_eos=True))[0].token_ids
+    different = engine.generate(
+        [prompt],
+        SamplingParams(max_tokens=32, temperature=1.0, top_p=0.95, top_k=50, seed=4321, ignore_eos=True),
+    )[0].token_ids
     assert different != alone
     again = Engine(EngineConfig(model=str(llama_dir), device="cpu", seed=99)).generate([prompt], params)[0]
     assert again.token_ids == alone
@@ -217,8 +241,13 @@ def test_bad_input_is_refused_clearly(llama_dir, tmp_path):
         engine.add_request([], SamplingParams())
     with pytest.raises(ValueError, match="token ids"):
         engine.add_request([5, 10**6], SamplingParams())
-    for bad in (dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-5),
-                dict(min_tokens=5, max_tokens=2)):
+    for bad in (
+        dict(max_tokens=0),
+        dict(temperature=-1.0),
+        dict(top_p=0.0),
+        dict(top_k=-5),
+        dict(min_tokens=5, max_tokens=2),
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert not engine.has_unfinished_requests()
@@ -265,8 +294,9 @@ def test_warm_up_runs_every_step_shape_and_leaves_no_trace(llama_dir):
     assert "warm_up" in warm.setup.phases and "warm_up" not in cold.setup.phases
     for layer in warm.runner.model.layers:
         assert not layer.self_attn.k_cache.any() and not layer.self_attn.v_cache.any()
-    assert ([o.token_ids for o in warm.generate(prompts, GREEDY)]
-            == [o.token_ids for o in cold.generate(prompts, GREEDY)])
+    assert [o.token_ids for o in warm.generate(prompts, GREEDY)] == [
+        o.token_ids for o in cold.generate(prompts, GREEDY)
+    ]
     assert_nothing_held(warm)
 
 

@@ -86,7 +86,7 @@ def both(model_dir, script: Script, **kwargs) -> tuple[Run, Run]:
     for rid, tokens in sync.tokens.items():
         if rid in aborted and sync.reasons[rid] == "abort":
             got = overlapped.tokens.get(rid, [])
-            assert got == tokens[:len(got)] and len(tokens) - len(got) <= 1, rid
+            assert got == tokens[: len(got)] and len(tokens) - len(got) <= 1, rid
         else:
             assert overlapped.tokens[rid] == tokens, rid
     return sync, overlapped
@@ -110,16 +110,20 @@ def test_eos_stop_tokens_and_lengths_mid_batch(llama_dir):
     eos = common_token(llama_dir, prompts)
     stop = common_token(llama_dir, prompts[6:])
     params = [SamplingParams(max_tokens=rng.randint(1, 40), temperature=0.0) for _ in range(7)]
-    params += [SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=[stop], ignore_eos=True),
-               SamplingParams(max_tokens=35, temperature=0.8, seed=7),
-               SamplingParams(max_tokens=25, temperature=1.0, top_k=20, top_p=0.9, seed=11),
-               SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
-               SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)]
-    script = Script(adds={0: [(str(i), p, sp)
-                              for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    params += [
+        SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=[stop], ignore_eos=True),
+        SamplingParams(max_tokens=35, temperature=0.8, seed=7),
+        SamplingParams(max_tokens=25, temperature=1.0, top_k=20, top_p=0.9, seed=11),
+        SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+    ]
+    script = Script(
+        adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]}
+    )
     sync, overlapped = both(llama_dir, script, eos={eos}, block_size=4)
     assert sum(t[-1] in (eos, stop) for t in sync.tokens.values()) >= 3, (
-        "EOS and stop should end some requests")
+        "EOS and stop should end some requests"
+    )
     assert "length" in sync.reasons.values()
     # Nothing arrived mid-run, so each step returned the same outputs; nearly every decode step overlapped.
     assert overlapped.steps == sync.steps
@@ -129,12 +133,15 @@ def test_eos_stop_tokens_and_lengths_mid_batch(llama_dir):
 def test_logprobs_and_min_tokens_overlap(llama_dir):
     prompts = random_prompts(6, VOCAB, 3, 40, seed=4)
     eos = common_token(llama_dir, prompts)
-    params = [SamplingParams(max_tokens=30, temperature=0.0, logprobs=True),
-              SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12),
-              SamplingParams(max_tokens=25, temperature=0.7, seed=5, logprobs=True),
-              *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=i == 0) for i in range(3)]]
-    script = Script(adds={0: [(str(i), p, sp)
-                              for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]})
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.0, logprobs=True),
+        SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12),
+        SamplingParams(max_tokens=25, temperature=0.7, seed=5, logprobs=True),
+        *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=i == 0) for i in range(3)],
+    ]
+    script = Script(
+        adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]}
+    )
     sync, overlapped = both(llama_dir, script, eos={eos})
     assert overlapped.steps == sync.steps  # the logprobs too
     assert any(step and step[0][2] for step in sync.steps), "logprobs should be reported"
@@ -196,10 +203,16 @@ def test_preemption_with_a_small_cache(llama_dir):
     prompts = random_prompts(24, VOCAB, 5, 40)
     eos = common_token(llama_dir, prompts)
     rng = random.Random(3)
-    params = [SamplingParams(max_tokens=rng.randint(10, 30), temperature=0.0, ignore_eos=i % 2 == 0)
-              for i in range(24)]
-    script = Script(adds={0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))],
-                          12: [("late", prompts[0], SamplingParams(max_tokens=30, temperature=0.0))]})
+    params = [
+        SamplingParams(max_tokens=rng.randint(10, 30), temperature=0.0, ignore_eos=i % 2 == 0)
+        for i in range(24)
+    ]
+    script = Script(
+        adds={
+            0: [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))],
+            12: [("late", prompts[0], SamplingParams(max_tokens=30, temperature=0.0))],
+        }
+    )
     # 40 blocks of 4 tokens hold 160 tokens, far less than the requests need at once.
     sync, overlapped = both(llama_dir, script, eos={eos}, block_size=4, max_num_seqs=24, num_kv_blocks=40)
     assert sync.engine.scheduler.num_preemptions > 0
@@ -228,8 +241,9 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
     async def serve(overlap: bool) -> dict[int, list[int]]:
-        engine = AsyncEngine(Engine(EngineConfig(model=str(llama_dir), device="cpu",
-                                                 async_scheduling=overlap)))
+        engine = AsyncEngine(
+            Engine(EngineConfig(model=str(llama_dir), device="cpu", async_scheduling=overlap))
+        )
         engine.start()
         for i, prompt in enumerate(prompts):
             engine.submit(str(i), prompt, params)
@@ -246,8 +260,9 @@ def test_async_engine_streams_the_same_tokens(llama_dir):
     assert asyncio.run(serve(True)) == asyncio.run(serve(False))
 
 
-@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--async-scheduling"], True),
-                                                (["--no-async-scheduling"], False)])
+@pytest.mark.parametrize(
+    ("argv", "expected"), [([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)]
+)
 def test_server_flag(argv, expected):
     from reference_engine.serving.options import parse_args
 
@@ -258,28 +273,34 @@ class ReplayOnCPU:
     """Stands in for a captured decode graph: reads the runner's static input buffers, as a replay does, and
     runs the model on the rows that are not padding into the graph's static logits."""
 
-    def __init__(self, runner: CUDAGraphRunner, size: int, bound: int, block_size: int,
-                 replayed: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, runner: CUDAGraphRunner, size: int, bound: int, block_size: int, replayed: list[tuple[int, int]]
+    ) -> None:
         self.runner, self.size, self.bound, self.block_size = runner, size, bound, block_size
         self.replayed = replayed
 
     def replay(self) -> None:
         r = self.runner
-        n = int((r.slot_mapping[:self.size] >= 0).sum())
+        n = int((r.slot_mapping[: self.size] >= 0).sum())
         longest, shorter = int(r.context_lens[:n].max()), [b for b in r.context_bounds if b < self.bound]
         assert longest <= self.bound, "a graph replayed for a context beyond its bound"
         assert not shorter or longest > shorter[-1], "a shorter bound would have held this step"
         self.replayed.append((self.size, self.bound))
-        assert bool((r.slot_mapping[n:self.size] == -1).all()), "padded rows must write no cache slot"
-        batch = AttentionBatch(slot_mapping=r.slot_mapping[:n], num_decode=n,
-                               decode_block_tables=r.block_tables[:n],
-                               decode_context_lens=r.context_lens[:n], decode_max_context=r.max_model_len)
+        assert bool((r.slot_mapping[n : self.size] == -1).all()), "padded rows must write no cache slot"
+        batch = AttentionBatch(
+            slot_mapping=r.slot_mapping[:n],
+            num_decode=n,
+            decode_block_tables=r.block_tables[:n],
+            decode_context_lens=r.context_lens[:n],
+            decode_max_context=r.max_model_len,
+        )
         batch.decode_mask = decode_mask(batch.decode_context_lens, r.max_blocks * self.block_size)
         r.logits[self.size, self.bound][:n] = r.model.logits(r.model(r.input_ids[:n], r.positions[:n], batch))
 
 
-def with_stand_in_graphs(engine: Engine, sizes: list[int], bounds: list[int] | None = None
-                         ) -> list[tuple[int, int]]:
+def with_stand_in_graphs(
+    engine: Engine, sizes: list[int], bounds: list[int] | None = None
+) -> list[tuple[int, int]]:
     """Stand-in graphs for every batch size and context bound; returns the list their replays append to."""
     bs = engine.block_manager.block_size
     runner = CUDAGraphRunner(engine.runner.model, engine.max_model_len, bs, engine.device, bounds)
@@ -302,12 +323,21 @@ def test_graph_runner_staging_and_device_gather(llama_dir, context_bounds):
     prompts = random_prompts(7, VOCAB, 2, 40, seed=8)
     eos = common_token(llama_dir, prompts)
     rng = random.Random(8)
-    params = [SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2)
-              for i in range(7)]
+    params = [
+        SamplingParams(max_tokens=rng.randint(3, 40), temperature=0.0, logprobs=i == 2) for i in range(7)
+    ]
     runs = {}
     for overlap in (False, True):
-        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
-                                     max_model_len=128, async_scheduling=overlap))
+        engine = Engine(
+            EngineConfig(
+                model=str(llama_dir),
+                device="cpu",
+                kernels="torch",
+                block_size=4,
+                max_model_len=128,
+                async_scheduling=overlap,
+            )
+        )
         engine.eos_token_ids, engine.sampler.eos_token_ids = {eos}, [eos]
         replayed = with_stand_in_graphs(engine, [1, 2, 4, 8], context_bounds)
         ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
@@ -357,8 +387,16 @@ def test_a_cached_prompt_joins_a_graph_decode_step(llama_dir):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     runs = {}
     for overlap in (False, True):
-        engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
-                                     max_model_len=128, async_scheduling=overlap))
+        engine = Engine(
+            EngineConfig(
+                model=str(llama_dir),
+                device="cpu",
+                kernels="torch",
+                block_size=4,
+                max_model_len=128,
+                async_scheduling=overlap,
+            )
+        )
         with_stand_in_graphs(engine, [1, 2, 4, 8])
         engine.add_request(shared, params, request_id="first")
         for i, prompt in enumerate(others):
@@ -393,8 +431,12 @@ def test_random_arrivals_aborts_and_a_small_cache(llama_dir):
     for i, prompt in enumerate(prompts):
         at = 0 if i < 3 else rng.randint(1, 40)
         max_tokens = rng.randint(2, 30)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=rng.random() < 0.5,
-                                min_tokens=min(max_tokens, rng.choice([0, 0, 3])))
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=rng.random() < 0.5,
+            min_tokens=min(max_tokens, rng.choice([0, 0, 3])),
+        )
         script.adds.setdefault(at, []).append((f"r{i}", prompt, params))
     aborted = {f"r{rng.randrange(len(prompts))}" for _ in range(3)}
     for rid in aborted:

@@ -107,9 +107,12 @@ def layer(module: str) -> str:
 
 
 def test_no_relative_imports():
-    relative = [f"{mod}: line {node.lineno}" for mod, path in _modules(PACKAGES).items()
-                for node in _runtime_nodes(ast.parse(path.read_text()))
-                if isinstance(node, ast.ImportFrom) and node.level]
+    relative = [
+        f"{mod}: line {node.lineno}"
+        for mod, path in _modules(PACKAGES).items()
+        for node in _runtime_nodes(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
     assert relative == []
 
 
@@ -119,8 +122,12 @@ def test_no_import_cycle():
 
 def test_layers_import_downwards():
     allowed = {"serving": {"serving", "core", "kernels"}, "core": {"core", "kernels"}, "kernels": {"kernels"}}
-    wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
-             if layer(t) not in allowed[layer(m)]]
+    wrong = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if layer(t) not in allowed[layer(m)]
+    ]
     assert wrong == []
 
 

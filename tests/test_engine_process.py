@@ -86,7 +86,8 @@ def test_core_streams_the_same_tokens_as_the_engine_here(llama_dir):
         got = outs[request_id]
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
         assert [lp for o in got for lp in o.new_logprobs] == pytest.approx(
-            [lp for o in want for lp in o.new_logprobs])
+            [lp for o in want for lp in o.new_logprobs]
+        )
         assert [(o.finished, o.finish_reason) for o in got] == [(o.finished, o.finish_reason) for o in want]
         assert got[-1].finish_reason == "length" and len(got) == 12
     assert steps >= 12 and stats.running == 0 and stats.kv_blocks_used == 0
@@ -107,8 +108,10 @@ def test_abort_frees_the_cores_blocks_and_others_finish(llama_dir):
                     if seen >= 3:
                         break  # leaving the stream early aborts the request
             short = await collect(short_stream)
-            await wait_until(lambda: client.stats().running == 0 and client.stats().kv_blocks_used == 0,
-                             "the core freeing the aborted request")
+            await wait_until(
+                lambda: client.stats().running == 0 and client.stats().kv_blocks_used == 0,
+                "the core freeing the aborted request",
+            )
             return short, client.num_aborted, client.num_active, client.error
         finally:
             await client.close()
@@ -164,8 +167,11 @@ def test_a_killed_core_fails_in_flight_requests(llama_dir):
 
 def test_a_config_the_engine_refuses_raises_at_launch(llama_dir):
     with pytest.raises(ValueError, match="max_model_len 100000 exceeds"):
-        asyncio.run(launch_engine_core(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=100000),
-                                       1, "INFO", LOG_FORMAT))
+        asyncio.run(
+            launch_engine_core(
+                EngineConfig(model=str(llama_dir), device="cpu", max_model_len=100000), 1, "INFO", LOG_FORMAT
+            )
+        )
 
 
 def test_server_answers_503_and_ends_streams_when_its_core_dies(llama_dir, tmp_path):
@@ -186,8 +192,9 @@ def test_server_answers_503_and_ends_streams_when_its_core_dies(llama_dir, tmp_p
         assert b"[DONE]" not in rest
         health = requests.get(server.url + "/health", timeout=10)
         assert health.status_code == 503 and "engine core process ended" in health.text
-        refused = requests.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
-                                timeout=10)
+        refused = requests.post(
+            server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10
+        )
         assert refused.status_code == 503
         assert server.stop() == 0
         assert "the engine core process ended unexpectedly" in server.log()
@@ -230,8 +237,14 @@ def test_every_pipe_message_is_typed_and_survives_the_pipe():
     rng = random.Random()
     prompt = [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 40))]
     params = SamplingParams(max_tokens=rng.randrange(1, 64), temperature=0.0)
-    messages = [AddRequest(f"r{rng.random()}", prompt, params), AbortRequest("a"), Shutdown(),
-                Failed(ValueError("bad config")), Dead("step failed"), Exited(rng.choice([None, 1, -9]))]
+    messages = [
+        AddRequest(f"r{rng.random()}", prompt, params),
+        AbortRequest("a"),
+        Shutdown(),
+        Failed(ValueError("bad config")),
+        Dead("step failed"),
+        Exited(rng.choice([None, 1, -9])),
+    ]
     receive, send = multiprocessing.Pipe(duplex=False)
     send.send(messages)
     back = receive.recv()

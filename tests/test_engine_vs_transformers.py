@@ -39,10 +39,15 @@ def hf_greedy(hf, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy tokens for a prompt, and its teacher-forced logits at every generated position."""
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                          do_sample=False, pad_token_id=0)
-        generated = out[0, len(prompt):].tolist()
-        logits = hf(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:]
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        generated = out[0, len(prompt) :].tolist()
+        logits = hf(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1 :]
     return generated, logits
 
 
@@ -71,8 +76,16 @@ def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS, cpu_li
         full_logits.append(logits)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for block_size in block_sizes:
-        engine = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=block_size,
-                                     max_num_seqs=len(prompts), cpu_linear=cpu_linear))
+        engine = Engine(
+            EngineConfig(
+                model=str(path),
+                device="cpu",
+                dtype="float32",
+                block_size=block_size,
+                max_num_seqs=len(prompts),
+                cpu_linear=cpu_linear,
+            )
+        )
         recorder = LogitRecorder(engine.sampler)
         engine.sampler = recorder
         outs = engine.generate(prompts, params)
@@ -81,7 +94,8 @@ def check_against_transformers(path, block_sizes, lengths=PROMPT_LENGTHS, cpu_li
             ours = torch.stack(recorder.logits[out.request_id])
             rel = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
             assert rel < 1e-4, (
-                f"block_size={block_size}, prompt length {len(prompt)}: relative error {rel:.2e}")
+                f"block_size={block_size}, prompt length {len(prompt)}: relative error {rel:.2e}"
+            )
         stats = engine.stats()
         assert stats.kv_blocks_used == 0 and stats.running == 0 and stats.waiting == 0
 
@@ -109,8 +123,12 @@ def test_smollm2_answers_sensibly(smollm2_dir):
     """The converted checkpoint is the real instruct model, not noise: it knows a capital city."""
     engine = Engine(EngineConfig(model=str(smollm2_dir), device="cpu", max_num_seqs=2))
     tok = engine.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     out = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))[0]
     assert "Paris" in tok.decode(out.token_ids)
     assert out.finish_reason == "stop" and out.token_ids[-1] in engine.eos_token_ids

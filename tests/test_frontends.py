@@ -63,8 +63,9 @@ def test_each_front_end_gets_only_its_own_requests_and_one_leaving_spares_the_ot
         try:
             for i, prompt in enumerate(prompts):
                 (first if i % 2 == 0 else second).submit(f"r{i}", prompt, params)
-            got = await asyncio.gather(*[collect(first if i % 2 == 0 else second, f"r{i}")
-                                         for i in range(len(prompts))])
+            got = await asyncio.gather(
+                *[collect(first if i % 2 == 0 else second, f"r{i}") for i in range(len(prompts))]
+            )
             assert got == expected
             assert first.num_active == second.num_active == 0
 
@@ -103,18 +104,28 @@ def core_pid(server) -> int:
 
 def front_end_pids(server) -> list[int]:
     core = core_pid(server)
-    children = [p.pid for p in psutil.Process(server.proc.pid).children()
-                if p.pid != core and "resource_tracker" not in " ".join(p.cmdline())]
+    children = [
+        p.pid
+        for p in psutil.Process(server.proc.pid).children()
+        if p.pid != core and "resource_tracker" not in " ".join(p.cmdline())
+    ]
     return [server.proc.pid, *children]
 
 
 async def stream_completion(url: str, prompt: list[int], max_tokens: int) -> str:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     text = []
     # a connection of its own per request, so the kernel places each on any front end
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-            session.post(url + "/v1/completions", json=body) as resp:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.post(url + "/v1/completions", json=body) as resp,
+    ):
         assert resp.status == 200
         async for line in resp.content:
             if line.startswith(b"data: {"):
@@ -152,8 +163,9 @@ def test_front_ends_share_the_port_the_tokens_and_the_metrics(llama_dir, tmp_pat
     prompts = random_prompts(6, seed=random.randrange(1 << 30))
     with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512") as single:
         alone = stream_all(single.url, prompts, 10)
-    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512",
-                          "--api-server-count", "3") as server:
+    with reference_server(
+        str(llama_dir), tmp_path, "--max-model-len", "512", "--api-server-count", "3"
+    ) as server:
         wait_for_line(server, "server ready at")  # a moment after the port first answers
         assert "3 front-end processes share the port" in server.log()
         pids = front_end_pids(server)
@@ -191,8 +203,9 @@ def test_front_ends_share_the_port_the_tokens_and_the_metrics(llama_dir, tmp_pat
 
 
 def test_a_dead_extra_front_end_loses_only_its_connections(llama_dir, tmp_path):
-    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512",
-                          "--api-server-count", "2") as server:
+    with reference_server(
+        str(llama_dir), tmp_path, "--max-model-len", "512", "--api-server-count", "2"
+    ) as server:
         extra = psutil.Process(front_end_pids(server)[1])
         extra.kill()
         extra.wait(30)
@@ -207,8 +220,9 @@ def test_a_dead_extra_front_end_loses_only_its_connections(llama_dir, tmp_path):
 def test_a_sigterm_to_the_process_group_stops_every_process_cleanly(llama_dir, tmp_path):
     """What a launcher does (compare's, a container runtime's): every process gets the signal; the core waits
     for the first front end's word, so none reports another's end as a failure."""
-    with reference_server(str(llama_dir), tmp_path, "--max-model-len", "512",
-                          "--api-server-count", "2") as server:
+    with reference_server(
+        str(llama_dir), tmp_path, "--max-model-len", "512", "--api-server-count", "2"
+    ) as server:
         wait_for_line(server, "server ready at")
         processes = [psutil.Process(pid) for pid in [*front_end_pids(server), core_pid(server)]]
         os.killpg(server.proc.pid, signal.SIGTERM)
@@ -223,8 +237,11 @@ def test_nothing_outlives_a_killed_first_front_end(llama_dir, tmp_path):
     from servers import ServerProcess
 
     port = free_port()
-    server = ServerProcess(reference_server_cmd(str(llama_dir), port, "--max-model-len", "512",
-                                                "--api-server-count", "3"), port, tmp_path / "server.log")
+    server = ServerProcess(
+        reference_server_cmd(str(llama_dir), port, "--max-model-len", "512", "--api-server-count", "3"),
+        port,
+        tmp_path / "server.log",
+    )
     try:
         server.wait_healthy()
         children = psutil.Process(server.proc.pid).children()

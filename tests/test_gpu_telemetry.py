@@ -58,8 +58,14 @@ class FakeNvml(types.ModuleType):
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
 
-    def __init__(self, gpus: int = 2, counter: tuple[bool, ...] = (True, True), failing: tuple[str, ...] = (),
-                 init_error: Exception | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        gpus: int = 2,
+        counter: tuple[bool, ...] = (True, True),
+        failing: tuple[str, ...] = (),
+        init_error: Exception | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__("pynvml")
         self.gpus, self.counter, self.failing, self.init_error = gpus, counter, failing, init_error
         self.rng = np.random.default_rng(seed)
@@ -250,12 +256,19 @@ def test_stopping_is_prompt_and_happens_on_ctrl_c(tmp_path, fake_nvml):
 def test_the_backends_gpus_come_from_its_cuda_visible_devices(tmp_path, fake_nvml, monkeypatch):
     fake_nvml(gpus=3, counter=(True, True, True))
     telemetry = open_telemetry("auto")
-    own = ProcessLauncher("reference", "", ServerProcess(["x"], {"CUDA_VISIBLE_DEVICES": "2"}), "http://h:1",
-                          "/health", tmp_path / "a.log")
+    own = ProcessLauncher(
+        "reference",
+        "",
+        ServerProcess(["x"], {"CUDA_VISIBLE_DEVICES": "2"}),
+        "http://h:1",
+        "/health",
+        tmp_path / "a.log",
+    )
     assert [g.index for g in telemetry.watch("a", own, None).gpus] == [2]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # inherited by a process the launcher sets none for
-    inherits = ProcessLauncher("reference", "", ServerProcess(["x"]), "http://h:1", "/health",
-                               tmp_path / "b.log")
+    inherits = ProcessLauncher(
+        "reference", "", ServerProcess(["x"]), "http://h:1", "/health", tmp_path / "b.log"
+    )
     assert [g.index for g in telemetry.watch("b", inherits, None).gpus] == [0, 1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1e")  # not indices: every GPU, as for the memory note
     assert [g.index for g in telemetry.watch("c", inherits, None).gpus] == [0, 1, 2]
@@ -294,17 +307,19 @@ def test_without_nvml_nothing_is_sampled(nvml, why, tmp_path, monkeypatch):
 
 def test_joules_per_output_token_over_the_measured_windows():
     """Two launches of one point, one GPU with a counter: energy and tokens add up over both windows."""
-    samples = pd.DataFrame({
-        "run_id": ["a"] * 4 + ["b"] * 3,
-        "tick": [0, 1, 2, 3, 0, 1, 2],
-        "gpu": [0] * 7,
-        "t": [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0],
-        "power_w": [90.0, 110.0, 150.0, 50.0, 300.0, 100.0, 100.0],
-        "energy_j": [0.0, 100.0, 250.0, 300.0, 1000.0, 1150.0, 1300.0],
-        "energy_source": ["counter"] * 7,
-        "mem_used_bytes": [1.0, 2.0, 3.0, 1.5, 1.0, 1.0, 1.0],
-        "util_pct": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0],
-    })
+    samples = pd.DataFrame(
+        {
+            "run_id": ["a"] * 4 + ["b"] * 3,
+            "tick": [0, 1, 2, 3, 0, 1, 2],
+            "gpu": [0] * 7,
+            "t": [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0],
+            "power_w": [90.0, 110.0, 150.0, 50.0, 300.0, 100.0, 100.0],
+            "energy_j": [0.0, 100.0, 250.0, 300.0, 1000.0, 1150.0, 1300.0],
+            "energy_source": ["counter"] * 7,
+            "mem_used_bytes": [1.0, 2.0, 3.0, 1.5, 1.0, 1.0, 1.0],
+            "util_pct": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0],
+        }
+    )
     only_a = window_columns(samples, [Window("a", 1.0, 3.0, 50)])
     assert only_a["gpu_energy_j"] == pytest.approx(200.0) and only_a["gpu_joules_per_out_token"] == 4.0
     assert only_a["gpu_power_mean_w"] == pytest.approx(100.0)  # 200 J over 2 s
@@ -321,11 +336,27 @@ def test_joules_per_output_token_over_the_measured_windows():
 def _record(run_id: str, i: int, send: float, tokens: int) -> RequestRecord:
     events = [(send + 0.05 + 0.01 * k, 1, 3) for k in range(tokens)]
     return RequestRecord(
-        run_id=run_id, request_id=f"{run_id}-{i}", backend="vllm", variant="", load_point=run_id,
-        t0_monotonic=5000.0, prompt_tokens=10, wanted_output_tokens=tokens, output_length_forced=True,
-        scheduled_s=send, start_s=send, send_s=send, headers_s=send + 0.01, end_s=events[-1][0] + 0.001,
-        events=events, http_status=200, finish_reason="length", usage_prompt_tokens=10,
-        usage_completion_tokens=tokens, event_tokens=tokens, output_tokens=tokens,
+        run_id=run_id,
+        request_id=f"{run_id}-{i}",
+        backend="vllm",
+        variant="",
+        load_point=run_id,
+        t0_monotonic=5000.0,
+        prompt_tokens=10,
+        wanted_output_tokens=tokens,
+        output_length_forced=True,
+        scheduled_s=send,
+        start_s=send,
+        send_s=send,
+        headers_s=send + 0.01,
+        end_s=events[-1][0] + 0.001,
+        events=events,
+        http_status=200,
+        finish_reason="length",
+        usage_prompt_tokens=10,
+        usage_completion_tokens=tokens,
+        event_tokens=tokens,
+        output_tokens=tokens,
         output_tokens_source="usage",
     )
 
@@ -350,15 +381,25 @@ def _run_with_samples(path: Path, rng: np.random.Generator) -> tuple[RunDir, dic
     for tick, t in enumerate(np.arange(start - 0.15, end + 0.15, 0.05)):
         counter += rng.uniform(5, 40)
         for gpu in (0, 1):
-            lines.append({
-                "run_id": "c=1", "tick": tick, "gpu": gpu, "t": float(t) + 0.001 * gpu,
-                "power_w": float(rng.uniform(80, 600)), "energy_j": counter if gpu == 0 else None,
-                "energy_source": "counter" if gpu == 0 else "power integral",
-                "mem_used_bytes": float(rng.integers(2**30, 2**36)), "util_pct": float(rng.integers(0, 100)),
-            })
+            lines.append(
+                {
+                    "run_id": "c=1",
+                    "tick": tick,
+                    "gpu": gpu,
+                    "t": float(t) + 0.001 * gpu,
+                    "power_w": float(rng.uniform(80, 600)),
+                    "energy_j": counter if gpu == 0 else None,
+                    "energy_source": "counter" if gpu == 0 else "power integral",
+                    "mem_used_bytes": float(rng.integers(2**30, 2**36)),
+                    "util_pct": float(rng.integers(0, 100)),
+                }
+            )
     run.telemetry_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    run.manifest["gpu_telemetry"] = {"on": True, "interval_s": 0.05, "backends": {
-        "vllm": {"gpus": [0, 1], "chosen": "no CUDA_VISIBLE_DEVICES: every GPU"}}}
+    run.manifest["gpu_telemetry"] = {
+        "on": True,
+        "interval_s": 0.05,
+        "backends": {"vllm": {"gpus": [0, 1], "chosen": "no CUDA_VISIBLE_DEVICES: every GPU"}},
+    }
     run.manifest["status"] = "complete"
     run.save()
     return run, windows
@@ -381,8 +422,9 @@ def test_summary_columns_and_report_from_the_run_directory(tmp_path):
     assert row["gpu_power_mean_w"] == pytest.approx((e0 + e1) / (end - start), rel=1e-5)
     assert row["gpu_energy_source"] == "counter, power integral"
     # the highest and the mean: the ticks from the last one before the window to the first one after it
-    ticks = samples.groupby("tick").agg(t=("t", "min"), w=("power_w", "sum"), m=("mem_used_bytes", "sum"),
-                                        u=("util_pct", "mean"))
+    ticks = samples.groupby("tick").agg(
+        t=("t", "min"), w=("power_w", "sum"), m=("mem_used_bytes", "sum"), u=("util_pct", "mean")
+    )
     lo, hi = ticks["t"][ticks["t"] <= start].max(), ticks["t"][ticks["t"] >= end].min()
     around = ticks[(ticks["t"] >= lo) & (ticks["t"] <= hi)]
     assert len(around) < len(ticks)  # the samples well before and after the window do not count
@@ -464,12 +506,34 @@ def test_compare_run_samples_every_point_against_the_scripted_server(tmp_path, f
     out = tmp_path / "run"
     schedule = ScriptedSchedule(ttft_s=0.02, itl_s=0.01, output_tokens=6)
     with scripted_server(default_schedule=schedule) as server:
-        result = runner.invoke(app, [
-            "run", "--backends", "vllm", "--endpoint", f"vllm={server.url}", "--model", "scripted-model",
-            "--tokenizer", str(tmp_path / "tok"), "--input-len", "8", "--output-len", "6",
-            "--concurrency", "1,2", "--num-requests", "8", "--n-boot", "50",
-            "--gpu-telemetry-interval", "0.02", "--out", str(out),
-        ])
+        result = runner.invoke(
+            app,
+            [
+                "run",
+                "--backends",
+                "vllm",
+                "--endpoint",
+                f"vllm={server.url}",
+                "--model",
+                "scripted-model",
+                "--tokenizer",
+                str(tmp_path / "tok"),
+                "--input-len",
+                "8",
+                "--output-len",
+                "6",
+                "--concurrency",
+                "1,2",
+                "--num-requests",
+                "8",
+                "--n-boot",
+                "50",
+                "--gpu-telemetry-interval",
+                "0.02",
+                "--out",
+                str(out),
+            ],
+        )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["gpu_telemetry"]

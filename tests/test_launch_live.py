@@ -22,8 +22,9 @@ PROBE = RequestSpec("cold-0", (5, 6, 7, 8), "the paged cache", 3)
 
 def reference_spec(checkpoint: Path, workdir: Path, variant: str = "eager"):
     model = ModelSource(str(checkpoint), "tiny", max_model_len=256)
-    return ADAPTERS["reference"].launch_spec(model, Variant.parse(variant), free_port(), workdir=workdir,
-                                             gpu=False)
+    return ADAPTERS["reference"].launch_spec(
+        model, Variant.parse(variant), free_port(), workdir=workdir, gpu=False
+    )
 
 
 def alive(pid: int) -> bool:
@@ -48,10 +49,15 @@ def check_reference_setup(report) -> None:
 
 def test_reference_as_a_process(llama_dir, tmp_path):
     spec = reference_spec(llama_dir, tmp_path)
-    launcher = ProcessLauncher("reference", "eager",
-                               ServerProcess(spec.command, {**spec.env, **package_env()}),
-                               f"http://127.0.0.1:{spec.port}", spec.health_path, tmp_path / "reference.log",
-                               120)
+    launcher = ProcessLauncher(
+        "reference",
+        "eager",
+        ServerProcess(spec.command, {**spec.env, **package_env()}),
+        f"http://127.0.0.1:{spec.port}",
+        spec.health_path,
+        tmp_path / "reference.log",
+        120,
+    )
     with launcher:
         launcher.start()
         measure_cold_first_token(launcher, get_adapter("reference", model="tiny"), PROBE, 60)
@@ -68,8 +74,15 @@ def test_reference_in_a_container(docker_client, reference_image, llama_dir, tmp
     from compare.launch.containers import ContainerLauncher
 
     spec = reference_spec(llama_dir, tmp_path)
-    launcher = ContainerLauncher("reference", "eager", spec, tmp_path / "reference.log", 180,
-                                 image=reference_image.id, client=docker_client)
+    launcher = ContainerLauncher(
+        "reference",
+        "eager",
+        spec,
+        tmp_path / "reference.log",
+        180,
+        image=reference_image.id,
+        client=docker_client,
+    )
     with launcher:
         report = launcher.start()
         measure_cold_first_token(launcher, get_adapter("reference", model="tiny"), PROBE, 60)
@@ -93,8 +106,15 @@ def test_a_container_that_exits_is_removed_and_quoted(docker_client, reference_i
 
     (tmp_path / "empty").mkdir()
     spec = reference_spec(tmp_path / "empty", tmp_path)
-    launcher = ContainerLauncher("reference", "eager", spec, tmp_path / "reference.log", 120,
-                                 image=reference_image.id, client=docker_client)
+    launcher = ContainerLauncher(
+        "reference",
+        "eager",
+        spec,
+        tmp_path / "reference.log",
+        120,
+        image=reference_image.id,
+        client=docker_client,
+    )
     started = time.monotonic()
     with pytest.raises(LaunchError, match="exited with code 2 before it was ready") as info:
         launcher.start()

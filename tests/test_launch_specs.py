@@ -19,8 +19,13 @@ from adapters.launch_spec import CONFIG_MOUNT, LaunchSpecError, ModelSource, Var
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spec(backend: str, variant: str = "", gpu: bool = True, model: ModelSource | None = None,
-         tmp: Path = Path("/w")):
+def spec(
+    backend: str,
+    variant: str = "",
+    gpu: bool = True,
+    model: ModelSource | None = None,
+    tmp: Path = Path("/w"),
+):
     model = model or ModelSource("hub/model", "m")
     return ADAPTERS[backend].launch_spec(model, Variant.parse(variant), 8123, workdir=tmp, gpu=gpu)
 
@@ -40,8 +45,11 @@ def test_variant_syntax():
     assert (v.graphs, v.graph_sizes, v.block_size, v.max_num_seqs) == (True, (1, 2, 4), 32, 64)
     assert Variant.parse("eager").graphs is False and Variant.parse("").graphs is None
     assert Variant.parse("x", graph_sizes=[8, 1], max_batch_size=16) == Variant("x", True, (1, 8), None, 16)
-    for bad, message in (("turbo", "unknown variant item"), ("block=0", "positive"),
-                         ("eager+graphs", "off and on")):
+    for bad, message in (
+        ("turbo", "unknown variant item"),
+        ("block=0", "positive"),
+        ("eager+graphs", "off and on"),
+    ):
         with pytest.raises(LaunchSpecError, match=message):
             Variant.parse(bad)
 
@@ -119,8 +127,9 @@ def test_trtllm_options_yaml_and_flags(tmp_path):
 def test_reference_flags_are_ones_our_server_accepts():
     from reference_engine.serving.options import parse_args
 
-    s = spec("reference", "graphs=1/2+block=32+batch=8",
-             model=ModelSource("random:tiny", "m", "float32", 512))
+    s = spec(
+        "reference", "graphs=1/2+block=32+batch=8", model=ModelSource("random:tiny", "m", "float32", 512)
+    )
     assert s.command[:3] == [sys.executable, "-m", "reference_engine.server"]
     args = parse_args(s.command[3:])
     assert (args.cudagraph_capture_sizes, args.block_size, args.max_num_seqs) == ([1, 2], 32, 8)
@@ -138,8 +147,10 @@ def test_reference_containers_keep_their_compiled_kernels(tmp_path):
     from adapters.reference import REFERENCE_CACHE_VOLUME
 
     s = spec("reference", gpu=True, model=ModelSource(str(tmp_path), "m"))
-    assert s.volumes == {str(tmp_path.resolve()): {"bind": "/models", "mode": "ro"},
-                         REFERENCE_CACHE_VOLUME: {"bind": "/cache", "mode": "rw"}}
+    assert s.volumes == {
+        str(tmp_path.resolve()): {"bind": "/models", "mode": "ro"},
+        REFERENCE_CACHE_VOLUME: {"bind": "/cache", "mode": "rw"},
+    }
     assert REFERENCE_CACHE_VOLUME not in spec("reference", gpu=False).volumes
     dockerfile = (ROOT / "docker" / "reference-cuda.Dockerfile").read_text()
     assert "TRITON_CACHE_DIR=/cache/triton" in dockerfile
@@ -160,8 +171,12 @@ def test_compose_file_agrees_with_the_launch_specs():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
     served = "${SERVED_MODEL_NAME:-model}"
     model = ModelSource("/srv/models/x", served)
-    for service, backend in (("vllm", "vllm"), ("tgi", "tgi"), ("trtllm", "trtllm"),
-                             ("reference", "reference")):
+    for service, backend in (
+        ("vllm", "vllm"),
+        ("tgi", "tgi"),
+        ("trtllm", "trtllm"),
+        ("reference", "reference"),
+    ):
         s = ADAPTERS[backend].launch_spec(model, Variant.parse(""), 8000, workdir=Path("/w"), gpu=True)
         s.container_args = [a.replace("/srv/models/x", "/models") for a in s.container_args]
         assert compose[service]["command"] == s.container_args, service

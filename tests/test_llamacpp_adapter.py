@@ -21,11 +21,23 @@ STREAMS = DATA / "streams"
 
 # file, adapter, per-event token counts, usage (prompt, completion), finish, text
 CASES = [
-    ("llamacpp_completions_timings.sse", "llamacpp", [1] * 8 + [0, 0], (7, 8), "length",
-     " the capital of Japan.\n\nThe"),
+    (
+        "llamacpp_completions_timings.sse",
+        "llamacpp",
+        [1] * 8 + [0, 0],
+        (7, 8),
+        "length",
+        " the capital of Japan.\n\nThe",
+    ),
     ("llamacpp_completions_final_timings.sse", "llamacpp", [1] * 6 + [0, 0], (4, 6), "length", " 10:30"),
-    ("llamacpp_chat_timings.sse", "llamacpp-chat", [0] + [1] * 12 + [0, 0, 0], (38, 12), "length",
-     "Je suis en français, je suis en"),
+    (
+        "llamacpp_chat_timings.sse",
+        "llamacpp-chat",
+        [0] + [1] * 12 + [0, 0, 0],
+        (38, 12),
+        "length",
+        "Je suis en français, je suis en",
+    ),
 ]
 
 
@@ -36,8 +48,11 @@ def test_recorded_llamacpp_streams(case):
     body = (STREAMS / name).read_bytes()
     # cut the body anywhere: the reading must not depend on where socket reads split it
     for cuts in ([], list(range(0, len(body), 97)), [len(body) // 2]):
-        pieces = [(float(i), body[a:b]) for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(body)],
-                                                                          strict=True)) if b > a]
+        pieces = [
+            (float(i), body[a:b])
+            for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(body)], strict=True))
+            if b > a
+        ]
         reading = read_stream(adapter, pieces)
         assert reading.problem is None
         assert reading.counts == counts
@@ -50,12 +65,18 @@ def test_recorded_llamacpp_streams(case):
 
 def test_timings_make_counts_exact():
     adapter = get_adapter("llamacpp")
-    events = [adapter.parse_event(line[6:]) for line in
-              (STREAMS / "llamacpp_completions_timings.sse").read_text().split("\n\n") if line.strip()]
+    events = [
+        adapter.parse_event(line[6:])
+        for line in (STREAMS / "llamacpp_completions_timings.sse").read_text().split("\n\n")
+        if line.strip()
+    ]
     assert all(e.exact for e in events if e.is_output)
     # without per-token timings the rule of thumb counts chunks, and only the last one carries timings
-    events = [get_adapter("llamacpp").parse_event(line[6:]) for line in
-              (STREAMS / "llamacpp_completions_final_timings.sse").read_text().split("\n\n") if line.strip()]
+    events = [
+        get_adapter("llamacpp").parse_event(line[6:])
+        for line in (STREAMS / "llamacpp_completions_final_timings.sse").read_text().split("\n\n")
+        if line.strip()
+    ]
     assert [e.server_timings is not None for e in events] == [False] * 6 + [True, False]
 
 
@@ -96,28 +117,44 @@ def test_startup_phases_from_a_recorded_log():
 def test_settings_from_a_recorded_log():
     settings = read_config((DATA / "llamacpp_startup.log").read_text(), get_adapter("llamacpp").config_lines)
     assert settings == {
-        "dtype": "q4_1", "quantization": "q4_1", "max_num_seqs": "4", "max_model_len": "1024",
-        "max_batched_tokens": "2048", "kv_cache_dtype": "float16", "api_servers": "1",
+        "dtype": "q4_1",
+        "quantization": "q4_1",
+        "max_num_seqs": "4",
+        "max_model_len": "1024",
+        "max_batched_tokens": "2048",
+        "kv_cache_dtype": "float16",
+        "api_servers": "1",
         "enforce_eager": "True",
     }
 
 
-@pytest.mark.parametrize("file_type,dtype,quantization", [
-    ("Q4_1", "q4_1", "q4_1"),
-    ("Q4_K - Medium", "q4_k_medium", "q4_k_medium"),
-    ("F16", "float16", "none"),
-    ("BF16", "bfloat16", "none"),
-    ("all F32", "float32", "none"),
-])
+@pytest.mark.parametrize(
+    "file_type,dtype,quantization",
+    [
+        ("Q4_1", "q4_1", "q4_1"),
+        ("Q4_K - Medium", "q4_k_medium", "q4_k_medium"),
+        ("F16", "float16", "none"),
+        ("BF16", "bfloat16", "none"),
+        ("all F32", "float32", "none"),
+    ],
+)
 def test_file_types(file_type, dtype, quantization):
     assert file_type_settings(file_type) == {"dtype": dtype, "quantization": quantization}
 
 
 def test_props_read_as_settings():
-    props = {"model_ftype": "Q4_1", "total_slots": 8, "default_generation_settings": {"n_ctx": 2048},
-             "model_path": "/x.gguf"}
+    props = {
+        "model_ftype": "Q4_1",
+        "total_slots": 8,
+        "default_generation_settings": {"n_ctx": 2048},
+        "model_path": "/x.gguf",
+    }
     assert ADAPTERS["llamacpp"].read_props(props) == {
-        "dtype": "q4_1", "quantization": "q4_1", "max_num_seqs": "8", "max_model_len": "2048"}
+        "dtype": "q4_1",
+        "quantization": "q4_1",
+        "max_num_seqs": "8",
+        "max_model_len": "2048",
+    }
     assert ADAPTERS["llamacpp"].read_props({}) == {}
 
 
@@ -138,14 +175,22 @@ def test_launch_spec(tmp_path, monkeypatch):
     assert spec.container_args[:2] == ["--model", "/models/model.Q8_0.gguf"]
     assert spec.volumes == {str(tmp_path.resolve()): {"bind": "/models", "mode": "ro"}}
     # the variant's batch is its slots; the model's length the context of each
-    spec = cls.launch_spec(ModelSource(str(gguf), "s", max_model_len=512), Variant.parse("batch=3"), 1,
-                           workdir=tmp_path, gpu=False, executable="/opt/llama-server")
+    spec = cls.launch_spec(
+        ModelSource(str(gguf), "s", max_model_len=512),
+        Variant.parse("batch=3"),
+        1,
+        workdir=tmp_path,
+        gpu=False,
+        executable="/opt/llama-server",
+    )
     assert spec.command[0] == "/opt/llama-server"
     assert spec.command[spec.command.index("--parallel") + 1] == "3"
     assert spec.command[spec.command.index("--kv-unified-per-slot") + 1] == "512"
     monkeypatch.setenv("LLM_COMPARE_LLAMACPP", "/env/llama-server")
-    assert cls.launch_spec(ModelSource(str(gguf), "s"), Variant(), 1, workdir=tmp_path,
-                           gpu=False).command[0] == "/env/llama-server"
+    assert (
+        cls.launch_spec(ModelSource(str(gguf), "s"), Variant(), 1, workdir=tmp_path, gpu=False).command[0]
+        == "/env/llama-server"
+    )
 
 
 def test_variants_it_cannot_express(tmp_path):
@@ -175,4 +220,3 @@ def test_the_gguf_it_serves(tmp_path):
 def test_the_builtin_checkpoint_serves_its_gguf(smollm2_dir):
     gguf = find_gguf(str(smollm2_dir))
     assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and gguf.read_bytes()[:4] == b"GGUF"
-

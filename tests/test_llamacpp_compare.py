@@ -28,8 +28,10 @@ def test_llama_server_is_looked_for_where_the_launch_would_start_it():
     is_file = {"/opt/llamacpp/bin/llama-server"}.__contains__
     exe = "/opt/llamacpp/bin/llama-server"
     assert llamacpp_executable(None, env, no_which, is_file) == (exe, exe)
-    assert llamacpp_executable("/missing/llama-server", env, no_which, is_file) == ("/missing/llama-server",
-                                                                                    None)
+    assert llamacpp_executable("/missing/llama-server", env, no_which, is_file) == (
+        "/missing/llama-server",
+        None,
+    )
     on_path = {"llama-server": "/usr/bin/llama-server"}.get
     assert llamacpp_executable(None, {}, on_path, is_file) == ("llama-server", "/usr/bin/llama-server")
 
@@ -60,11 +62,24 @@ def test_default_plan_with_llamacpp(tmp_path, monkeypatch):
 
 
 def _plan(**given):
-    backends = [SimpleNamespace(name="llamacpp", variant="", key="llamacpp", options=(), server_args=[],
-                                launched=True)]
-    return SimpleNamespace(repeats=1, served_model=None, model="m", dtype="auto", max_model_len=None,
-                           backends=backends, vllm_bin=None, launch="process", startup_timeout=5.0,
-                           match_serving=True, **given), backends[0]
+    backends = [
+        SimpleNamespace(
+            name="llamacpp", variant="", key="llamacpp", options=(), server_args=[], launched=True
+        )
+    ]
+    return SimpleNamespace(
+        repeats=1,
+        served_model=None,
+        model="m",
+        dtype="auto",
+        max_model_len=None,
+        backends=backends,
+        vllm_bin=None,
+        launch="process",
+        startup_timeout=5.0,
+        match_serving=True,
+        **given,
+    ), backends[0]
 
 
 def test_a_launch_runs_the_llama_server_it_was_given(tmp_path, monkeypatch):
@@ -86,13 +101,25 @@ def test_a_launch_runs_the_llama_server_it_was_given(tmp_path, monkeypatch):
 
 def test_props_feed_the_parity_audit_of_an_endpoint():
     """A running llama-server whose log we do not have: /props says its quantisation and slots."""
-    setup = SetupReport("llamacpp", "", "endpoint", "http://a",
-                        props_settings={"dtype": "q4_1", "quantization": "q4_1", "max_num_seqs": "4",
-                                        "max_model_len": "1024"})
+    setup = SetupReport(
+        "llamacpp",
+        "",
+        "endpoint",
+        "http://a",
+        props_settings={
+            "dtype": "q4_1",
+            "quantization": "q4_1",
+            "max_num_seqs": "4",
+            "max_model_len": "1024",
+        },
+    )
     d = declared_settings(setup)
     assert (d.dtype, d.quantization, d.max_num_seqs, d.max_model_len) == ("q4_1", "q4_1", 4, 1024)
     assert d.sources["quantization"] == "props" and d.sources["max_num_seqs"] == "props"
-    reference = declared_settings(SetupReport("reference", "", "process", "http://b",
-                                              log_settings={"dtype": "float32", "max_num_seqs": "64"}))
+    reference = declared_settings(
+        SetupReport(
+            "reference", "", "process", "http://b", log_settings={"dtype": "float32", "max_num_seqs": "64"}
+        )
+    )
     flagged = {f.name for f in findings({"llamacpp": d, "reference": reference})}
     assert {"dtype", "quantization", "max_num_seqs"} <= flagged

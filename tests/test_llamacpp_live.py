@@ -38,8 +38,10 @@ SLOTS = 4
 def llamacpp_bin() -> str:
     path = os.environ.get("LLM_COMPARE_LLAMACPP") or shutil.which("llama-server")
     if not path or not Path(path).is_file():
-        pytest.skip("no llama-server: LLM_COMPARE_LLAMACPP names none and none is on the PATH "
-                    "(.ci/install_llamacpp.sh DIR builds it; .ci/run does)")
+        pytest.skip(
+            "no llama-server: LLM_COMPARE_LLAMACPP names none and none is on the PATH "
+            "(.ci/install_llamacpp.sh DIR builds it; .ci/run does)"
+        )
     return path
 
 
@@ -47,11 +49,19 @@ def launcher_for(llamacpp_bin: str, checkpoint: Path, log_dir: Path, slots: int 
     """llama-server as `compare run --launch process` starts it (the adapter's launch spec)."""
     port = free_port()
     source = ModelSource(str(checkpoint), "smollm2")
-    spec = ADAPTERS["llamacpp"].launch_spec(source, Variant(max_num_seqs=slots), port, workdir=log_dir,
-                                            gpu=False, executable=llamacpp_bin)
+    spec = ADAPTERS["llamacpp"].launch_spec(
+        source, Variant(max_num_seqs=slots), port, workdir=log_dir, gpu=False, executable=llamacpp_bin
+    )
     log = log_dir / f"llamacpp-{port}.log"
-    return ProcessLauncher("llamacpp", "", ServerProcess(spec.command, spec.env), f"http://127.0.0.1:{port}",
-                           spec.health_path, log, startup_timeout=300)
+    return ProcessLauncher(
+        "llamacpp",
+        "",
+        ServerProcess(spec.command, spec.env),
+        f"http://127.0.0.1:{port}",
+        spec.health_path,
+        log,
+        startup_timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +93,16 @@ def check_records(records, specs):
 def test_streams_and_usage(llamacpp, tokenizer, adapter_name, tmp_path):
     specs = random_dataset(tokenizer, 6, "uniform:8:64", "uniform:4:24", seed=3)
     adapter = get_adapter(adapter_name, model="smollm2")
-    records = run_load_sync(PointJob(llamacpp.url, adapter, specs, ClosedLoop(2), tokenizer=tokenizer,
-                                     output_path=tmp_path / "requests.jsonl"))
+    records = run_load_sync(
+        PointJob(
+            llamacpp.url,
+            adapter,
+            specs,
+            ClosedLoop(2),
+            tokenizer=tokenizer,
+            output_path=tmp_path / "requests.jsonl",
+        )
+    )
     check_records(records, specs)
     assert read_records(tmp_path / "requests.jsonl") == records
     by_id = {s.request_id: s for s in specs}
@@ -122,8 +140,13 @@ def _busy_slots(url: str) -> int:
 def test_a_client_hanging_up_mid_stream(llamacpp, tokenizer):
     """A client that closes its connection after a few tokens of a long answer: the server stops that
     request (its slot frees) and goes on serving."""
-    body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0,
-            "stream": True}
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": 900,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     with requests.post(llamacpp.url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
@@ -155,14 +178,23 @@ def test_launch_measures_its_setup(llamacpp):
     assert settings["quantization"] == "q4_1" and settings["max_num_seqs"] == str(SLOTS)
     assert settings["max_model_len"] == "1024"
     props = ADAPTERS["llamacpp"].read_props(requests.get(llamacpp.url + "/props", timeout=10).json())
-    assert props == {"dtype": "q4_1", "quantization": "q4_1", "max_num_seqs": str(SLOTS),
-                     "max_model_len": "1024"}
+    assert props == {
+        "dtype": "q4_1",
+        "quantization": "q4_1",
+        "max_num_seqs": str(SLOTS),
+        "max_model_len": "1024",
+    }
 
 
 def run_compare(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "compare.cli", "run", *args],
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True, text=True,
-                          timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "compare.cli", "run", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -173,9 +205,25 @@ def test_compare_run_launches_llamacpp(llamacpp_bin, smollm2_dir, tmp_path):
     import pandas as pd
 
     out = tmp_path / "run"
-    run_compare("--backends", "llamacpp", "--llamacpp-bin", llamacpp_bin, "--dataset", "random",
-                "--input-len", "32", "--output-len", "8", "--concurrency", "1,2", "--num-requests", "4",
-                "--out", str(out), env={})
+    run_compare(
+        "--backends",
+        "llamacpp",
+        "--llamacpp-bin",
+        llamacpp_bin,
+        "--dataset",
+        "random",
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+        "--concurrency",
+        "1,2",
+        "--num-requests",
+        "4",
+        "--out",
+        str(out),
+        env={},
+    )
     records = [r for r in read_records(out / "requests.jsonl") if not r.warmup]
     assert len(records) == 8 and all(r.error_kind is None for r in records)
     assert all(r.output_tokens == r.usage_completion_tokens == 8 for r in records)
@@ -194,8 +242,19 @@ def test_default_run_compares_reference_with_llamacpp(llamacpp_bin, smollm2_dir,
     """`compare run` with no backend and llama-server found: the reference engine against llama.cpp on the
     built-in model, both launched here, and the report says why they were chosen."""
     out = tmp_path / "run"
-    run_compare("--concurrency", "1", "--num-requests", "3", "--input-len", "32", "--output-len", "8",
-                "--out", str(out), env={"LLM_COMPARE_LLAMACPP": llamacpp_bin, "LLM_COMPARE_VLLM": ""})
+    run_compare(
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "3",
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+        "--out",
+        str(out),
+        env={"LLM_COMPARE_LLAMACPP": llamacpp_bin, "LLM_COMPARE_VLLM": ""},
+    )
     records = [r for r in read_records(out / "requests.jsonl") if not r.warmup]
     assert sorted({r.backend for r in records}) == ["llamacpp", "reference"]
     assert all(r.error_kind is None for r in records) and len(records) == 6

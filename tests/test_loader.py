@@ -54,8 +54,19 @@ def checkpoint_tensors(checkpoint) -> dict[str, torch.Tensor]:
     return tensors
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_parameter_holds_the_checkpoints_values(tmp_path, dtype, device):
     """Random weights saved in float32: a float32 model copies them as they are, a bfloat16 one casts on the

@@ -33,9 +33,18 @@ GROSS_S = 0.5
 
 
 def specs(prefix: str, n: int, rng: random.Random, out: tuple[int, int]) -> list[RequestSpec]:
-    return [RequestSpec(f"{prefix}-{i}", (1, 2, 3), "a b c", rng.randint(*out), extra_headers={
-        "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0.005, 0.05), "itl_s": 0.02})})
-        for i in range(n)]
+    return [
+        RequestSpec(
+            f"{prefix}-{i}",
+            (1, 2, 3),
+            "a b c",
+            rng.randint(*out),
+            extra_headers={
+                "X-Scripted-Schedule": json.dumps({"ttft_s": rng.uniform(0.005, 0.05), "itl_s": 0.02})
+            },
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.mark.slow
@@ -43,9 +52,15 @@ def test_timings_match_the_servers_writes_at_64_streams(tmp_path):
     rng = random.Random(0)
     log = tmp_path / "events.jsonl"
     with scripted_server(event_log=log) as server:
-        records = run_load_sync(PointJob(server.url, get_adapter("vllm"),
-                                         specs("m", 3 * STREAMS, rng, (20, 120)), ClosedLoop(STREAMS),
-                                         warmup_specs=specs("w", STREAMS, rng, (4, 8))))
+        records = run_load_sync(
+            PointJob(
+                server.url,
+                get_adapter("vllm"),
+                specs("m", 3 * STREAMS, rng, (20, 120)),
+                ClosedLoop(STREAMS),
+                warmup_specs=specs("w", STREAMS, rng, (4, 8)),
+            )
+        )
     assert all(r.ok for r in records), [r.error_message for r in records if not r.ok][:3]
     measured = [r for r in records if not r.warmup]
     truth = read_event_log(log, expect=[r.request_id for r in records])
@@ -53,8 +68,11 @@ def test_timings_match_the_servers_writes_at_64_streams(tmp_path):
 
     # every request and every event matched to the server's log, one to one
     assert not errors.unmatched and errors.n_requests == len(measured) == 3 * STREAMS
-    assert len(errors.event) == sum(len(r.events) for r in measured) == sum(
-        len(truth[r.request_id]["events"]) for r in measured)
+    assert (
+        len(errors.event)
+        == sum(len(r.events) for r in measured)
+        == sum(len(truth[r.request_id]["events"]) for r in measured)
+    )
     token_events = [[e for e in r.events if e[1] > 0] for r in measured]
     assert len(errors.tpot) == len(measured) and len(errors.itl) == sum(len(t) - 1 for t in token_events)
     for name in ("event", "ttft", "itl", "tpot"):
@@ -67,13 +85,14 @@ def test_timings_match_the_servers_writes_at_64_streams(tmp_path):
     # the derived errors follow from the event errors, request by request (same order as `measured`)
     at = 0
     for k, record in enumerate(measured):
-        event_errors = errors.event[at:at + len(record.events)]
+        event_errors = errors.event[at : at + len(record.events)]
         at += len(record.events)
         tokens = [e for e, (_, n, _) in zip(event_errors, record.events, strict=True) if n > 0]
         assert errors.ttft[k] == pytest.approx(tokens[0], abs=1e-9)  # TTFT error = first token's error
         assert errors.tpot[k] * (record.output_tokens - 1) == pytest.approx(tokens[-1] - tokens[0], abs=1e-9)
-    assert sum(errors.itl) == pytest.approx(sum(errors.tpot[k] * (r.output_tokens - 1)
-                                                 for k, r in enumerate(measured)), abs=1e-6)
+    assert sum(errors.itl) == pytest.approx(
+        sum(errors.tpot[k] * (r.output_tokens - 1) for k, r in enumerate(measured)), abs=1e-6
+    )
 
     # a gross bound: the typical event is seen about when it was written, not seconds away
     summary = errors.summary()

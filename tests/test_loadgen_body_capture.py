@@ -41,14 +41,18 @@ def test_cutting_at_marks_keeps_every_byte_in_order(body, offsets):
         assert sum(len(piece) for tt, piece in pieces if tt <= t) == total
 
 
-async def post(url: str, connector_class: type[aiohttp.TCPConnector], schedule: dict, tokens: int
-               ) -> tuple[list[tuple[float, bytes]], BaseException | None]:
+async def post(
+    url: str, connector_class: type[aiohttp.TCPConnector], schedule: dict, tokens: int
+) -> tuple[list[tuple[float, bytes]], BaseException | None]:
     chunks: list[tuple[float, bytes]] = []
     connector = connector_class()
     request = {"prompt": "x", "max_tokens": tokens, "stream": True}
-    async with (aiohttp.ClientSession(connector=connector) as session,
-                session.post(url + "/v1/completions", json=request,
-                             headers={"X-Scripted-Schedule": json.dumps(schedule)}) as response):
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(
+            url + "/v1/completions", json=request, headers={"X-Scripted-Schedule": json.dumps(schedule)}
+        ) as response,
+    ):
         stamping = isinstance(connector, StampingConnector)
         assert isinstance(response.connection.protocol, StampingHandler) == stamping
         try:
@@ -73,8 +77,9 @@ def test_pieces_carry_the_time_of_their_read_with_and_without_stamping():
 
 def test_a_body_cut_short_keeps_what_arrived():
     with scripted_server(default_schedule=ScriptedSchedule(ttft_s=0.01, itl_s=0.01)) as server:
-        chunks, error = asyncio.run(post(server.url, StampingConnector,
-                                         {"fault": "reset", "fault_after_events": 3}, 9))
+        chunks, error = asyncio.run(
+            post(server.url, StampingConnector, {"fault": "reset", "fault_after_events": 3}, 9)
+        )
     assert error is not None and "ConnectionResetError" in str(error)
     assert b"".join(piece for _, piece in chunks).count(b'"text"') == 3
 
@@ -89,9 +94,15 @@ def test_a_body_larger_than_the_read_buffer_does_not_stall(monkeypatch):
 
     monkeypatch.setattr(loadgen, "READ_BUFFER", 2**12)  # high water: 8 KiB, ~30 events
     with scripted_server(default_schedule=ScriptedSchedule()) as server:
-        records = run_load_sync(PointJob(server.url, get_adapter("vllm"),
-                                         [RequestSpec("big", (1,), "x", 3000)], ClosedLoop(1),
-                                         timeouts=Timeouts(request_s=20, read_s=5)))
+        records = run_load_sync(
+            PointJob(
+                server.url,
+                get_adapter("vllm"),
+                [RequestSpec("big", (1,), "x", 3000)],
+                ClosedLoop(1),
+                timeouts=Timeouts(request_s=20, read_s=5),
+            )
+        )
     assert records[0].ok and records[0].output_tokens == 3000
 
 
@@ -163,8 +174,9 @@ def wait_for_receive_stamps(server: StampedSocket, client: StampedSocket, tries:
     pytest.fail("the kernel never stamped a read")
 
 
-@pytest.mark.skipif(not kernel_stamps_supported(),
-                    reason="the kernel's send and receive stamps are a Linux feature")
+@pytest.mark.skipif(
+    not kernel_stamps_supported(), reason="the kernel's send and receive stamps are a Linux feature"
+)
 def test_kernel_send_stamps_bracket_the_send_and_precede_the_receive_stamp():
     """The scripted server's truth: the kernel's stamp of each send lies within the send call, and the
     receiver's kernel stamp of the same bytes comes after it (on loopback, microseconds after)."""

@@ -27,8 +27,9 @@ def server(tmp_path_factory):
 
 
 def spec(request_id: str, schedule: dict, out: int = 12) -> RequestSpec:
-    return RequestSpec(request_id, (1, 2), "fault test", out,
-                       extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
+    return RequestSpec(
+        request_id, (1, 2), "fault test", out, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)}
+    )
 
 
 FAULTS = [
@@ -40,14 +41,22 @@ FAULTS = [
     ("http500", {"status": 500, "error_message": "engine died"}, ErrorKind.HTTP_STATUS, "engine died"),
     ("http503", {"status": 503, "error_message": "warming up"}, ErrorKind.HTTP_STATUS, "warming up"),
     ("malformed", {"fault": "malformed", "fault_after_events": 3}, ErrorKind.MALFORMED_EVENT, "not JSON"),
-    ("in-stream-error", {"fault": "error_event", "fault_after_events": 2}, ErrorKind.STREAM_ERROR,
-     "scripted failure"),
+    (
+        "in-stream-error",
+        {"fault": "error_event", "fault_after_events": 2},
+        ErrorKind.STREAM_ERROR,
+        "scripted failure",
+    ),
     ("no-final", {"fault": "no_final"}, ErrorKind.INCOMPLETE_STREAM, "without its final event"),
     ("cut-early", {"fault": "no_final", "fault_after_events": 5}, ErrorKind.INCOMPLETE_STREAM, "final event"),
     # pauses each shorter than the read timeout, together longer than the whole-request timeout (margins in
     # test_every_fault_is_recorded_with_its_kind)
-    ("stall-total", {"stalls": [{"after_event": 2, "seconds": 1.05}, {"after_event": 3, "seconds": 1.05}]},
-     ErrorKind.TIMEOUT, "longer than 2.0 s"),
+    (
+        "stall-total",
+        {"stalls": [{"after_event": 2, "seconds": 1.05}, {"after_event": 3, "seconds": 1.05}]},
+        ErrorKind.TIMEOUT,
+        "longer than 2.0 s",
+    ),
     ("slow-headers-ok", {"headers_delay_s": 0.4}, None, None),
     ("slow-headers", {"headers_delay_s": 2.5}, ErrorKind.HEADERS_TIMEOUT, "no response headers"),
 ]
@@ -61,8 +70,11 @@ def test_every_fault_is_recorded_with_its_kind(server, tmp_path):
     # never early), so the whole-request timeout ends it; slow-headers' header timeout (read_s after sending)
     # comes 0.5 s before the whole-request timeout; slow-headers-ok's headers come 1.1 s before read_s.
     timeouts = Timeouts(request_s=2.0, read_s=1.5, connect_s=2.0)
-    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), sent, ClosedLoop(len(sent)),
-                                     output_path=out, timeouts=timeouts))
+    records = run_load_sync(
+        PointJob(
+            server.url, get_adapter("vllm"), sent, ClosedLoop(len(sent)), output_path=out, timeouts=timeouts
+        )
+    )
     by_id = {r.request_id: r for r in records}
     assert len(records) == len(FAULTS) and set(by_id) == {rid for rid, *_ in FAULTS}
     for rid, _, kind, text in FAULTS:
@@ -80,8 +92,11 @@ def test_every_fault_is_recorded_with_its_kind(server, tmp_path):
 
 def test_stall_between_reads(server):
     sent = [spec("stall-read", {"stalls": [{"after_event": 3, "seconds": 1.5}]})]
-    [record] = run_load_sync(PointJob(server.url, get_adapter("vllm"), sent, ClosedLoop(1),
-                                      timeouts=Timeouts(request_s=30, read_s=0.5)))
+    [record] = run_load_sync(
+        PointJob(
+            server.url, get_adapter("vllm"), sent, ClosedLoop(1), timeouts=Timeouts(request_s=30, read_s=0.5)
+        )
+    )
     assert record.error_kind == ErrorKind.STALL and record.event_tokens == 3
 
 
@@ -89,8 +104,14 @@ def test_connection_refused():
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    records = run_load_sync(PointJob(f"http://127.0.0.1:{port}", get_adapter("tgi"),
-                                     [spec(f"r{i}", {}) for i in range(3)], ClosedLoop(2)))
+    records = run_load_sync(
+        PointJob(
+            f"http://127.0.0.1:{port}",
+            get_adapter("tgi"),
+            [spec(f"r{i}", {}) for i in range(3)],
+            ClosedLoop(2),
+        )
+    )
     assert [r.error_kind for r in records] == [ErrorKind.CONNECTION_REFUSED] * 3
     assert all(r.send_s is None and r.events == [] for r in records)
 
@@ -103,9 +124,9 @@ def test_server_killed_mid_run(tmp_path):
         sent = [RequestSpec(f"k{i}", (1,), "x", 200) for i in range(10)]
 
         async def scenario():
-            run = asyncio.create_task(run_load(
-                PointJob(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out)
-            ))
+            run = asyncio.create_task(
+                run_load(PointJob(doomed.url, get_adapter("vllm"), sent, ClosedLoop(4), output_path=out))
+            )
             # all four streams have tokens: none is connecting
             await asyncio.to_thread(doomed.wait_streaming, 4)
             doomed.kill()

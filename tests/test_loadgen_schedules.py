@@ -82,8 +82,14 @@ def test_open_loop_sends_on_schedule_and_reports_lag(server, tmp_path):
 
 def test_open_loop_concurrency_cap_shows_as_lag(server):
     slow = {"ttft_s": 0.05, "itl_s": 0.01}
-    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("capped", 6, 5, slow),
-                                     OpenLoop(rate=1000.0, arrival="constant", max_concurrency=2)))
+    records = run_load_sync(
+        PointJob(
+            server.url,
+            get_adapter("vllm"),
+            make_specs("capped", 6, 5, slow),
+            OpenLoop(rate=1000.0, arrival="constant", max_concurrency=2),
+        )
+    )
     lags = sorted(timing.client_lag(r) for r in records)
     assert lags[-1] > 0.15  # the last ones waited for two earlier pairs of ~90 ms requests
 
@@ -100,8 +106,16 @@ def test_trace_replay(server):
 @pytest.mark.parametrize("schedule", [ClosedLoop(3), OpenLoop(100.0)], ids=["closed", "open"])
 def test_warmup_is_recorded_and_flagged(server, tmp_path, schedule):
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("measured", 6), schedule,
-                                     output_path=out, warmup_specs=make_specs("warm", 3)))
+    records = run_load_sync(
+        PointJob(
+            server.url,
+            get_adapter("vllm"),
+            make_specs("measured", 6),
+            schedule,
+            output_path=out,
+            warmup_specs=make_specs("warm", 3),
+        )
+    )
     assert sorted(r.request_id for r in records if r.warmup) == ["warm-0", "warm-1", "warm-2"]
     assert len(read_records(out, include_warmup=False)) == 6
     [summary] = read_run_summaries(tmp_path / "runs.jsonl")
@@ -115,11 +129,19 @@ def test_bounds_by_count_and_by_duration(server):
         PointJob(server.url, get_adapter("vllm"), make_specs("b", 3), ClosedLoop(2), max_requests=7)
     )
     assert sorted(r.request_id for r in records) == sorted(
-        ["b-0", "b-1", "b-2", "b-0~1", "b-1~1", "b-2~1", "b-0~2"])
+        ["b-0", "b-1", "b-2", "b-0~1", "b-1~1", "b-2~1", "b-0~2"]
+    )
     # Two streams of requests that last >= 50 ms (the server waits that long for the first token) for 1 s: at
     # most 2 * (1 / 0.05 + 1) requests, and at least three, so a spec is reused, however slow the machine.
-    timed = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("d", 2, 4, {"ttft_s": 0.05}),
-                                   ClosedLoop(2), max_duration_s=1.0))
+    timed = run_load_sync(
+        PointJob(
+            server.url,
+            get_adapter("vllm"),
+            make_specs("d", 2, 4, {"ttft_s": 0.05}),
+            ClosedLoop(2),
+            max_duration_s=1.0,
+        )
+    )
     starts = sorted(r.start_s for r in timed)
     assert 3 <= len(timed) <= 42 and starts[-1] - starts[0] < 1.0  # none started after the bound
     assert len({r.request_id for r in timed}) == len(timed)  # cycled specs get fresh ids
@@ -127,9 +149,16 @@ def test_bounds_by_count_and_by_duration(server):
 
 def test_progress_reports(server):
     seen: list[int] = []
-    records = run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("p", 8, 5, {"ttft_s": 0.05}),
-                                     ClosedLoop(2), progress=lambda rs: seen.append(len(rs)),
-                                     progress_interval_s=0.05))
+    records = run_load_sync(
+        PointJob(
+            server.url,
+            get_adapter("vllm"),
+            make_specs("p", 8, 5, {"ttft_s": 0.05}),
+            ClosedLoop(2),
+            progress=lambda rs: seen.append(len(rs)),
+            progress_interval_s=0.05,
+        )
+    )
     assert seen == sorted(seen) and seen[-1] == len(records) == 8 and len(seen) >= 3
 
 
@@ -140,8 +169,15 @@ def test_bad_input_fails_before_sending(server, tmp_path):
         run_load_sync(PointJob(server.url, get_adapter("vllm"), make_specs("x", 1) * 2, ClosedLoop(1)))
     with pytest.raises(ValueError, match="rejects unknown request fields"):
         bad = [RequestSpec("x", (1,), "x", 2, extra_body={"not_a_field": 1})]
-        run_load_sync(PointJob(server.url, get_adapter("trtllm", model="m"), bad, ClosedLoop(1),
-                               output_path=tmp_path / "r.jsonl"))
+        run_load_sync(
+            PointJob(
+                server.url,
+                get_adapter("trtllm", model="m"),
+                bad,
+                ClosedLoop(1),
+                output_path=tmp_path / "r.jsonl",
+            )
+        )
     with pytest.raises(ValueError, match="absolute"):
         run_load_sync(PointJob("127.0.0.1:80", get_adapter("vllm"), make_specs("x", 1), ClosedLoop(1)))
     assert not (tmp_path / "r.jsonl").exists() or not (tmp_path / "r.jsonl").read_text()
@@ -153,9 +189,17 @@ def test_cancelling_the_run_records_in_flight_requests(server, tmp_path):
     server.wait_idle()  # no stream left over from an earlier test counts as one of ours
 
     async def scenario():
-        task = asyncio.create_task(run_load(PointJob(server.url, get_adapter("vllm"),
-                                                     make_specs("c", 6, 200, long), ClosedLoop(3),
-                                                     output_path=out)))
+        task = asyncio.create_task(
+            run_load(
+                PointJob(
+                    server.url,
+                    get_adapter("vllm"),
+                    make_specs("c", 6, 200, long),
+                    ClosedLoop(3),
+                    output_path=out,
+                )
+            )
+        )
         # every stream has had 10 tokens written (half a second of them) before the cancel
         await asyncio.to_thread(server.wait_streaming, 3, 60.0, 10)
         task.cancel()
@@ -191,8 +235,9 @@ def test_ctrl_c_stops_cleanly(server, tmp_path):
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     server.wait_idle()  # streams the previous test cancelled must not count as these four
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout.readline().strip() == "started"
     server.wait_streaming(4)  # the four streams are under way (10 s each), however slow the machine
     proc.send_signal(signal.SIGINT)

@@ -44,8 +44,14 @@ async def _stream(request: web.Request, tokens: int, cut_after: int | None = Non
             _reset(request)
             return resp
         await resp.write(_chunk({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}))
-    await resp.write(_chunk({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}))
+    await resp.write(
+        _chunk(
+            {
+                "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": tokens},
+            }
+        )
+    )
     await resp.write(_chunk("[DONE]"))
     await resp.write_eof()
     return resp
@@ -95,8 +101,9 @@ def make_app(decide: Decide) -> tuple[web.Application, dict]:
     return app, state
 
 
-def run_against(decide: Decide, n: int, schedule, tmp_path, out_tokens: int = 6
-                ) -> tuple[list[RequestRecord], dict]:
+def run_against(
+    decide: Decide, n: int, schedule, tmp_path, out_tokens: int = 6
+) -> tuple[list[RequestRecord], dict]:
     app, state = make_app(decide)
     out = tmp_path / "requests.jsonl"
 
@@ -159,10 +166,13 @@ def test_open_loop_keeps_the_intended_send_time(tmp_path):
     assert all(r.send_s >= r.scheduled_s for r in records)
 
 
-@pytest.mark.parametrize("fault,kinds", [
-    ("close", {ErrorKind.SERVER_DISCONNECTED}),
-    ("reset", {ErrorKind.CONNECTION_RESET, ErrorKind.SERVER_DISCONNECTED}),
-])
+@pytest.mark.parametrize(
+    "fault,kinds",
+    [
+        ("close", {ErrorKind.SERVER_DISCONNECTED}),
+        ("reset", {ErrorKind.CONNECTION_RESET, ErrorKind.SERVER_DISCONNECTED}),
+    ],
+)
 def test_a_failure_on_a_new_connection_is_a_failure(fault, kinds, tmp_path):
     """Every connection fails at its first request: nothing was reused, so nothing is retried."""
     records, state = run_against(by_index({}, fault), 4, ClosedLoop(1), tmp_path)
@@ -176,8 +186,9 @@ def test_a_reset_after_response_bytes_is_a_failure(tmp_path):
     failed mid-answer, which no retry hides."""
     records, _ = run_against(by_index({1: "cut"}), 6, ClosedLoop(1), tmp_path)
     failed = [r for r in records if r.error_kind is not None]
-    assert failed and all(r.error_kind in (ErrorKind.CONNECTION_RESET, ErrorKind.SERVER_DISCONNECTED)
-                          for r in failed)
+    assert failed and all(
+        r.error_kind in (ErrorKind.CONNECTION_RESET, ErrorKind.SERVER_DISCONNECTED) for r in failed
+    )
     assert all(r.stale_retry_s is None and r.event_tokens == 2 for r in failed)
     assert all(r.output_tokens == 6 for r in records if r.ok)
 
@@ -185,6 +196,7 @@ def test_a_reset_after_response_bytes_is_a_failure(tmp_path):
 def test_a_retry_that_fails_too_is_a_failure(tmp_path):
     """The first connection serves one request, then the server resets every connection: the second
     request's stale try is retried once and fails; later requests fail on their own new connections."""
+
     def decide(index: int, state: dict) -> str:
         return "serve" if len(state["connections"]) == 1 and index == 0 else "reset"
 

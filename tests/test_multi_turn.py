@@ -83,13 +83,21 @@ def test_think_time_forms():
 
 def test_sharegpt_sessions(bpe, tmp_path):
     conversations = [
-        {"id": "long", "conversations": [
-            {"from": "human", "value": "First question?"}, {"from": "gpt", "value": "First answer here."},
-            {"from": "human", "value": "Second question?"}, {"from": "gpt", "value": "Two."},
-            {"from": "human", "value": "Third?"},
-            {"from": "gpt", "value": "The third answer, longer still."}]},
-        {"id": "single", "conversations": [
-            {"from": "human", "value": "Only one?"}, {"from": "gpt", "value": "Yes."}]},
+        {
+            "id": "long",
+            "conversations": [
+                {"from": "human", "value": "First question?"},
+                {"from": "gpt", "value": "First answer here."},
+                {"from": "human", "value": "Second question?"},
+                {"from": "gpt", "value": "Two."},
+                {"from": "human", "value": "Third?"},
+                {"from": "gpt", "value": "The third answer, longer still."},
+            ],
+        },
+        {
+            "id": "single",
+            "conversations": [{"from": "human", "value": "Only one?"}, {"from": "gpt", "value": "Yes."}],
+        },
         "not a conversation",
     ]
     path = tmp_path / "sharegpt.json"
@@ -99,7 +107,8 @@ def test_sharegpt_sessions(bpe, tmp_path):
     turns = sessions[0].turns
     assert [t.prompt_text for t in turns] == ["First question?", "\n\nSecond question?", "\n\nThird?"]
     assert [t.wanted_output_tokens for t in turns] == [
-        len(encode(bpe, a)) for a in ("First answer here.", "Two.", "The third answer, longer still.")]
+        len(encode(bpe, a)) for a in ("First answer here.", "Two.", "The third answer, longer still.")
+    ]
     assert sessions[0].think_s == (0.0, 1.0, 1.0)
     assert len(sharegpt_sessions(path, bpe, turns=2)[0].turns) == 2
     every = sharegpt_sessions(path, bpe, min_turns=1)
@@ -109,8 +118,15 @@ def test_sharegpt_sessions(bpe, tmp_path):
 
 
 def test_session_fields_round_trip(tmp_path):
-    base = dict(run_id="r", backend="b", t0_monotonic=1.0, prompt_tokens=3, wanted_output_tokens=2,
-                output_length_forced=True, scheduled_s=0.0)
+    base = dict(
+        run_id="r",
+        backend="b",
+        t0_monotonic=1.0,
+        prompt_tokens=3,
+        wanted_output_tokens=2,
+        output_length_forced=True,
+        scheduled_s=0.0,
+    )
     path = tmp_path / "requests.jsonl"
     with RecordWriter(path) as writer:
         writer.append(RequestRecord(**base, request_id="s-0-t1", session_id="s-0", turn=1))
@@ -127,8 +143,9 @@ def test_sessions_need_a_closed_loop_and_a_tokenizer(bpe):
     sessions = synthetic_sessions(bpe, 2, 2, 4, 2, seed=0)
     adapter = get_adapter("reference")
     with pytest.raises(ValueError, match="closed loop"):
-        run_load_sync(PointJob("http://127.0.0.1:9", adapter, [], OpenLoop(1.0), sessions=sessions,
-                               tokenizer=bpe))
+        run_load_sync(
+            PointJob("http://127.0.0.1:9", adapter, [], OpenLoop(1.0), sessions=sessions, tokenizer=bpe)
+        )
     with pytest.raises(ValueError, match="tokenizer"):
         run_load_sync(PointJob("http://127.0.0.1:9", adapter, [], ClosedLoop(1), sessions=sessions))
 
@@ -147,8 +164,17 @@ def test_live_later_turns_hit_the_prefix_cache(tiny_server, llama_dir, tmp_path)
     sessions = synthetic_sessions(tokenizer, 3, 3, 24, 16, think_time=0.05, seed=11)
     before = _prefix_hits(tiny_server.url)
     out = tmp_path / "requests.jsonl"
-    records = run_load_sync(PointJob(tiny_server.url, get_adapter("reference", model=str(llama_dir)), [],
-                                     ClosedLoop(2), output_path=out, sessions=sessions, tokenizer=tokenizer))
+    records = run_load_sync(
+        PointJob(
+            tiny_server.url,
+            get_adapter("reference", model=str(llama_dir)),
+            [],
+            ClosedLoop(2),
+            output_path=out,
+            sessions=sessions,
+            tokenizer=tokenizer,
+        )
+    )
     gained = _prefix_hits(tiny_server.url) - before
     assert len(records) == 9 and all(r.ok for r in records), [r.error_message for r in records]
     by_id = {(r.session_id, r.turn): r for r in read_records(out)}
@@ -173,10 +199,35 @@ def test_live_compare_run_multi_turn_report(tiny_server, llama_dir, tmp_path):
 
     before = _prefix_hits(tiny_server.url)
     out = tmp_path / "run"
-    run_compare("run", "--backends", "reference", "--endpoint", f"reference={tiny_server.url}",
-                "--model", str(llama_dir), "--dataset", "multi-turn", "--turns", "3", "--input-len", "24",
-                "--output-len", "16", "--think-time", "0.02", "--concurrency", "3", "--num-requests", "3",
-                "--warmup", "0", "--n-boot", "100", "--out", str(out))
+    run_compare(
+        "run",
+        "--backends",
+        "reference",
+        "--endpoint",
+        f"reference={tiny_server.url}",
+        "--model",
+        str(llama_dir),
+        "--dataset",
+        "multi-turn",
+        "--turns",
+        "3",
+        "--input-len",
+        "24",
+        "--output-len",
+        "16",
+        "--think-time",
+        "0.02",
+        "--concurrency",
+        "3",
+        "--num-requests",
+        "3",
+        "--warmup",
+        "0",
+        "--n-boot",
+        "100",
+        "--out",
+        str(out),
+    )
     gained = _prefix_hits(tiny_server.url) - before
     records = read_records(out / "requests.jsonl")
     assert len(records) == 9 and all(r.ok for r in records)

@@ -55,16 +55,21 @@ def scatter_into_cache(num_blocks, block_size, seqs_kv, rng):
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def prefill_batch(rows: list[tuple[int, int, int, list[int]]], tile_tokens: int | None,
-                  device: torch.device) -> PrefillBatch | None:
+def prefill_batch(
+    rows: list[tuple[int, int, int, list[int]]], tile_tokens: int | None, device: torch.device
+) -> PrefillBatch | None:
     """The chunks as the model runner hands them to a one-launch prefill kernel (None where the ops have
     none)."""
     if tile_tokens is None or not rows:
         return None
     chunks, tables, tiles, width = prefill_batch_lists(rows, tile_tokens)
     as_tensor = partial(torch.tensor, dtype=torch.int32, device=device)
-    return PrefillBatch(as_tensor(chunks).view(-1, 3), as_tensor(tables).view(-1, width),
-                        as_tensor(tiles).view(-1, 2), max(ctx for _, _, ctx, _ in rows))
+    return PrefillBatch(
+        as_tensor(chunks).view(-1, 3),
+        as_tensor(tables).view(-1, width),
+        as_tensor(tiles).view(-1, 2),
+        max(ctx for _, _, ctx, _ in rows),
+    )
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -97,26 +102,44 @@ def test_long_prefill_chunks_match_dense(ops, heads, kv_heads, head_dim):
     """Chunks longer than a prefill kernel's tile (several programs per chunk, the causal limit inside a
     tile), one starting a sequence and one continuing a long cached prefix, beside a few decodes."""
     rng = random.Random()
-    specs = [(rng.randint(1, 300), 1) for _ in range(3)] + [(0, rng.randint(65, 160)), (rng.randint(100, 200),
-                                                                                       rng.randint(65, 130))]
+    specs = [(rng.randint(1, 300), 1) for _ in range(3)] + [
+        (0, rng.randint(65, 160)),
+        (rng.randint(100, 200), rng.randint(65, 130)),
+    ]
     check_against_dense(ops, specs, 16, heads, kv_heads, head_dim, DTYPES[-1], rng)
 
 
-def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int,
-                        head_dim: int, dtype: torch.dtype, rng: random.Random) -> None:
+def check_against_dense(
+    ops,
+    specs: list[tuple[int, int]],
+    block_size: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    rng: random.Random,
+) -> None:
     """`ops.attend` over a flat batch of (cached, new) token counts per sequence (decodes first) against dense
     causal attention per sequence."""
     scale = head_dim**-0.5
     seqs = []
     for cached, new in specs:
         ctx = cached + new
-        seqs.append((torch.randn(ctx, kv_heads, head_dim), torch.randn(ctx, kv_heads, head_dim),
-                     torch.randn(new, heads, head_dim), cached, new))
+        seqs.append(
+            (
+                torch.randn(ctx, kv_heads, head_dim),
+                torch.randn(ctx, kv_heads, head_dim),
+                torch.randn(new, heads, head_dim),
+                cached,
+                new,
+            )
+        )
     total_blocks = sum(math.ceil((c + n) / block_size) for c, n in specs) + 5
     # The cache holds only the already-cached tokens; the new ones are written by the attention call.
     prior = [(k[:cached], v[:cached]) for k, v, _, cached, _ in seqs]
-    placeholders = [(torch.zeros(c + n, kv_heads, head_dim), torch.zeros(c + n, kv_heads, head_dim))
-                    for c, n in specs]
+    placeholders = [
+        (torch.zeros(c + n, kv_heads, head_dim), torch.zeros(c + n, kv_heads, head_dim)) for c, n in specs
+    ]
     k_cache, v_cache, tables = scatter_into_cache(total_blocks, block_size, placeholders, rng)
     for (k_prior, v_prior), table in zip(prior, tables, strict=True):
         for i in range(k_prior.shape[0]):
@@ -145,15 +168,25 @@ def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, head
     for chunk in prefills:
         chunk.block_table = chunk.block_table.to(dev)
     batch = AttentionBatch(
-        slot_mapping=torch.tensor(slots, device=dev), num_decode=len(decode_tables),
-        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
-                                         dtype=torch.int32, device=dev),
-        decode_context_lens=lens, decode_max_context=max(decode_lens),
-        decode_mask=decode_mask(lens, width * block_size), prefills=prefills,
-        prefill_batch=prefill_batch(prefill_rows, ops.prefill_tile_tokens(heads // kv_heads), dev))
+        slot_mapping=torch.tensor(slots, device=dev),
+        num_decode=len(decode_tables),
+        decode_block_tables=torch.tensor(
+            [t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.int32, device=dev
+        ),
+        decode_context_lens=lens,
+        decode_max_context=max(decode_lens),
+        decode_mask=decode_mask(lens, width * block_size),
+        prefills=prefills,
+        prefill_batch=prefill_batch(prefill_rows, ops.prefill_tile_tokens(heads // kv_heads), dev),
+    )
     k_cache, v_cache = k_cache.to(dev, dtype), v_cache.to(dev, dtype)
-    write_kv(k_cache, v_cache, torch.stack(k_rows).to(dev, dtype), torch.stack(v_rows).to(dev, dtype),
-             batch.slot_mapping)
+    write_kv(
+        k_cache,
+        v_cache,
+        torch.stack(k_rows).to(dev, dtype),
+        torch.stack(v_rows).to(dev, dtype),
+        batch.slot_mapping,
+    )
     out = ops.attend(torch.stack(q_rows).to(dev, dtype), k_cache, v_cache, batch, scale).cpu()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     row = 0
@@ -161,6 +194,6 @@ def check_against_dense(ops, specs: list[tuple[int, int]], block_size: int, head
         # The reference sees the same (rounded) inputs the kernels see.
         k, v, q = (t.to(dtype).double() for t in (k, v, q))
         ref = dense_attention(q, k, v, scale)
-        got = out[row:row + new].double()
+        got = out[row : row + new].double()
         assert torch.allclose(got, ref, rtol=tol, atol=tol), (got - ref).abs().max()
         row += new

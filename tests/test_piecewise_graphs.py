@@ -63,10 +63,19 @@ def test_pieces_give_the_eager_steps_tokens_and_cache(llama_dir, kernels):
     rng = random.Random(21)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(5, 70))] for _ in range(9)]
     prompts.append(prompts[0][:32] + [rng.randrange(3, 300) for _ in range(9)])
-    params = [SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True)
-              for _ in prompts]
-    config = dict(model=str(llama_dir), device="cpu", kernels=kernels, block_size=4, max_model_len=128,
-                  max_num_batched_tokens=40, mixed_prefill_tokens=12, async_scheduling=False)
+    params = [
+        SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True) for _ in prompts
+    ]
+    config = dict(
+        model=str(llama_dir),
+        device="cpu",
+        kernels=kernels,
+        block_size=4,
+        max_model_len=128,
+        max_num_batched_tokens=40,
+        mixed_prefill_tokens=12,
+        async_scheduling=False,
+    )
     eager = Engine(EngineConfig(**config))
     expected = run(eager, prompts, params)
     piecewise = Engine(EngineConfig(**config))
@@ -88,8 +97,16 @@ def test_piece_logits_match_the_eager_forward(llama_dir):
     sampling rows through the pieces equal the eager forward's to float32 rounding."""
     from reference_engine.model_runner import StepInputs
 
-    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", kernels="torch", block_size=4,
-                                 max_model_len=128, async_scheduling=False))
+    engine = Engine(
+        EngineConfig(
+            model=str(llama_dir),
+            device="cpu",
+            kernels="torch",
+            block_size=4,
+            max_model_len=128,
+            async_scheduling=False,
+        )
+    )
     runner = engine.runner
     torch.manual_seed(5)
     step = StepInputs()
@@ -121,8 +138,12 @@ def test_mixed_graph_sizes_and_option():
     assert engine_config(parse_args(["--model", "random:tiny"])).mixed_cuda_graph_sizes is None
     args = parse_args(["--model", "random:tiny", "--mixed-cudagraph-sizes", "64", "512"])
     assert engine_config(args).mixed_cuda_graph_sizes == [64, 512]
-    assert engine_config(parse_args(["--model", "random:tiny", "--mixed-cudagraph-sizes"])
-                         ).mixed_cuda_graph_sizes == []
+    assert (
+        engine_config(
+            parse_args(["--model", "random:tiny", "--mixed-cudagraph-sizes"])
+        ).mixed_cuda_graph_sizes
+        == []
+    )
 
 
 def test_arrivals_join_an_overlapped_step_through_the_pieces(llama_dir):
@@ -132,10 +153,18 @@ def test_arrivals_join_an_overlapped_step_through_the_pieces(llama_dir):
     tokens as an engine that runs every step eagerly and synchronously."""
     rng = random.Random()
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(3, 20))] for _ in range(12)]
-    params = [SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True)
-              for _ in prompts]
-    config = dict(model=str(llama_dir), device="cpu", kernels="torch", block_size=4, max_model_len=128,
-                  max_num_batched_tokens=40, mixed_prefill_tokens=24)
+    params = [
+        SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True) for _ in prompts
+    ]
+    config = dict(
+        model=str(llama_dir),
+        device="cpu",
+        kernels="torch",
+        block_size=4,
+        max_model_len=128,
+        max_num_batched_tokens=40,
+        mixed_prefill_tokens=24,
+    )
 
     def staggered(engine: Engine) -> dict[str, list[int]]:
         outs: dict[str, list[int]] = {}

@@ -150,16 +150,28 @@ def test_blocks_share_the_point_budget():
 
 
 def test_blocks_default_to_two_for_running_endpoints_only(tok_dir):
-    two = {"backends": "vllm:a,vllm:b", "endpoints": ["vllm:a=http://127.0.0.1:9", "vllm:b=http://127.0.0.1:8"],
-           "model": "m", "tokenizer": str(tok_dir)}
+    two = {
+        "backends": "vllm:a,vllm:b",
+        "endpoints": ["vllm:a=http://127.0.0.1:9", "vllm:b=http://127.0.0.1:8"],
+        "model": "m",
+        "tokenizer": str(tok_dir),
+    }
     assert build_plan(two).blocks == 2
     assert build_plan(two | {"blocks": 3}).blocks == 3
     assert build_plan(two | {"blocks": 1}).blocks == 1
-    one = {"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
-           "tokenizer": str(tok_dir)}
+    one = {
+        "backends": "vllm",
+        "endpoints": ["vllm=http://127.0.0.1:9"],
+        "model": "m",
+        "tokenizer": str(tok_dir),
+    }
     assert build_plan(one).blocks == 1
-    launched = {"backends": "reference:eager,vllm", "endpoints": ["vllm=http://127.0.0.1:9"],
-                "model": str(tok_dir), "tokenizer": str(tok_dir)}
+    launched = {
+        "backends": "reference:eager,vllm",
+        "endpoints": ["vllm=http://127.0.0.1:9"],
+        "model": str(tok_dir),
+        "tokenizer": str(tok_dir),
+    }
     assert build_plan(launched).blocks == 1
     with pytest.raises(PlanError, match="--repeats"):
         build_plan(launched | {"blocks": 2})
@@ -212,7 +224,11 @@ def test_a_duration_bound_point_gives_every_request_its_own_prompt_in_alternatin
     run_dir, made = _measure_two_endpoints(tmp_path, tok_dir, monkeypatch, num_requests=0, duration="1s")
     points = run_dir.manifest["points"]
     assert [(p["variant"], p["block"], p["blocks"], p["repeat"]) for p in points] == [
-        ("a", 0, 2, 0), ("b", 0, 2, 0), ("b", 1, 2, 1), ("a", 1, 2, 1)]
+        ("a", 0, 2, 0),
+        ("b", 0, 2, 0),
+        ("b", 1, 2, 1),
+        ("a", 1, 2, 1),
+    ]
     assert run_dir.manifest["config"]["blocks"] == 2 and run_dir.manifest["config"]["prompt_pool"] is None
     records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
     by_run = {p["run_id"]: [r for r in records if r.run_id == p["run_id"]] for p in points}
@@ -240,8 +256,9 @@ def test_a_duration_bound_point_gives_every_request_its_own_prompt_in_alternatin
 def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeypatch):
     """--prompt-pool 3 --num-requests 8 --blocks 1: each point sends 3 prompts, the repeats suffixed `~k`,
     which the repeated-prompt warning counts; the manifest records the pool."""
-    run_dir, made = _measure_two_endpoints(tmp_path, tok_dir, monkeypatch, num_requests=8, prompt_pool=3,
-                                           blocks=1)
+    run_dir, made = _measure_two_endpoints(
+        tmp_path, tok_dir, monkeypatch, num_requests=8, prompt_pool=3, blocks=1
+    )
     assert not made  # nothing made as it went: the pool was made first
     points = run_dir.manifest["points"]
     assert [(p["variant"], p["repeat"]) for p in points] == [("a", 0), ("b", 0)]
@@ -250,8 +267,18 @@ def test_a_prompt_pool_cycles_its_prompts_and_says_so(tmp_path, tok_dir, monkeyp
     records = [r for r in read_records(run_dir.requests_path) if not r.warmup]
     for p in points:
         ids = sorted(r.request_id for r in records if r.run_id == p["run_id"])
-        assert ids == sorted(["random0-0", "random0-1", "random0-2", "random0-0~1", "random0-1~1",
-                              "random0-2~1", "random0-0~2", "random0-1~2"])
+        assert ids == sorted(
+            [
+                "random0-0",
+                "random0-1",
+                "random0-2",
+                "random0-0~1",
+                "random0-1~1",
+                "random0-2~1",
+                "random0-0~2",
+                "random0-1~2",
+            ]
+        )
     warnings = repeated_prompt_warnings(records)
     assert len(warnings) == 2 and all("5 of 8 requests" in w for w in warnings)
 

@@ -94,8 +94,9 @@ def test_one_and_three_actors_measure_the_same_load_point(cluster, llama_dir, tm
         records = read_records(out / "requests.jsonl")
         errors = accuracy.compare(records, truth_log)
         assert errors.n_requests == len(records) and not errors.unmatched
-        early = {r.request_id: e for r in records
-                 if (e := stamped_before_sent(r, truth_log[r.request_id], 0.002))}
+        early = {
+            r.request_id: e for r in records if (e := stamped_before_sent(r, truth_log[r.request_id], 0.002))
+        }
         assert not early, dict(list(early.items())[:5])
         assert errors.summary()["event_p50_ms"] < LATE_MS
 
@@ -127,8 +128,11 @@ def test_one_and_three_actors_measure_the_same_load_point(cluster, llama_dir, tm
     uncertainty = max(g["clock_offset"]["uncertainty_s"] for p in points for g in p["generators"])
     # within the offsets' uncertainty
     # each open-loop point draws its own arrivals (its seed derived from the run's, in the manifest)
-    described = next(p["schedule"] for p in json.loads((runs[3] / "manifest.json").read_text())["points"]
-                     if p["load_point"] == "r=20")
+    described = next(
+        p["schedule"]
+        for p in json.loads((runs[3] / "manifest.json").read_text())["points"]
+        if p["load_point"] == "r=20"
+    )
     expected = OpenLoop(20.0, seed=described["seed"]).offsets(30)
     assert np.abs(scheduled - expected).max() < uncertainty + 0.003
     assert not actors_left(cluster)

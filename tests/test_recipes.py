@@ -50,9 +50,17 @@ def test_every_dataset_is_planned_and_gives_a_point_its_prompts(
     gives it (`PINNED_OPTIONS`), is planned and makes prompts (or sessions) for a load point."""
     from transformers import AutoTokenizer
 
-    plan = build_plan({"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
-                       "tokenizer": str(tok_dir), "dataset": dataset, **dataset_options(dataset, files),
-                       "num_requests": 3})
+    plan = build_plan(
+        {
+            "backends": "vllm",
+            "endpoints": ["vllm=http://127.0.0.1:9"],
+            "model": "m",
+            "tokenizer": str(tok_dir),
+            "dataset": dataset,
+            **dataset_options(dataset, files),
+            "num_requests": 3,
+        }
+    )
     prompts = Prompts(plan, AutoTokenizer.from_pretrained(str(tok_dir)), FixedPoints.most_points(plan))
     [(workload, per_point)] = prompts.workloads
     first = per_point[0]
@@ -75,17 +83,33 @@ def test_a_dataset_declared_in_the_catalog_alone_is_planned_checked_labelled_and
         def label(self, w: Workload) -> str:
             return f"short-{w.output_len}"
 
-        def chunks(self, w: Workload, tokenizer: Any, seed: Sequence[int], size: int,
-                   allowed: Callable[[], np.ndarray], id_prefix: str) -> Callable[[int], list]:
-            return lambda c: random_dataset(tokenizer, size, 4, w.output_len, seed=[*seed, c],
-                                            id_prefix=id_prefix, first_index=c * size)
+        def chunks(
+            self,
+            w: Workload,
+            tokenizer: Any,
+            seed: Sequence[int],
+            size: int,
+            allowed: Callable[[], np.ndarray],
+            id_prefix: str,
+        ) -> Callable[[int], list]:
+            return lambda c: random_dataset(
+                tokenizer, size, 4, w.output_len, seed=[*seed, c], id_prefix=id_prefix, first_index=c * size
+            )
 
     monkeypatch.setitem(DATASETS, "short", Short())
-    options = {"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
-               "tokenizer": str(tok_dir), "dataset": "short", "num_requests": 3}
-    for wrong, message in [({"input_len": "8"}, "--input-len does not apply to dataset short"),
-                           ({"output_len": "0"}, "--output-len: fixed length needs a first value >= 1"),
-                           ({"dataset_path": str(tok_dir)}, "dataset short makes its own prompts")]:
+    options = {
+        "backends": "vllm",
+        "endpoints": ["vllm=http://127.0.0.1:9"],
+        "model": "m",
+        "tokenizer": str(tok_dir),
+        "dataset": "short",
+        "num_requests": 3,
+    }
+    for wrong, message in [
+        ({"input_len": "8"}, "--input-len does not apply to dataset short"),
+        ({"output_len": "0"}, "--output-len: fixed length needs a first value >= 1"),
+        ({"dataset_path": str(tok_dir)}, "dataset short makes its own prompts"),
+    ]:
         with pytest.raises(PlanError, match=message):
             build_plan(options | wrong)
     plan = build_plan(options | {"output_len": "2"})
@@ -95,7 +119,10 @@ def test_a_dataset_declared_in_the_catalog_alone_is_planned_checked_labelled_and
     [(_, [stream, *_])] = prompts.workloads
     made = stream.first(3)
     assert [(s.request_id, s.prompt_len, s.wanted_output_tokens) for s in made] == [
-        ("short0-0", 4, 2), ("short0-1", 4, 2), ("short0-2", 4, 2)]
+        ("short0-0", 4, 2),
+        ("short0-1", 4, 2),
+        ("short0-2", 4, 2),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +139,14 @@ def test_every_latency_metric_reaches_the_tables_and_the_report(results: Results
     for m in LATENCY:
         if m.per_request is not None:
             assert f"{m.name}_s" in results.requests, m.name
-        columns = {f"{m.name}_n", f"{m.name}_mean_ms", f"{m.name}_p50_ms", f"{m.name}_p99_ms",
-                   f"{m.name}_p50_ms_lo", f"{m.name}_p50_ms_hi"}
+        columns = {
+            f"{m.name}_n",
+            f"{m.name}_mean_ms",
+            f"{m.name}_p50_ms",
+            f"{m.name}_p99_ms",
+            f"{m.name}_p50_ms_lo",
+            f"{m.name}_p50_ms_hi",
+        }
         assert columns <= set(results.summary.columns), m.name
         assert f"{m.label}: {m.definition}" in report, m.name
         if m.results:
@@ -137,7 +170,9 @@ def test_every_report_section_renders_and_a_new_one_is_a_function_in_the_list(
     monkeypatch.setattr(sections, "SECTIONS", placed)
     write_reports(results)
     report = (results.run.path / "report.md").read_text()
-    assert report.index("## Decision") < report.index("## Backends measured\n\n- a\n- b") < report.index(
-        "## Warnings"
+    assert (
+        report.index("## Decision")
+        < report.index("## Backends measured\n\n- a\n- b")
+        < report.index("## Warnings")
     )
     assert "<h2>Backends measured</h2>" in (results.run.path / "report.html").read_text()

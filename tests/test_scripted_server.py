@@ -32,8 +32,9 @@ def server(tmp_path_factory):
 
 def call(url: str, body: dict | bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -43,9 +44,10 @@ def call(url: str, body: dict | bytes | None = None, headers: dict | None = None
 
 def test_schedule_is_kept(server):
     schedule = {"ttft_s": 0.03, "itl_s": [0.01, 0.02], "stalls": [{"after_event": 3, "seconds": 0.05}]}
-    specs = [RequestSpec(f"kept-{i}", (1,), "x", 8,
-                         extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
-             for i in range(3)]
+    specs = [
+        RequestSpec(f"kept-{i}", (1,), "x", 8, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
+        for i in range(3)
+    ]
     run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(3)))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     late = []
@@ -67,9 +69,10 @@ def test_schedule_is_kept(server):
 
 def test_steps_align_concurrent_streams(server):
     schedule = {"ttft_s": 0.0, "itl_s": 0.02, "step_s": 0.04}
-    specs = [RequestSpec(f"step-{i}", (1,), "x", 5,
-                         extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
-             for i in range(4)]
+    specs = [
+        RequestSpec(f"step-{i}", (1,), "x", 5, extra_headers={"X-Scripted-Schedule": json.dumps(schedule)})
+        for i in range(4)
+    ]
     run_load_sync(PointJob(server.url, get_adapter("vllm"), specs, ClosedLoop(4)))
     log = read_event_log(server.event_log, expect=[s.request_id for s in specs])
     late = []
@@ -103,8 +106,9 @@ def test_informational_routes(server):
 def test_bad_schedules_and_bodies_get_clear_400s(server):
     status, body = call(server.url + "/v1/completions", {"prompt": "x"}, {"X-Scripted-Schedule": "{not json"})
     assert status == 400 and b"bad X-Scripted-Schedule" in body
-    status, body = call(server.url + "/v1/completions", {"prompt": "x"},
-                        {"X-Scripted-Schedule": '{"ttft": 1}'})
+    status, body = call(
+        server.url + "/v1/completions", {"prompt": "x"}, {"X-Scripted-Schedule": '{"ttft": 1}'}
+    )
     assert status == 400 and b"ttft" in body  # unknown schedule field
     status, body = call(server.url + "/v1/completions", b"[1, 2")
     assert status == 400 and b"bad request body" in body
@@ -126,16 +130,29 @@ def test_trtllm_flavor_rejects_what_trtllm_serve_rejects(server):
 def test_whole_responses(server, adapter_name, flavor):
     adapter = get_adapter(adapter_name)
     request = adapter.build_request(RequestSpec("w", (1,), "x y", 6), stream=False)
-    status, body = call(server.url + request.path, request.body,
-                        {"X-Scripted-Schedule": json.dumps({"flavor": flavor})})
+    status, body = call(
+        server.url + request.path, request.body, {"X-Scripted-Schedule": json.dumps({"flavor": flavor})}
+    )
     event = adapter.parse_response(body)
     assert status == 200 and event.n_tokens == 6 and event.text == "".join(token_texts(6, 0))
 
 
 def test_command_line_refuses_a_bad_default_schedule():
-    result = subprocess.run([sys.executable, "-m", "instruments.scripted_server", "--port", "0",
-                             "--default-schedule", '{"itl_s": "slow"}'], capture_output=True, text=True,
-                            cwd=REPO, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "instruments.scripted_server",
+            "--port",
+            "0",
+            "--default-schedule",
+            '{"itl_s": "slow"}',
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert result.returncode == 2 and "--default-schedule" in result.stderr
 
 

@@ -27,8 +27,10 @@ def server(tmp_path_factory):
 
 def specs(prefix: str, n: int, out: int, schedule: dict) -> list[RequestSpec]:
     header = {"X-Scripted-Schedule": json.dumps(schedule)}
-    return [RequestSpec(f"{prefix}-{i}", (1, 2, 3), "alpha beta gamma", out + i, extra_headers=header)
-            for i in range(n)]
+    return [
+        RequestSpec(f"{prefix}-{i}", (1, 2, 3), "alpha beta gamma", out + i, extra_headers=header)
+        for i in range(n)
+    ]
 
 
 # adapter, options, scripted flavor, kinds of zero-token events expected around the tokens
@@ -102,8 +104,15 @@ def test_retokenisation_is_a_cross_check(server):
     )
     assert all(r.retokenized_tokens == r.output_tokens and not r.token_count_mismatch for r in clean)
     # every 3rd token has empty text and its character joins the next word: fewer words than tokens
-    split = run_load_sync(PointJob(server.url, adapter, specs("words-split", 2, 8, {"empty_text_every": 3}),
-                                   ClosedLoop(2), tokenizer=count_words))
+    split = run_load_sync(
+        PointJob(
+            server.url,
+            adapter,
+            specs("words-split", 2, 8, {"empty_text_every": 3}),
+            ClosedLoop(2),
+            tokenizer=count_words,
+        )
+    )
     for r in split:
         assert r.retokenized_tokens < r.output_tokens and r.token_count_mismatch
         assert r.output_tokens_source == "usage"  # the mismatch is flagged, the server's count is kept
@@ -113,14 +122,22 @@ def test_triton_multi_token_steps_show_only_in_the_cross_check(server):
     """With speculative decoding a Triton step can carry several tokens; the protocol does not say so, so
     the per-event count is one per step and only re-tokenising the text reveals the difference."""
     sent = specs("triton-spec", 1, 9, {"flavor": "trtllm", "tokens_per_event": 3})
-    [record] = run_load_sync(PointJob(server.url, get_adapter("trtllm-triton"), sent, ClosedLoop(1),
-                                      tokenizer=lambda text: len(text.split())))
+    [record] = run_load_sync(
+        PointJob(
+            server.url,
+            get_adapter("trtllm-triton"),
+            sent,
+            ClosedLoop(1),
+            tokenizer=lambda text: len(text.split()),
+        )
+    )
     assert record.ok and record.event_tokens == 3 and record.retokenized_tokens == 9
     assert record.token_count_mismatch
 
 
-@pytest.mark.parametrize("adapter_name,flavor",
-                         [("vllm-chat", "vllm"), ("tgi", "tgi"), ("trtllm-chat", "trtllm")])
+@pytest.mark.parametrize(
+    "adapter_name,flavor", [("vllm-chat", "vllm"), ("tgi", "tgi"), ("trtllm-chat", "trtllm")]
+)
 def test_events_split_across_reads(server, adapter_name, flavor):
     """Every event written in two pieces 2 ms apart: each arrives in two reads and is still read whole."""
     options = {"model": "scripted-model"} if flavor == "trtllm" else {}
@@ -141,4 +158,3 @@ def test_the_trtllm_adapter_checks_the_fields_trtllm_serve_documents():
 
     assert TrtllmCompletionsAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["completions"]
     assert TrtllmChatAdapter.known_fields == TRTLLM_ACCEPTED_FIELDS["chat"]
-

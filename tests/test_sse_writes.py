@@ -21,8 +21,9 @@ def test_a_request_finished_before_it_is_read_streams_every_token_marked_ready(l
         streams = AsyncEngine(engine)
         streams.start()
         try:
-            gen = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),
-                                    [])
+            gen = GenerationRequest(
+                [5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), []
+            )
             streams.submit("r", gen.prompt_ids, gen.params)
             events = generate_tokens(streams, engine.tokenizer, ServerMetrics("m"), "r", gen)
             deadline = time.monotonic() + 60
@@ -33,8 +34,13 @@ def test_a_request_finished_before_it_is_read_streams_every_token_marked_ready(l
         finally:
             await streams.close()
 
-    assert asyncio.run(main()) == [(1, True, False), (2, True, False), (3, True, False), (4, True, False),
-                                   (5, False, True)]
+    assert asyncio.run(main()) == [
+        (1, True, False),
+        (2, True, False),
+        (3, True, False),
+        (4, True, False),
+        (5, False, True),
+    ]
 
 
 def test_held_events_leave_in_one_write_with_the_same_bytes():

@@ -433,10 +433,7 @@ def test_a_backend_that_cannot_be_reached_is_said_once_by_name_with_its_log_verb
     plan = SimpleNamespace(served_model=None, model="m")
     backend = SimpleNamespace(name="vllm", variant="", key="vllm", launched=False, endpoint="http://x")
     run_dir = SimpleNamespace(manifest={"notes": []})
-    assert (
-        Launch(plan, run_dir, backend, 0, heard.watcher(), None).run("m", None, None, None, None)
-        is False
-    )
+    assert Launch(plan, run_dir, backend, 0, heard.watcher(), None).run("m", None, None, None, None) is False
     shown = Console(width=200, record=True, file=io.StringIO())
     shown.print(heard.said[-1])
     assert shown.export_text().strip() == f"vllm could not be reached: {problem}"

@@ -52,10 +52,25 @@ def test_rope_and_cache_write(dtype, heads, kv_heads, head_dim):
         k_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), 7.0, device=DEVICE, dtype=dtype)
         v_cache = k_cache.clone()
         if name == "ref":  # the torch path writes every slot it is given; give it only the real ones
-            q = ops.rope_and_write_kv(qkv[1:], positions[1:], cos, sin, k_cache, v_cache, slots[1:], heads,
-                                      kv_heads)
-            q = torch.cat([ops.rope_and_write_kv(qkv[:1], positions[:1], cos, sin, k_cache.clone(),
-                                                 v_cache.clone(), slots[1:2], heads, kv_heads), q])
+            q = ops.rope_and_write_kv(
+                qkv[1:], positions[1:], cos, sin, k_cache, v_cache, slots[1:], heads, kv_heads
+            )
+            q = torch.cat(
+                [
+                    ops.rope_and_write_kv(
+                        qkv[:1],
+                        positions[:1],
+                        cos,
+                        sin,
+                        k_cache.clone(),
+                        v_cache.clone(),
+                        slots[1:2],
+                        heads,
+                        kv_heads,
+                    ),
+                    q,
+                ]
+            )
         else:
             q = ops.rope_and_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slots, heads, kv_heads)
         caches[name] = (q, k_cache, v_cache)
@@ -84,8 +99,17 @@ def test_engine_with_triton_kernels_matches_torch_kernels(llama_dir):
     outs = {}
     for kernels in ("torch", "triton"):
         # A fixed KV cache: on a GPU the default budget would give the first engine 90% of the memory.
-        engine = Engine(EngineConfig(model=str(llama_dir), device=DEVICE.type, dtype="float32",
-                                     kernels=kernels, block_size=8, enforce_eager=True, num_kv_blocks=256))
+        engine = Engine(
+            EngineConfig(
+                model=str(llama_dir),
+                device=DEVICE.type,
+                dtype="float32",
+                kernels=kernels,
+                block_size=8,
+                enforce_eager=True,
+                num_kv_blocks=256,
+            )
+        )
         outs[kernels] = [o.token_ids for o in engine.generate(prompts, params)]
     assert outs["triton"] == outs["torch"]
 
@@ -99,15 +123,30 @@ def test_engine_at_one_row_on_the_gemv_matches_torch_kernels(tmp_path):
     from reference_engine import Engine, EngineConfig, SamplingParams
     from reference_engine.kernels.triton_ops import GemvLinear
 
-    model_dir = make_checkpoint(tmp_path / "wide", "llama", hidden_size=512, intermediate_size=512,
-                                num_hidden_layers=2, initializer_range=0.05)
+    model_dir = make_checkpoint(
+        tmp_path / "wide",
+        "llama",
+        hidden_size=512,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        initializer_range=0.05,
+    )
     rng = random.Random()
     prompt = [rng.randrange(3, 300) for _ in range(rng.randint(2, 30))]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = {}
     for kernels in ("torch", "triton"):
-        engine = Engine(EngineConfig(model=str(model_dir), device=DEVICE.type, dtype="float32",
-                                     kernels=kernels, block_size=8, enforce_eager=True, num_kv_blocks=64))
+        engine = Engine(
+            EngineConfig(
+                model=str(model_dir),
+                device=DEVICE.type,
+                dtype="float32",
+                kernels=kernels,
+                block_size=8,
+                enforce_eager=True,
+                num_kv_blocks=64,
+            )
+        )
         if kernels == "triton":  # qkv, gate/up, down in both layers, and the LM head
             assert sum(isinstance(m, GemvLinear) for m in engine.runner.model.modules()) == 2 * 3 + 1
         outs[kernels] = engine.generate([prompt], params)[0].token_ids
@@ -131,18 +170,23 @@ def test_decode_attention_single_and_split_partitions(monkeypatch, partition, he
     tables, at = [], 0
     for n in lens:
         nb = -(-n // block_size)
-        tables.append(perm[at:at + nb])
+        tables.append(perm[at : at + nb])
         at += nb
     width = max(len(t) for t in tables)
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE)
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(seqs, heads, head_dim, device=DEVICE)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    batch = AttentionBatch(slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE), num_decode=seqs,
-                           decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
-                                                            dtype=torch.int32, device=DEVICE),
-                           decode_context_lens=ctx, decode_max_context=max(lens),
-                           decode_mask=decode_mask(ctx, width * block_size))
+    batch = AttentionBatch(
+        slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE),
+        num_decode=seqs,
+        decode_block_tables=torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE
+        ),
+        decode_context_lens=ctx,
+        decode_max_context=max(lens),
+        decode_mask=decode_mask(ctx, width * block_size),
+    )
     ref = paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
     got = TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5)
     assert rel_err(got, ref) < 1e-5
@@ -171,13 +215,17 @@ def test_single_row_gemv_matches_linear(dtype, bias, unroll, preload, monkeypatc
         assert gemv_suits(linear)
         gemv = GemvLinear(linear)
         x = torch.randn(1, in_f, device=DEVICE, dtype=dtype)
-        want = torch.nn.functional.linear(x.double(), linear.weight.double(),
-                                          None if not bias else linear.bias.double())
+        want = torch.nn.functional.linear(
+            x.double(), linear.weight.double(), None if not bias else linear.bias.double()
+        )
         assert rel_err(gemv(x), want) < TOL[dtype], (out_f, in_f)
         rows = torch.randn(3, in_f, device=DEVICE, dtype=dtype)
         assert torch.equal(gemv(rows), linear(rows))
-    model = torch.nn.Sequential(linear, torch.nn.Linear(in_f, 100, bias=False, device=DEVICE, dtype=dtype),
-                                torch.nn.Linear(100, 100, device=DEVICE, dtype=dtype))
+    model = torch.nn.Sequential(
+        linear,
+        torch.nn.Linear(in_f, 100, bias=False, device=DEVICE, dtype=dtype),
+        torch.nn.Linear(100, 100, device=DEVICE, dtype=dtype),
+    )
     assert use_gemv_for_single_rows(model) == 2  # the last's 100-long rows stay on cuBLAS
     assert isinstance(model[0], GemvLinear) and model[0].weight is linear.weight
     assert not isinstance(model[2], GemvLinear)
@@ -189,8 +237,8 @@ def test_gemv_prefetches_only_aligned_long_rows():
     from reference_engine.kernels.triton_ops import gemv_tiling
 
     base = torch.empty(8 * 4096 + 8, dtype=torch.bfloat16)
-    assert gemv_tiling(base[:8 * 4096].view(8, 4096)) == (2, 1024, 2048)
-    assert gemv_tiling(base[1:8 * 4096 + 1].view(8, 4096)) == (2, 1024, 0)
+    assert gemv_tiling(base[: 8 * 4096].view(8, 4096)) == (2, 1024, 2048)
+    assert gemv_tiling(base[1 : 8 * 4096 + 1].view(8, 4096)) == (2, 1024, 0)
     assert gemv_tiling(torch.empty(8, 2048, dtype=torch.bfloat16)) == (2, 1024, 0)
     assert gemv_tiling(torch.empty(8, 11008, dtype=torch.bfloat16)) == (4, 512, 0)
 
@@ -209,8 +257,9 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
     monkeypatch.setattr(triton_ops, "GEMV_PRELOAD_MIN_ROW_BYTES", 0 if preload else 1 << 62)
 
     heads, kv_heads, head_dim, block_size, num_blocks, max_len = 6, 2, 32, 16, 4, 64
-    qkv_proj = GemvLinear(torch.nn.Linear(in_f, (heads + 2 * kv_heads) * head_dim, bias=bias, device=DEVICE,
-                                          dtype=dtype))
+    qkv_proj = GemvLinear(
+        torch.nn.Linear(in_f, (heads + 2 * kv_heads) * head_dim, bias=bias, device=DEVICE, dtype=dtype)
+    )
     gate_up = GemvLinear(torch.nn.Linear(in_f, 2 * 300, bias=False, device=DEVICE, dtype=dtype))
     with torch.no_grad():
         for p in (*qkv_proj.parameters(), *gate_up.parameters()):
@@ -233,13 +282,18 @@ def test_gemv_epilogues_are_the_bits_of_the_unfused_ops(dtype, in_f, bias, prelo
         for name, ops in (("fused", fused), ("separate", separate), ("ref", ref)):
             k_cache, v_cache = k_before.clone(), v_before.clone()
             if name == "fused":
-                q = ops.project_rope_and_write_kv(qkv_proj, x, position, cos, sin, k_cache, v_cache, slots,
-                                                  heads, kv_heads)
+                q = ops.project_rope_and_write_kv(
+                    qkv_proj, x, position, cos, sin, k_cache, v_cache, slots, heads, kv_heads
+                )
             else:
-                qkv = qkv_proj(x) if name == "separate" else torch.nn.functional.linear(
-                    x, qkv_proj.weight, qkv_proj.bias)
-                q = ops.rope_and_write_kv(qkv, position, cos, sin, k_cache, v_cache, slots.clamp(min=0),
-                                          heads, kv_heads)
+                qkv = (
+                    qkv_proj(x)
+                    if name == "separate"
+                    else torch.nn.functional.linear(x, qkv_proj.weight, qkv_proj.bias)
+                )
+                q = ops.rope_and_write_kv(
+                    qkv, position, cos, sin, k_cache, v_cache, slots.clamp(min=0), heads, kv_heads
+                )
                 if slot < 0:
                     k_cache, v_cache = k_before, v_before
             caches[name] = (q, k_cache, v_cache)
@@ -261,17 +315,25 @@ def test_decode_attention_launched_for_a_shorter_context_bound_changes_no_bit(mo
     seqs, heads, kv_heads, head_dim, block_size, max_model_len, bound = 3, 4, 2, 32, 16, 2048, 256
     lens = [random.randint(1, bound) for _ in range(seqs - 1)] + [bound]
     num_blocks = max_model_len // block_size
-    tables = torch.stack([torch.randperm(num_blocks)[:bound // block_size] for _ in range(seqs)]).to(
-        torch.int32).to(DEVICE)
+    tables = (
+        torch.stack([torch.randperm(num_blocks)[: bound // block_size] for _ in range(seqs)])
+        .to(torch.int32)
+        .to(DEVICE)
+    )
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE)
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(seqs, heads, head_dim, device=DEVICE)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
 
     def attend(max_context: int, split_context: int = 0) -> torch.Tensor:
-        batch = AttentionBatch(slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE), num_decode=seqs,
-                               decode_block_tables=tables, decode_context_lens=ctx,
-                               decode_max_context=max_context, decode_split_context=split_context)
+        batch = AttentionBatch(
+            slot_mapping=torch.empty(0, dtype=torch.long, device=DEVICE),
+            num_decode=seqs,
+            decode_block_tables=tables,
+            decode_context_lens=ctx,
+            decode_max_context=max_context,
+            decode_split_context=split_context,
+        )
         return TritonOps().attend(q, k_cache, v_cache, batch, head_dim**-0.5)
 
     assert triton_ops.decode_partition(max_model_len) != triton_ops.decode_partition(bound)

@@ -16,9 +16,18 @@ from benchmarks.truth import importers
 from benchmarks.truth.definitions import compare, true_metrics, truth_from_log
 from instruments.scripted_server import ScriptedSchedule
 
-ROLE_LOG = {"request_id": "r0", "received_s": 100.0, "events": [
-    [100.001, 0, "role"], [100.1, 1, "token"], [100.11, 1, "token"], [100.12, 1, "token"],
-    [100.121, 0, "usage"], [100.122, 0, "done"]]}
+ROLE_LOG = {
+    "request_id": "r0",
+    "received_s": 100.0,
+    "events": [
+        [100.001, 0, "role"],
+        [100.1, 1, "token"],
+        [100.11, 1, "token"],
+        [100.12, 1, "token"],
+        [100.121, 0, "usage"],
+        [100.122, 0, "done"],
+    ],
+}
 
 
 def approx(values, expected):
@@ -46,20 +55,31 @@ def test_empty_text_and_multi_token_definitions():
     assert approx(true_metrics(truth, "vllm")["itl"], [0.01] * 3)
     aiperf = true_metrics(truth, "aiperf")
     assert approx(aiperf["itl"], [0.02]) and approx(aiperf["tpot"], 0.02 / 3)
-    multi = truth_from_log({"request_id": "m", "received_s": 0.9,
-                            "events": [[1.0, 2, "token"], [1.04, 2, "token"]]},
-                           ScriptedSchedule(tokens_per_event=2))
+    multi = truth_from_log(
+        {"request_id": "m", "received_s": 0.9, "events": [[1.0, 2, "token"], [1.04, 2, "token"]]},
+        ScriptedSchedule(tokens_per_event=2),
+    )
     assert approx(true_metrics(multi, "ours")["itl"], [0.02, 0.02])  # per token: k gaps of gap/k
     assert approx(true_metrics(multi, "vllm")["itl"], [0.04])  # per chunk
 
 
 def test_importers_read_each_clients_output_and_pair_it(tmp_path):
-    truths = {"truth-0": truth_from_log({**ROLE_LOG, "request_id": "truth-0"}, ScriptedSchedule()),
-              "scripted-7": truth_from_log({**ROLE_LOG, "request_id": "scripted-7"}, ScriptedSchedule())}
+    truths = {
+        "truth-0": truth_from_log({**ROLE_LOG, "request_id": "truth-0"}, ScriptedSchedule()),
+        "scripted-7": truth_from_log({**ROLE_LOG, "request_id": "scripted-7"}, ScriptedSchedule()),
+    }
     # vLLM bench: lists in input order, ids from --request-id-prefix; 2 ms late on the first chunk only
-    (tmp_path / "vllm.json").write_text(json.dumps({
-        "ttfts": [0.003, 0.0], "itls": [[0.097, 0.01, 0.01], []], "latencies": [0.12, 0.0],
-        "output_lens": [3, 0], "errors": ["", "boom"]}))
+    (tmp_path / "vllm.json").write_text(
+        json.dumps(
+            {
+                "ttfts": [0.003, 0.0],
+                "itls": [[0.097, 0.01, 0.01], []],
+                "latencies": [0.12, 0.0],
+                "output_lens": [3, 0],
+                "errors": ["", "boom"],
+            }
+        )
+    )
     measured = list(importers.vllm_bench(tmp_path / "vllm.json", "truth-"))
     assert [m.request_id for m in measured] == ["truth-0"]
     errors = compare(measured, truths, "vllm").summary()
@@ -69,10 +89,14 @@ def test_importers_read_each_clients_output_and_pair_it(tmp_path):
     assert errors["ttft_declared_p99_diff_ms"] == pytest.approx(-97.0)
 
     # AIPerf: X-Request-ID in each record's metadata, values in ms, warm-up records skipped
-    record = {"metadata": {"x_request_id": "truth-0", "benchmark_phase": "profiling"}, "metrics": {
-        "time_to_first_token": {"value": 100.0, "unit": "ms"},
-        "inter_token_latency": {"value": 10.0, "unit": "ms"},
-        "inter_chunk_latency": {"value": [10.0, 10.0], "unit": "ms"}}}
+    record = {
+        "metadata": {"x_request_id": "truth-0", "benchmark_phase": "profiling"},
+        "metrics": {
+            "time_to_first_token": {"value": 100.0, "unit": "ms"},
+            "inter_token_latency": {"value": 10.0, "unit": "ms"},
+            "inter_chunk_latency": {"value": [10.0, 10.0], "unit": "ms"},
+        },
+    }
     warm = {**record, "metadata": {"x_request_id": "w", "benchmark_phase": "warmup"}}
     (tmp_path / "aiperf.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(warm) + "\n")
     errors = compare(importers.aiperf(tmp_path / "aiperf.jsonl"), truths, "aiperf").summary()
@@ -81,14 +105,28 @@ def test_importers_read_each_clients_output_and_pair_it(tmp_path):
 
     # GuideLLM: the server's chunk id as response_id; requests outside the measured window are skipped
     def req(rid: str, start: float) -> dict:
-        return {"response_id": f"chatcmpl-{rid}", "request_start_time": start,
-                "request_end_time": start + 0.12,
-                "time_to_first_token_ms": 101.0, "time_per_output_token_ms": 40.0,
-                "inter_token_latency_ms": 10.0}
+        return {
+            "response_id": f"chatcmpl-{rid}",
+            "request_start_time": start,
+            "request_end_time": start + 0.12,
+            "time_to_first_token_ms": 101.0,
+            "time_per_output_token_ms": 40.0,
+            "inter_token_latency_ms": 10.0,
+        }
 
-    (tmp_path / "guidellm.json").write_text(json.dumps({"benchmarks": [{
-        "start_time": 10.0, "end_time": 20.0,
-        "requests": {"successful": [req("scripted-7", 10.0), req("truth-0", 1.0)]}}]}))
+    (tmp_path / "guidellm.json").write_text(
+        json.dumps(
+            {
+                "benchmarks": [
+                    {
+                        "start_time": 10.0,
+                        "end_time": 20.0,
+                        "requests": {"successful": [req("scripted-7", 10.0), req("truth-0", 1.0)]},
+                    }
+                ]
+            }
+        )
+    )
     measured = list(importers.guidellm(tmp_path / "guidellm.json"))
     assert [m.request_id for m in measured] == ["scripted-7"]
     errors = compare(measured, truths, "guidellm").summary()

@@ -93,18 +93,33 @@ def test_a_candidate_the_run_never_reached_is_named_not_measured(tmp_path):
 
 
 def _row(key: str, point: str, mode: str, rate: float) -> dict[str, object]:
-    return {"workload": "wl", "backend": key, "variant": "", "load_point": point, "mode": mode,
-            "output_tok_s": rate, "requests_failed": 0, "requests": 40, "requests_ok": 40, "errors": "",
-            "output_tok_s_lo": np.nan, "output_tok_s_hi": np.nan}
+    return {
+        "workload": "wl",
+        "backend": key,
+        "variant": "",
+        "load_point": point,
+        "mode": mode,
+        "output_tok_s": rate,
+        "requests_failed": 0,
+        "requests": 40,
+        "requests_ok": 40,
+        "errors": "",
+        "output_tok_s_lo": np.nan,
+        "output_tok_s_hi": np.nan,
+    }
 
 
 def test_throughput_is_ranked_at_closed_loop_points_where_every_candidate_has_one():
     """Open-loop points are faster here (the offered load sets their rate): ranked at c=8 all the same, so
     the verdict is never 'the offered load sets the rate'."""
-    summary = pd.DataFrame([
-        _row("a", "c=8", "closed", 300.0), _row("a", "r=50", "open", 900.0),
-        _row("b", "c=8", "closed", 200.0), _row("b", "r=50", "open", 950.0),
-    ])
+    summary = pd.DataFrame(
+        [
+            _row("a", "c=8", "closed", 300.0),
+            _row("a", "r=50", "open", 900.0),
+            _row("b", "c=8", "closed", 200.0),
+            _row("b", "r=50", "open", 950.0),
+        ]
+    )
     pick = throughput_pick(summary, "wl", {}, None)
     assert (pick.winner, pick.load_point, pick.runner_up) == ("a", "c=8", "b")
     assert "offered load sets the rate" not in " ".join(pick.sentences)
@@ -162,8 +177,14 @@ def test_the_decision_says_a_pay_back_from_one_launch_each_is_not_established(tm
 
 
 def _session_run(tmp_path, turns_sent: list[int], wall_s: float) -> RunDir:
-    config = {"model": "m", "slo_s": {}, "num_requests": 4, "duration_s": 10.0, "repeats": 1,
-              "workloads": [{"dataset": "multi-turn", "turns": 4, "label": "multi-turn-4x8x8"}]}
+    config = {
+        "model": "m",
+        "slo_s": {},
+        "num_requests": 4,
+        "duration_s": 10.0,
+        "repeats": 1,
+        "workloads": [{"dataset": "multi-turn", "turns": 4, "label": "multi-turn-4x8x8"}],
+    }
     run = RunDir.create(tmp_path / "run", config, ["compare", "run"])
     run.add_point("p1", "reference", "", "multi-turn-4x8x8", "c=2", {"kind": "closed", "concurrency": 2})
     records = requests_for("reference", "", "p1", "c=2", sum(turns_sent), 0.01)
@@ -171,8 +192,15 @@ def _session_run(tmp_path, turns_sent: list[int], wall_s: float) -> RunDir:
         i = 0
         for session, sent in enumerate(turns_sent):
             for turn in range(sent):
-                writer.append(records[i].model_copy(update={
-                    "session_id": f"s-{session}", "turn": turn, "request_id": f"s-{session}-t{turn}"}))
+                writer.append(
+                    records[i].model_copy(
+                        update={
+                            "session_id": f"s-{session}",
+                            "turn": turn,
+                            "request_id": f"s-{session}-t{turn}",
+                        }
+                    )
+                )
                 i += 1
         summary = summary_of("p1", "c=2", sum(turns_sent), wall_s)
         runs.append(summary.model_copy(update={"backend": "reference", "variant": ""}))
@@ -181,8 +209,9 @@ def _session_run(tmp_path, turns_sent: list[int], wall_s: float) -> RunDir:
     return RunDir.open(run.path)
 
 
-@pytest.mark.parametrize("turns_sent, wall_s, warned", [([4, 2], 11.0, True), ([4, 4], 11.0, False),
-                                                         ([4, 2], 5.0, False)])
+@pytest.mark.parametrize(
+    "turns_sent, wall_s, warned", [([4, 2], 11.0, True), ([4, 4], 11.0, False), ([4, 2], 5.0, False)]
+)
 def test_a_multi_turn_point_cut_by_its_duration_is_warned_about(tmp_path, turns_sent, wall_s, warned):
     """Two sessions of 4 turns, 4 requests asked: the second stopped after 2 turns when the duration ended
     the point. The request count alone (6 >= 4) would hide it."""
@@ -233,10 +262,10 @@ def test_capacity_brackets_from_one_search_each_are_indicated_at_most():
 def test_goodput_at_an_open_loop_point_is_never_more_than_was_offered():
     """1.34 requests/s within the SLOs measured over a short window at r=0.95 is sampling noise of a few
     arrivals: the decision reports the share within the SLOs times the offered rate, at most 0.95."""
-    rows = [{**_row("a", "r=0.95", "open", 50.0), "goodput_rps": 1.34, "goodput_frac": 0.9,
-             "offered_rps": 0.95},
-            {**_row("b", "r=0.95", "open", 40.0), "goodput_rps": 0.5, "goodput_frac": 0.5,
-             "offered_rps": 0.95}]
+    rows = [
+        {**_row("a", "r=0.95", "open", 50.0), "goodput_rps": 1.34, "goodput_frac": 0.9, "offered_rps": 0.95},
+        {**_row("b", "r=0.95", "open", 40.0), "goodput_rps": 0.5, "goodput_frac": 0.5, "offered_rps": 0.95},
+    ]
     pick = throughput_pick(pd.DataFrame(rows), "wl", {"ttft": 0.1}, None)
     assert pick.winner == "a" and pick.value == pytest.approx(0.855)
     assert "reaches 0.85 requests/s within the SLOs" in " ".join(pick.sentences)

@@ -33,9 +33,17 @@ def test_load_against_vllm(served, adapter_name, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     adapter = get_adapter(adapter_name, model=str(checkpoint))
     specs = random_dataset(tokenizer, 8, "uniform:8:64", "uniform:4:24", seed=1)
-    records = run_load_sync(PointJob(server.url, adapter, specs, ClosedLoop(4),
-                                     output_path=tmp_path / "requests.jsonl", backend="vllm",
-                                     tokenizer=tokenizer))
+    records = run_load_sync(
+        PointJob(
+            server.url,
+            adapter,
+            specs,
+            ClosedLoop(4),
+            output_path=tmp_path / "requests.jsonl",
+            backend="vllm",
+            tokenizer=tokenizer,
+        )
+    )
     assert len(records) == len(specs)
     wanted = {s.request_id: s.wanted_output_tokens for s in specs}
     for record in records:
@@ -72,11 +80,36 @@ def test_compare_run_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     out = tmp_path / "run"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "compare.cli", "run", "--backends", "vllm", "--endpoint",
-         f"vllm={vllm_tiny.url}",
-         "--model", str(llama_dir), "--dataset", "random", "--input-len", "32", "--output-len", "8",
-         "--concurrency", "2", "--num-requests", "6", "--out", str(out)],
-        env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300, cwd=root)
+        [
+            sys.executable,
+            "-m",
+            "compare.cli",
+            "run",
+            "--backends",
+            "vllm",
+            "--endpoint",
+            f"vllm={vllm_tiny.url}",
+            "--model",
+            str(llama_dir),
+            "--dataset",
+            "random",
+            "--input-len",
+            "32",
+            "--output-len",
+            "8",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "6",
+            "--out",
+            str(out),
+        ],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [r for r in read_records(out / "requests.jsonl") if not r.warmup]
     assert len(records) == 6 and all(r.error_kind is None for r in records)
@@ -102,12 +135,23 @@ def test_sweep_and_capacity_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     from compare.plan.build import build_plan
     from compare.runner import run_plan
 
-    plan = build_plan({
-        "backends": "vllm", "endpoints": [f"vllm={vllm_tiny.url}"], "model": str(llama_dir),
-        "input_len": "16", "output_len": "8", "num_requests": 12, "duration": "15s", "arrival": "constant",
-        "sweep_points": 2, "sweep_concurrency": 4, "capacity": True, "slo": "ttft=20s",
-        "capacity_precision": 0.2,
-    })
+    plan = build_plan(
+        {
+            "backends": "vllm",
+            "endpoints": [f"vllm={vllm_tiny.url}"],
+            "model": str(llama_dir),
+            "input_len": "16",
+            "output_len": "8",
+            "num_requests": 12,
+            "duration": "15s",
+            "arrival": "constant",
+            "sweep_points": 2,
+            "sweep_concurrency": 4,
+            "capacity": True,
+            "slo": "ttft=20s",
+            "capacity_precision": 0.2,
+        }
+    )
     outcome = run_plan(plan, tmp_path / "run", ["compare", "run"], n_boot=100, watcher=Watcher())
     assert outcome.code == 0
     summary = outcome.results.summary
@@ -119,8 +163,8 @@ def test_sweep_and_capacity_against_live_vllm(vllm_tiny, llama_dir, tmp_path):
     by_rate = {p.offered_rps: p for p in found if p.offered_rps is not None}
     saturated = [k for k, r in enumerate(rates) if sweep.saturation(by_rate[r], found[0])]
     stop = saturated[0] if saturated else len(rates) - 1  # the sweep ends at its first saturated point
-    assert rates[:stop + 1] == sorted(rates[:stop + 1])  # swept upwards to it ...
-    assert all(r < rates[stop] for r in rates[stop + 1:])  # ... then only bisected below it
+    assert rates[: stop + 1] == sorted(rates[: stop + 1])  # swept upwards to it ...
+    assert all(r < rates[stop] for r in rates[stop + 1 :])  # ... then only bisected below it
     result = capacity.capacity_of(found, {"ttft": 20.0}, 99)
     assert result is not None and result.sync_meets
     report = (outcome.run_dir.path / "report.md").read_text()

@@ -107,8 +107,9 @@ def test_sharegpt_file(bpe, tmp_path):
     assert set(by_id) == {"sharegpt-conv-a", "sharegpt-conv-b", "sharegpt-conv-d"}
     b = by_id["sharegpt-conv-b"]
     assert b.prompt_text == "Name three sampling parameters."
-    assert b.wanted_output_tokens == len(bpe.encode("Temperature, top-p and top-k.",
-                                                    add_special_tokens=False))
+    assert b.wanted_output_tokens == len(
+        bpe.encode("Temperature, top-p and top-k.", add_special_tokens=False)
+    )
     assert_token_exact(bpe, specs)
     assert len(sharegpt_dataset(DATA / "sharegpt_small.json", bpe, n=2, seed=1)) == 2
     drawn = sharegpt_dataset(DATA / "sharegpt_small.json", bpe, seed=1, output_len="fixed:33")
@@ -123,7 +124,10 @@ def test_sharegpt_file(bpe, tmp_path):
 def test_jsonl_file(bpe, tmp_path):
     specs = jsonl_dataset(DATA / "prompts.jsonl", bpe, output_tokens=50)
     assert [(s.request_id, s.wanted_output_tokens) for s in specs] == [
-        ("jsonl-short", 32), ("jsonl-default-length", 50), ("jsonl-4", 64)]
+        ("jsonl-short", 32),
+        ("jsonl-default-length", 50),
+        ("jsonl-4", 64),
+    ]
     assert_token_exact(bpe, specs)
     with pytest.raises(ValueError, match="no usable output length"):
         jsonl_dataset(DATA / "prompts.jsonl", bpe)
@@ -136,8 +140,9 @@ def test_jsonl_file(bpe, tmp_path):
 @pytest.mark.parametrize("name", ["bpe", "words"])
 def test_prefix_groups_share_their_prefix_exactly(name, request):
     tokenizer = request.getfixturevalue(name)
-    specs = prefix_dataset(tokenizer, n_groups=4, per_group=5, prefix_len=48, suffix_len="uniform:4:24",
-                           output_len=16, seed=31)
+    specs = prefix_dataset(
+        tokenizer, n_groups=4, per_group=5, prefix_len=48, suffix_len="uniform:4:24", output_len=16, seed=31
+    )
     assert len(specs) == 20
     assert [s.group for s in specs[:4]] == ["g0", "g1", "g2", "g3"]  # interleaved: groups alternate
     assert_token_exact(tokenizer, specs)
@@ -165,11 +170,27 @@ def test_the_catalog_holds_each_dataset_once_and_each_is_pinned():
 
 #: a conversation of three answered turns (sharegpt-turns), and one of two
 CONVERSATIONS = [
-    {"id": "c", "conversations": [{"from": f, "value": v} for f, v in [
-        ("human", "First question?"), ("gpt", "An answer."), ("human", "Second?"), ("gpt", "Two."),
-        ("human", "And a third one?"), ("gpt", "Three.")]]},
-    {"id": "d", "conversations": [{"from": f, "value": v} for f, v in [
-        ("human", "Hello there?"), ("gpt", "Hi."), ("human", "Bye?"), ("gpt", "Bye.")]]},
+    {
+        "id": "c",
+        "conversations": [
+            {"from": f, "value": v}
+            for f, v in [
+                ("human", "First question?"),
+                ("gpt", "An answer."),
+                ("human", "Second?"),
+                ("gpt", "Two."),
+                ("human", "And a third one?"),
+                ("gpt", "Three."),
+            ]
+        ],
+    },
+    {
+        "id": "d",
+        "conversations": [
+            {"from": f, "value": v}
+            for f, v in [("human", "Hello there?"), ("gpt", "Hi."), ("human", "Bye?"), ("gpt", "Bye.")]
+        ],
+    },
 ]
 #: each dataset's options in the pinned plan, and in the recipe's test (tests/test_recipes.py). Paths name the
 #: files `example_files` writes: those of tests/data, and `CONVERSATIONS`
@@ -186,39 +207,85 @@ PINNED_OPTIONS = {
 #: first token ids of its first prompt, and a digest of everything the point slices hold (see `_pinned`)
 PINS: dict[str, tuple[dict, list[str], list[int], str]] = {
     "random": (
-        {"dataset": "random", "input_len": "uniform:4:12", "output_len": "3",
-         "label": "random-uniform:4:12x3"},
-        ["random0-0", "random0-1", "random0-2"], [270, 321, 335, 57, 16, 75], "7892cbb82f57c9b7",
+        {
+            "dataset": "random",
+            "input_len": "uniform:4:12",
+            "output_len": "3",
+            "label": "random-uniform:4:12x3",
+        },
+        ["random0-0", "random0-1", "random0-2"],
+        [270, 321, 335, 57, 16, 75],
+        "7892cbb82f57c9b7",
     ),
     "fixed": (
         {"dataset": "fixed", "input_len": "128", "output_len": "16", "label": "fixed"},
-        ["fixed0-0", "fixed0-1", "fixed0-2"], [366, 282, 298, 355, 270, 321], "740d7b301d7be900",
+        ["fixed0-0", "fixed0-1", "fixed0-2"],
+        [366, 282, 298, 355, 270, 321],
+        "740d7b301d7be900",
     ),
     "sharegpt": (
-        {"dataset": "sharegpt", "input_len": "128", "output_len": "16",
-         "path": "sharegpt_small.json", "label": "sharegpt-sharegpt_small"},
-        ["sharegpt-conv-a", "sharegpt-conv-b", "sharegpt-conv-d"], [57, 74, 75, 353, 299, 357],
+        {
+            "dataset": "sharegpt",
+            "input_len": "128",
+            "output_len": "16",
+            "path": "sharegpt_small.json",
+            "label": "sharegpt-sharegpt_small",
+        },
+        ["sharegpt-conv-a", "sharegpt-conv-b", "sharegpt-conv-d"],
+        [57, 74, 75, 353, 299, 357],
         "cf3b961184781c51",
     ),
     "jsonl": (
-        {"dataset": "jsonl", "input_len": "128", "output_len": "5",
-         "path": "prompts.jsonl", "label": "jsonl-prompts"},
-        ["jsonl-short", "jsonl-default-length", "jsonl-4"], [39, 90, 82, 78, 67, 270], "244dec1c779e2552",
+        {
+            "dataset": "jsonl",
+            "input_len": "128",
+            "output_len": "5",
+            "path": "prompts.jsonl",
+            "label": "jsonl-prompts",
+        },
+        ["jsonl-short", "jsonl-default-length", "jsonl-4"],
+        [39, 90, 82, 78, 67, 270],
+        "244dec1c779e2552",
     ),
     "prefix": (
-        {"dataset": "prefix", "input_len": "4", "output_len": "2", "prefix_len": 8,
-         "prefix_groups": 2, "label": "prefix-2x8+4x2"},
-        ["prefix0-g0-0", "prefix0-g1-0", "prefix0-g0-1"], [366, 282, 298, 355, 270, 321], "15e09128eb8d0a55",
+        {
+            "dataset": "prefix",
+            "input_len": "4",
+            "output_len": "2",
+            "prefix_len": 8,
+            "prefix_groups": 2,
+            "label": "prefix-2x8+4x2",
+        },
+        ["prefix0-g0-0", "prefix0-g1-0", "prefix0-g0-1"],
+        [366, 282, 298, 355, 270, 321],
+        "15e09128eb8d0a55",
     ),
     "multi-turn": (
-        {"dataset": "multi-turn", "input_len": "5", "output_len": "2", "turns": 2,
-         "think_time": "uniform:0:1", "label": "multi-turn-2x5x2"},
-        ["session0-0-t0", "session0-0-t1", "session0-1-t0"], [34, 326, 31, 210, 331], "0ee16266cfdf8210",
+        {
+            "dataset": "multi-turn",
+            "input_len": "5",
+            "output_len": "2",
+            "turns": 2,
+            "think_time": "uniform:0:1",
+            "label": "multi-turn-2x5x2",
+        },
+        ["session0-0-t0", "session0-0-t1", "session0-1-t0"],
+        [34, 326, 31, 210, 331],
+        "0ee16266cfdf8210",
     ),
     "sharegpt-turns": (
-        {"dataset": "sharegpt-turns", "input_len": "128", "output_len": "16", "path": "conversations.json",
-         "turns": 2, "think_time": "exponential:1", "label": "sharegpt-turns-conversations"},
-        ["sharegpt-c-t0", "sharegpt-c-t1", "sharegpt-d-t0"], [40, 75, 84, 85, 86, 223], "7c74ac34e2721208",
+        {
+            "dataset": "sharegpt-turns",
+            "input_len": "128",
+            "output_len": "16",
+            "path": "conversations.json",
+            "turns": 2,
+            "think_time": "exponential:1",
+            "label": "sharegpt-turns-conversations",
+        },
+        ["sharegpt-c-t0", "sharegpt-c-t1", "sharegpt-d-t0"],
+        [40, 75, 84, 85, 86, 223],
+        "7c74ac34e2721208",
     ),
 }
 
@@ -229,8 +296,10 @@ def _requests(items: list) -> list:
 
 
 def _digest(items: list) -> str:
-    rows = [(s.request_id, list(s.prompt_token_ids), s.prompt_text, s.wanted_output_tokens, s.group)
-            for s in _requests(items)]
+    rows = [
+        (s.request_id, list(s.prompt_token_ids), s.prompt_text, s.wanted_output_tokens, s.group)
+        for s in _requests(items)
+    ]
     rows += [(item.session_id, list(item.think_s)) for item in items if hasattr(item, "think_s")]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:16]
 
@@ -244,9 +313,20 @@ def _pinned(dataset: str, tok_dir: Path, tokenizer, files: Path) -> tuple[dict, 
     from compare.plan.build import build_plan
     from workloads.datasets import PromptStream
 
-    plan = build_plan({"backends": "vllm", "endpoints": ["vllm=http://127.0.0.1:9"], "model": "m",
-                       "tokenizer": str(tok_dir), "dataset": dataset, "num_requests": 4, "seed": 7,
-                       "concurrency": "1,2", "warmup": 1, **dataset_options(dataset, files)})
+    plan = build_plan(
+        {
+            "backends": "vllm",
+            "endpoints": ["vllm=http://127.0.0.1:9"],
+            "model": "m",
+            "tokenizer": str(tok_dir),
+            "dataset": dataset,
+            "num_requests": 4,
+            "seed": 7,
+            "concurrency": "1,2",
+            "warmup": 1,
+            **dataset_options(dataset, files),
+        }
+    )
     (entry,) = plan.describe()["workloads"]
     entry = {k: Path(v).name if k == "path" else v for k, v in entry.items() if v not in (None, "")}
     prompts = Prompts(plan, tokenizer, FixedPoints.most_points(plan))

@@ -25,16 +25,30 @@ def random_record(rng: np.random.Generator, request_id: str = "r0", **overrides)
     tokens = rng.integers(0, 4, n_events)
     tokens[0] = 0  # e.g. a role-only chunk
     tokens[1] = max(int(tokens[1]), 1)
-    fields = dict(run_id="run1", request_id=request_id, backend="vllm", variant="graphs", load_point="c=8",
-                  t0_monotonic=float(rng.uniform(1e3, 1e5)), prompt_tokens=int(rng.integers(1, 4096)),
-                  wanted_output_tokens=int(tokens.sum()), output_length_forced=True,
-                  scheduled_s=send - 1e-3, start_s=send - 5e-4, send_s=send, headers_s=send + 1e-3,
-                  end_s=float(times[-1]) + 1e-4,
-                  events=[(float(t), int(n), int(rng.integers(0, 20)))
-                          for t, n in zip(times, tokens, strict=True)],
-                  http_status=200, finish_reason="length", usage_prompt_tokens=None,
-                  usage_completion_tokens=int(tokens.sum()), event_tokens=int(tokens.sum()),
-                  output_tokens=int(tokens.sum()), output_tokens_source="usage")
+    fields = dict(
+        run_id="run1",
+        request_id=request_id,
+        backend="vllm",
+        variant="graphs",
+        load_point="c=8",
+        t0_monotonic=float(rng.uniform(1e3, 1e5)),
+        prompt_tokens=int(rng.integers(1, 4096)),
+        wanted_output_tokens=int(tokens.sum()),
+        output_length_forced=True,
+        scheduled_s=send - 1e-3,
+        start_s=send - 5e-4,
+        send_s=send,
+        headers_s=send + 1e-3,
+        end_s=float(times[-1]) + 1e-4,
+        events=[(float(t), int(n), int(rng.integers(0, 20))) for t, n in zip(times, tokens, strict=True)],
+        http_status=200,
+        finish_reason="length",
+        usage_prompt_tokens=None,
+        usage_completion_tokens=int(tokens.sum()),
+        event_tokens=int(tokens.sum()),
+        output_tokens=int(tokens.sum()),
+        output_tokens_source="usage",
+    )
     fields.update(overrides)
     return RequestRecord(**fields)
 
@@ -42,8 +56,16 @@ def random_record(rng: np.random.Generator, request_id: str = "r0", **overrides)
 def test_json_round_trip_and_append(tmp_path):
     rng = np.random.default_rng(11)
     records = [random_record(rng, f"r{i}") for i in range(20)]
-    records.append(random_record(rng, "failed", error_kind=ErrorKind.CONNECTION_RESET, error_message="reset",
-                                 send_s=None, events=[]))
+    records.append(
+        random_record(
+            rng,
+            "failed",
+            error_kind=ErrorKind.CONNECTION_RESET,
+            error_message="reset",
+            send_s=None,
+            events=[],
+        )
+    )
     path = tmp_path / "run" / "requests.jsonl"
     for record in records:  # one writer per record: each append reopens the file and adds to it
         with RecordWriter(path) as writer:
@@ -99,11 +121,24 @@ def test_unknown_fields_are_refused():
 
 
 def test_run_summary_round_trip(tmp_path):
-    summary = RunSummary(run_id="x", backend="vllm", t0_monotonic=12.5,
-                         schedule={"kind": "open", "rate": 2.0},
-                         measured_start_s=0.1, wall_s=10.0, n_warmup=2, n_measured=10, n_sent=10, n_ok=9,
-                         errors={"timeout": 1}, offered_rate=2.0, achieved_rate=1.98, lag_p50_s=1e-4,
-                         lag_p99_s=3e-4, lag_max_s=4e-4)
+    summary = RunSummary(
+        run_id="x",
+        backend="vllm",
+        t0_monotonic=12.5,
+        schedule={"kind": "open", "rate": 2.0},
+        measured_start_s=0.1,
+        wall_s=10.0,
+        n_warmup=2,
+        n_measured=10,
+        n_sent=10,
+        n_ok=9,
+        errors={"timeout": 1},
+        offered_rate=2.0,
+        achieved_rate=1.98,
+        lag_p50_s=1e-4,
+        lag_p99_s=3e-4,
+        lag_max_s=4e-4,
+    )
     with RecordWriter(tmp_path / "runs.jsonl") as writer:
         writer.append(summary)
     assert read_run_summaries(tmp_path / "runs.jsonl") == [summary]
@@ -143,8 +178,11 @@ def test_tokens_read_together_count_alike_however_they_were_framed():
     rng = np.random.default_rng(16)
     first, later = 2.0 + rng.uniform(0, 1), 0.003 + rng.uniform(0, 0.05)
     one_event = random_record(rng, events=[(first, 1, 1), (first + later, 3, 3)], output_tokens=4)
-    three_events = random_record(rng, events=[(first, 1, 1), (first + later, 1, 1), (first + later, 1, 1),
-                                              (first + later, 1, 1)], output_tokens=4)
+    three_events = random_record(
+        rng,
+        events=[(first, 1, 1), (first + later, 1, 1), (first + later, 1, 1), (first + later, 1, 1)],
+        output_tokens=4,
+    )
     assert timing.itl(one_event) == pytest.approx([later / 3] * 3)
     assert timing.itl(three_events) == pytest.approx(timing.itl(one_event))
     assert timing.itl_per_event(three_events) == pytest.approx([later, 0.0, 0.0])

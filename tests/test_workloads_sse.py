@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from workloads.sse_decoder import SSEDecoder, SSEEvent
 
 # field values: no CR/LF (they end lines); may contain ':' and non-ASCII
-values = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
-                 max_size=30)
+values = st.text(
+    alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30
+)
 endings = st.sampled_from(["\n", "\r\n", "\r"])
 
 
@@ -61,11 +62,16 @@ def test_any_split_gives_the_same_events(stream, raw_cuts):
 
 
 def test_every_single_byte_split_of_a_vllm_like_stream():
-    body = (b'data: {"choices":[{"text":" a"}]}\r\n\r\n: ping\n\ndata:{"choices":[{"text":"\xc3\xa9"}]}\n\n'
-            b"data: [DONE]\n\n")
+    body = (
+        b'data: {"choices":[{"text":" a"}]}\r\n\r\n: ping\n\ndata:{"choices":[{"text":"\xc3\xa9"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
     whole, _ = decode(body, [])
-    assert [e.data for e in whole] == [b'{"choices":[{"text":" a"}]}', '{"choices":[{"text":"é"}]}'.encode(),
-                                       b"[DONE]"]
+    assert [e.data for e in whole] == [
+        b'{"choices":[{"text":" a"}]}',
+        '{"choices":[{"text":"é"}]}'.encode(),
+        b"[DONE]",
+    ]
     for cut in range(len(body) + 1):
         assert decode(body, [cut])[0] == whole
     assert decode(body, list(range(len(body))))[0] == whole  # one byte per read

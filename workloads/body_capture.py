@@ -81,8 +81,10 @@ class StampingConnector(aiohttp.TCPConnector):
             handler: type[ResponseHandler] = StampingHandler  # the attribute's type: partial[ResponseHandler]
             self._factory = functools.partial(handler, *factory.args, **factory.keywords)
         else:
-            log.warning("aiohttp %s: socket-read stamping unavailable; pieces are stamped when reads return",
-                        aiohttp.__version__)
+            log.warning(
+                "aiohttp %s: socket-read stamping unavailable; pieces are stamped when reads return",
+                aiohttp.__version__,
+            )
 
 
 def _unread(reader: aiohttp.StreamReader) -> bytes | None:

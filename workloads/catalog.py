@@ -126,13 +126,21 @@ class Generated(Dataset):
         return datasets.STREAM_CHUNK if n is None else min(datasets.STREAM_CHUNK, n)
 
     @abstractmethod
-    def chunks(self, w: Workload, tokenizer: Any, seed: Sequence[int], size: int,
-               allowed: Callable[[], np.ndarray], id_prefix: str) -> Callable[[int], list]:
+    def chunks(
+        self,
+        w: Workload,
+        tokenizer: Any,
+        seed: Sequence[int],
+        size: int,
+        allowed: Callable[[], np.ndarray],
+        id_prefix: str,
+    ) -> Callable[[int], list]:
         """The maker of chunk c of a stream: `size` items, numbered from c * size, made from the seed
         `(*seed, c)` alone. `allowed()` gives the tokenizer's ordinary token ids (found once per run)."""
 
-    def stream(self, w: Workload, tokenizer: Any, seed: int, k: int, n: int | None,
-               allowed: Callable[[], np.ndarray]) -> PromptStream:
+    def stream(
+        self, w: Workload, tokenizer: Any, seed: int, k: int, n: int | None, allowed: Callable[[], np.ndarray]
+    ) -> PromptStream:
         """Slice `k` (a point, launch and block) of a run seeded `seed`: `n` items, or as many as its
         duration needs (None). Chunk c is seeded by (seed, k, c) alone; ids carry k, so that each is unique
         in the run."""
@@ -191,13 +199,28 @@ class Random(Generated):
     def lengths(self, w: Workload) -> tuple[str | int, str | int]:
         return w.input_len, w.output_len
 
-    def chunks(self, w: Workload, tokenizer: Any, seed: Sequence[int], size: int,
-               allowed: Callable[[], np.ndarray], id_prefix: str) -> Callable[[int], list]:
+    def chunks(
+        self,
+        w: Workload,
+        tokenizer: Any,
+        seed: Sequence[int],
+        size: int,
+        allowed: Callable[[], np.ndarray],
+        id_prefix: str,
+    ) -> Callable[[int], list]:
         ins, outs = self.lengths(w)
 
         def make(c: int) -> list:
-            return random_dataset(tokenizer, size, ins, outs, seed=[*seed, c], id_prefix=id_prefix,
-                                  allowed=allowed(), first_index=c * size)
+            return random_dataset(
+                tokenizer,
+                size,
+                ins,
+                outs,
+                seed=[*seed, c],
+                id_prefix=id_prefix,
+                allowed=allowed(),
+                first_index=c * size,
+            )
 
         return make
 
@@ -261,8 +284,15 @@ class SharedPrefix(Generated):
         groups = self._groups(w)
         return -(-super().chunk_size(w, n) // groups) * groups
 
-    def chunks(self, w: Workload, tokenizer: Any, seed: Sequence[int], size: int,
-               allowed: Callable[[], np.ndarray], id_prefix: str) -> Callable[[int], list]:
+    def chunks(
+        self,
+        w: Workload,
+        tokenizer: Any,
+        seed: Sequence[int],
+        size: int,
+        allowed: Callable[[], np.ndarray],
+        id_prefix: str,
+    ) -> Callable[[int], list]:
         """The groups keep their prefixes, drawn once per slice (`seed`), from one chunk to the next, so that
         no point is served from the prefix cache another filled."""
         groups = self._groups(w)
@@ -271,8 +301,16 @@ class SharedPrefix(Generated):
         prefixes = group_prefixes(tokenizer, groups, w.prefix_len, list(seed), allowed())
 
         def make(c: int) -> list:
-            return prefix_dataset(tokenizer, groups, per, prefixes, w.input_len, w.output_len,
-                                  seed=Draw([*seed, c], allowed(), first=c * per), id_prefix=id_prefix)
+            return prefix_dataset(
+                tokenizer,
+                groups,
+                per,
+                prefixes,
+                w.input_len,
+                w.output_len,
+                seed=Draw([*seed, c], allowed(), first=c * per),
+                id_prefix=id_prefix,
+            )
 
         return make
 
@@ -301,12 +339,26 @@ class MultiTurn(Generated):
     def chunk_size(self, w: Workload, n: int | None) -> int:
         return SESSION_CHUNK if n is None else min(SESSION_CHUNK, n)
 
-    def chunks(self, w: Workload, tokenizer: Any, seed: Sequence[int], size: int,
-               allowed: Callable[[], np.ndarray], id_prefix: str) -> Callable[[int], list]:
+    def chunks(
+        self,
+        w: Workload,
+        tokenizer: Any,
+        seed: Sequence[int],
+        size: int,
+        allowed: Callable[[], np.ndarray],
+        id_prefix: str,
+    ) -> Callable[[int], list]:
         def make(c: int) -> list:
-            return synthetic_sessions(tokenizer, size, w.turns or 1, w.input_len, w.output_len,
-                                      w.think_time or 0.0, seed=Draw([*seed, c], allowed(), first=c * size),
-                                      id_prefix=id_prefix)
+            return synthetic_sessions(
+                tokenizer,
+                size,
+                w.turns or 1,
+                w.input_len,
+                w.output_len,
+                w.think_time or 0.0,
+                seed=Draw([*seed, c], allowed(), first=c * size),
+                id_prefix=id_prefix,
+            )
 
         return make
 
@@ -323,5 +375,6 @@ class ShareGPTTurns(FromFile):
 
     def read(self, w: Workload, tokenizer: Any, n: int, seed: int) -> list:
         assert w.path is not None
-        return sharegpt_sessions(w.path, tokenizer, n=n, turns=w.turns, think_time=w.think_time or 0.0,
-                                 seed=seed)
+        return sharegpt_sessions(
+            w.path, tokenizer, n=n, turns=w.turns, think_time=w.think_time or 0.0, seed=seed
+        )

@@ -148,15 +148,21 @@ def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
     return np.array(keep, dtype=np.int64)
 
 
-def token_exact_prompt(tokenizer: Any, n: int, rng: np.random.Generator, allowed: np.ndarray | None = None,
-                       attempts: int = 50) -> tuple[list[int], str]:
+def token_exact_prompt(
+    tokenizer: Any, n: int, rng: np.random.Generator, allowed: np.ndarray | None = None, attempts: int = 50
+) -> tuple[list[int], str]:
     """A random prompt of exactly `n` tokens: returns `(ids, text)` with `encode(text) == ids` and
     `decode(ids) == text` (`token_exact_prompts` for one)."""
     return token_exact_prompts(tokenizer, [n], rng, allowed, attempts)[0]
 
 
-def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.Generator,
-                        allowed: np.ndarray | None = None, attempts: int = 50) -> list[tuple[list[int], str]]:
+def token_exact_prompts(
+    tokenizer: Any,
+    lengths: Sequence[int],
+    rng: np.random.Generator,
+    allowed: np.ndarray | None = None,
+    attempts: int = 50,
+) -> list[tuple[list[int], str]]:
     """Random prompts of exactly `lengths[i]` tokens each, as `(ids, text)` with `encode(text) == ids` and
     `decode(ids) == text`.
 
@@ -174,8 +180,11 @@ def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.G
         if not pending:
             break
         order = list(pending)
-        backs = dict(zip(order, _encode_batch(tokenizer, _decode_batch(tokenizer, list(pending.values()))),
-                         strict=True))
+        backs = dict(
+            zip(
+                order, _encode_batch(tokenizer, _decode_batch(tokenizer, list(pending.values()))), strict=True
+            )
+        )
         exact = [i for i in order if len(backs[i]) == lengths[i]]
         agains = _decode_batch(tokenizer, [backs[i] for i in exact])
         for i, again, back in zip(exact, agains, _encode_batch(tokenizer, agains), strict=True):
@@ -193,17 +202,25 @@ def token_exact_prompts(tokenizer: Any, lengths: Sequence[int], rng: np.random.G
                 back = back[:keep]
             pending[i] = back + rng.choice(pool, n - len(back)).tolist()
     if pending:
-        raise ValueError(f"could not find a {lengths[min(pending)]}-token prompt that survives decode/encode "
-                         f"in {attempts} tries")
+        raise ValueError(
+            f"could not find a {lengths[min(pending)]}-token prompt that survives decode/encode "
+            f"in {attempts} tries"
+        )
     found = [pair for pair in done if pair is not None]
     assert len(found) == len(done), "a prompt left the pending set without being found"
     return found
 
 
-def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
-                   output_len: LengthDist | str | int, seed: int | Sequence[int] = 0,
-                   id_prefix: str = "random", allowed: np.ndarray | None = None,
-                   first_index: int = 0) -> list[RequestSpec]:
+def random_dataset(
+    tokenizer: Any,
+    n: int,
+    input_len: LengthDist | str | int,
+    output_len: LengthDist | str | int,
+    seed: int | Sequence[int] = 0,
+    id_prefix: str = "random",
+    allowed: np.ndarray | None = None,
+    first_index: int = 0,
+) -> list[RequestSpec]:
     """`n` random token-exact prompts with drawn input and output lengths, numbered from `first_index`
     (`allowed`: `ordinary_token_ids(tokenizer)` when already known; it takes a pass over the vocabulary)."""
     rng = np.random.default_rng(seed)
@@ -211,8 +228,10 @@ def random_dataset(tokenizer: Any, n: int, input_len: LengthDist | str | int,
     outs = LengthDist.parse(output_len).sample(rng, n)
     pool = ordinary_token_ids(tokenizer) if allowed is None else allowed
     prompts = token_exact_prompts(tokenizer, [int(k) for k in ins], rng, pool)
-    return [RequestSpec(f"{id_prefix}-{first_index + i}", tuple(ids), text, int(outs[i]))
-            for i, (ids, text) in enumerate(prompts)]
+    return [
+        RequestSpec(f"{id_prefix}-{first_index + i}", tuple(ids), text, int(outs[i]))
+        for i, (ids, text) in enumerate(prompts)
+    ]
 
 
 def fixed_dataset(tokenizer: Any, n: int, seed: int = 0, id_prefix: str = "fixed") -> list[RequestSpec]:
@@ -230,14 +249,23 @@ class PairLimits:
     max_output: int | None = None
 
     def keep(self, prompt_tokens: int, output_tokens: int) -> bool:
-        return (prompt_tokens >= self.min_tokens and output_tokens >= self.min_tokens
-                and not (self.max_input and prompt_tokens > self.max_input)
-                and not (self.max_output and output_tokens > self.max_output))
+        return (
+            prompt_tokens >= self.min_tokens
+            and output_tokens >= self.min_tokens
+            and not (self.max_input and prompt_tokens > self.max_input)
+            and not (self.max_output and output_tokens > self.max_output)
+        )
 
 
-def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, seed: int = 0,
-                     output_len: LengthDist | str | int | None = None, limits: PairLimits | None = None,
-                     id_prefix: str = "sharegpt") -> list[RequestSpec]:
+def sharegpt_dataset(
+    path: str | Path,
+    tokenizer: Any,
+    n: int | None = None,
+    seed: int = 0,
+    output_len: LengthDist | str | int | None = None,
+    limits: PairLimits | None = None,
+    id_prefix: str = "sharegpt",
+) -> list[RequestSpec]:
     """Conversations from a local ShareGPT file: the first human turn is the prompt; the wanted output
     length is the token count of the answer (or drawn from `output_len`). Pairs outside the `limits` are
     left out, the rest shuffled with `seed` and the first `n` kept."""
@@ -265,8 +293,11 @@ def sharegpt_dataset(path: str | Path, tokenizer: Any, n: int | None = None, see
         name = entry.get("id", index) if isinstance(entry, dict) else index
         specs.append(RequestSpec(f"{id_prefix}-{name}", tuple(prompt_ids), pair[0], out))
     if skipped:
-        log.info("%s: %d conversations left out (no human/answer pair, or outside the length limits)", path,
-                 skipped)
+        log.info(
+            "%s: %d conversations left out (no human/answer pair, or outside the length limits)",
+            path,
+            skipped,
+        )
     if not specs:
         raise ValueError(f"{path}: no usable conversation (human turn then answer, within the length limits)")
     return specs
@@ -293,10 +324,16 @@ def sharegpt_exchanges(entry: Any) -> list[tuple[str, str]]:
     turns = entry.get("conversations") or entry.get("conversation")
     if not isinstance(turns, list):
         return []
-    return [(first["value"], second["value"]) for first, second in pairwise(turns)
-            if isinstance(first, dict) and isinstance(second, dict) and first.get("from") in ("human", "user")
-            and second.get("from") in ("gpt", "assistant", "chatgpt")
-            and isinstance(first.get("value"), str) and isinstance(second.get("value"), str)]
+    return [
+        (first["value"], second["value"])
+        for first, second in pairwise(turns)
+        if isinstance(first, dict)
+        and isinstance(second, dict)
+        and first.get("from") in ("human", "user")
+        and second.get("from") in ("gpt", "assistant", "chatgpt")
+        and isinstance(first.get("value"), str)
+        and isinstance(second.get("value"), str)
+    ]
 
 
 def _first_exchange(entry: Any) -> tuple[str, str] | None:
@@ -315,19 +352,23 @@ def read_json_lines(path: Path, error: type[ValueError] = ValueError) -> Iterato
         except json.JSONDecodeError as exc:
             raise error(f"{path}:{number}: not a JSON line: {exc}") from exc
 
-def jsonl_dataset(path: str | Path, tokenizer: Any, output_tokens: int | None = None, id_prefix: str = "jsonl"
-                  ) -> list[RequestSpec]:
+
+def jsonl_dataset(
+    path: str | Path, tokenizer: Any, output_tokens: int | None = None, id_prefix: str = "jsonl"
+) -> list[RequestSpec]:
     """A prompts file: one JSON object per line with `prompt` and optionally `output_tokens` (or
     `max_tokens`) and `id`. Lines without an output length take `output_tokens`."""
     path = Path(path)
     specs = []
     for number, obj in read_json_lines(path):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-            raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
+            raise ValueError(f'{path}:{number}: each line needs a non-empty string "prompt"')
         out = obj.get("output_tokens", obj.get("max_tokens", output_tokens))
         if not isinstance(out, int) or isinstance(out, bool) or out < 1:
-            raise ValueError(f"{path}:{number}: no usable output length (give \"output_tokens\" >= 1 on the "
-                             f"line, or a default)")
+            raise ValueError(
+                f'{path}:{number}: no usable output length (give "output_tokens" >= 1 on the '
+                f"line, or a default)"
+            )
         ids = _encode(tokenizer, obj["prompt"])
         specs.append(RequestSpec(f"{id_prefix}-{obj.get('id', number)}", tuple(ids), obj["prompt"], out))
     if not specs:
@@ -353,9 +394,16 @@ class Draw:
         return seed if isinstance(seed, Draw) else Draw(seed)
 
 
-def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: int | Sequence[Sequence[int]],
-                   suffix_len: LengthDist | str | int, output_len: LengthDist | str | int,
-                   seed: int | Sequence[int] | Draw = 0, id_prefix: str = "prefix") -> list[RequestSpec]:
+def prefix_dataset(
+    tokenizer: Any,
+    n_groups: int,
+    per_group: int,
+    prefix_len: int | Sequence[Sequence[int]],
+    suffix_len: LengthDist | str | int,
+    output_len: LengthDist | str | int,
+    seed: int | Sequence[int] | Draw = 0,
+    id_prefix: str = "prefix",
+) -> list[RequestSpec]:
     """`n_groups` x `per_group` requests; those of one group share their first `prefix_len` tokens
     exactly (the join with each suffix is checked not to merge tokens), interleaved group by group.
     `prefix_len` may instead be the groups' prefixes (from `group_prefixes`), drawn elsewhere so that later
@@ -387,16 +435,24 @@ def prefix_dataset(tokenizer: Any, n_groups: int, per_group: int, prefix_len: in
                 if ids == prefix_ids + suffix_ids:  # the join did not merge or split tokens
                     break
             else:
-                raise ValueError(f"could not join a suffix to group {g}'s prefix without merging tokens "
-                                 f"in {JOIN_ATTEMPTS} tries")
-            members.append(RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]),
-                                       group=f"g{g}"))
+                raise ValueError(
+                    f"could not join a suffix to group {g}'s prefix without merging tokens "
+                    f"in {JOIN_ATTEMPTS} tries"
+                )
+            members.append(
+                RequestSpec(f"{id_prefix}-g{g}-{j}", tuple(ids), text, int(outs[k]), group=f"g{g}")
+            )
         groups.append(members)
     return [members[j] for j in range(per_group) for members in groups]
 
 
-def group_prefixes(tokenizer: Any, n_groups: int, prefix_len: int, seed: int | Sequence[int],
-                   allowed: np.ndarray | None = None) -> list[list[int]]:
+def group_prefixes(
+    tokenizer: Any,
+    n_groups: int,
+    prefix_len: int,
+    seed: int | Sequence[int],
+    allowed: np.ndarray | None = None,
+) -> list[list[int]]:
     """`n_groups` random token-exact prefixes of `prefix_len` tokens, for `prefix_dataset` in place of a
     length."""
     rng = np.random.default_rng(seed)
@@ -422,8 +478,13 @@ class PromptStream(Generic[T]):
     one by one for a point bounded only by its duration (`Supply`), the first `reserve` made before the
     point starts. `supplied` holds each finished supply's `stats()`, for the run directory."""
 
-    def __init__(self, make_chunk: Callable[[int], Sequence[T]], chunk_size: int = STREAM_CHUNK,
-                 limit: int | None = None, reserve: int = 0) -> None:
+    def __init__(
+        self,
+        make_chunk: Callable[[int], Sequence[T]],
+        chunk_size: int = STREAM_CHUNK,
+        limit: int | None = None,
+        reserve: int = 0,
+    ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.make_chunk, self.chunk_size, self.limit, self.reserve = make_chunk, chunk_size, limit, reserve
@@ -535,8 +596,14 @@ class Supply(Iterator[Any]):
     def stats(self) -> dict[str, Any]:
         """What it handed out (a closed loop's workers each take one they do not send when the duration is
         over) and whether generation kept up: JSON-ready."""
-        return {"handed": self.handed, "chunk": self.stream.chunk_size, "reserve": self.stream.reserve,
-                "chunks_made": self._made, "waits": self.waits, "wait_s": round(self.wait_s, 6)}
+        return {
+            "handed": self.handed,
+            "chunk": self.stream.chunk_size,
+            "reserve": self.stream.reserve,
+            "chunks_made": self._made,
+            "waits": self.waits,
+            "wait_s": round(self.wait_s, 6),
+        }
 
     def close(self) -> None:
         """Stop making chunks, waiting for one under way (at the end of a point, so that it does not compete

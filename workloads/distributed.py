@@ -397,8 +397,13 @@ def _labels(job: PointJob) -> RecordLabels:
     """The labels of every record of a resolved job (`PointJob.resolved` fills them in)."""
     if job.run_id is None or job.backend is None or job.load_point is None:
         raise ValueError("the load point's job is not resolved (PointJob.resolved)")
-    return RecordLabels(run_id=job.run_id, backend=job.backend, variant=job.variant,
-                        load_point=job.load_point, output_length_forced=job.adapter.forces_output_length)
+    return RecordLabels(
+        run_id=job.run_id,
+        backend=job.backend,
+        variant=job.variant,
+        load_point=job.load_point,
+        output_length_forced=job.adapter.forces_output_length,
+    )
 
 
 class _Point:
@@ -518,7 +523,11 @@ class _Point:
     def _lose(self, stream: _Stream, kind: ErrorKind, reason: str) -> None:
         for started in list(stream.inflight.values()):
             record = lost_record(
-                started, self.labels, t0=self.t0, offset_s=stream.offset.offset_s, host=stream.slot.host,
+                started,
+                self.labels,
+                t0=self.t0,
+                offset_s=stream.offset.offset_s,
+                host=stream.slot.host,
                 reason=reason,
             )
             if kind != ErrorKind.CLIENT_LOST:

@@ -75,9 +75,11 @@ def token_counter(tokenizer: Any) -> TokenCounter:
     """A text -> token count function from a Hugging Face tokenizer, a `tokenizers.Tokenizer`, or a
     callable."""
     if hasattr(tokenizer, "encode"):
+
         def count(text: str) -> int:
             ids = tokenizer.encode(text, add_special_tokens=False)
             return len(getattr(ids, "ids", ids))
+
         return count
     if callable(tokenizer):
         return tokenizer
@@ -188,9 +190,13 @@ class PointJob:
         summary = self.summary_path
         if summary is None and self.output_path is not None:
             summary = Path(self.output_path).with_name("runs.jsonl")
-        return replace(self, backend=self.backend or self.adapter.name,
-                       load_point=self.load_point or self.schedule.label,
-                       run_id=self.run_id or uuid.uuid4().hex[:12], summary_path=summary)
+        return replace(
+            self,
+            backend=self.backend or self.adapter.name,
+            load_point=self.load_point or self.schedule.label,
+            run_id=self.run_id or uuid.uuid4().hex[:12],
+            summary_path=summary,
+        )
 
 
 class _Run:
@@ -227,8 +233,13 @@ class _Run:
         url = self._urls.get(request.path)
         if url is None:
             url = self._urls[request.path] = self.base.join(URL(request.path))
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **request.headers,
-                   **spec.extra_headers, "X-Request-Id": request_id}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            **request.headers,
+            **spec.extra_headers,
+            "X-Request-Id": request_id,
+        }
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode()
         return _Prepared(request_id, spec, url, body, headers)
 
@@ -256,8 +267,9 @@ class _Run:
                 while True:
                     session = self.session if stale_at is None else self._fresh_session()
                     try:
-                        async with session.post(item.url, data=item.body, headers=item.headers,
-                                                trace_request_ctx=stamps) as resp:
+                        async with session.post(
+                            item.url, data=item.body, headers=item.headers, trace_request_ctx=stamps
+                        ) as resp:
                             headers_t = perf_counter()
                             protocol = resp.connection.protocol if resp.connection is not None else None
                             if isinstance(protocol, StampingHandler) and protocol.last_rx:
@@ -265,8 +277,11 @@ class _Run:
                             status = resp.status
                             if status != 200:
                                 body = await _read_limited(resp.content, ERROR_BODY_LIMIT)
-                                error = (ErrorKind.HTTP_STATUS, f"HTTP {status} {resp.reason or ''}: "
-                                         f"{body.decode('utf-8', 'replace')}".strip())
+                                error = (
+                                    ErrorKind.HTTP_STATUS,
+                                    f"HTTP {status} {resp.reason or ''}: "
+                                    f"{body.decode('utf-8', 'replace')}".strip(),
+                                )
                             else:
                                 streaming = resp.content_type == "text/event-stream"
                                 await read_stamped(resp, chunks)
@@ -285,8 +300,9 @@ class _Run:
             if self._failures % GC_EVERY_FAILURES == 0:
                 gc.collect()
         end = perf_counter()
-        raw = _RawResponse(start, stamps.get("send"), headers_t, end, status, chunks, streaming, error,
-                           stale_at)
+        raw = _RawResponse(
+            start, stamps.get("send"), headers_t, end, status, chunks, streaming, error, stale_at
+        )
         self.finished.append((item, scheduled, warmup, raw))
         self._work.set()
         if cancelled:
@@ -299,8 +315,12 @@ class _Run:
             assert self.session is not None
             connector = StampingConnector(force_close=True, limit=0, ttl_dns_cache=None)
             self.fresh_session = aiohttp.ClientSession(
-                connector=connector, timeout=self.session.timeout, read_bufsize=READ_BUFFER,
-                trace_configs=[_trace_config()], raise_for_status=False)
+                connector=connector,
+                timeout=self.session.timeout,
+                read_bufsize=READ_BUFFER,
+                trace_configs=[_trace_config()],
+                raise_for_status=False,
+            )
         return self.fresh_session
 
     # -- turning the raw facts into records ----------------------------------------------------------
@@ -312,7 +332,7 @@ class _Run:
         while True:
             while self.finished:
                 item, scheduled, warmup, raw = self.finished[0]  # left in place until stored: if this task
-                reading = StreamReading()                       # is cancelled, record_all_now still has it
+                reading = StreamReading()  # is cancelled, record_all_now still has it
                 if raw.status == 200:
                     reading = await _drive(reading_steps(self.adapter, raw.chunks, raw.streaming, SLICE_S))
                 self.finished.popleft()
@@ -339,8 +359,9 @@ class _Run:
         if answer is not None and not answer.done():  # a session's turn: its next turn needs the text
             answer.set_result((record, text))
 
-    def _record(self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse,
-                reading: StreamReading) -> RequestRecord:
+    def _record(
+        self, item: _Prepared, scheduled: float, warmup: bool, raw: _RawResponse, reading: StreamReading
+    ) -> RequestRecord:
         t0 = self.t0
         error = raw.error or reading.problem  # a transport error explains everything after it
         events = reading.events
@@ -350,32 +371,53 @@ class _Run:
         counts = (usage_completion, event_tokens if events else None, retokenized)
         known = {n for n in counts if n is not None}
         return RequestRecord(
-            run_id=self.run_id, request_id=item.request_id, backend=self.backend, variant=self.variant,
-            load_point=self.load_point, warmup=warmup, t0_monotonic=t0,
-            prompt_tokens=item.spec.prompt_len, wanted_output_tokens=item.spec.wanted_output_tokens,
+            run_id=self.run_id,
+            request_id=item.request_id,
+            backend=self.backend,
+            variant=self.variant,
+            load_point=self.load_point,
+            warmup=warmup,
+            t0_monotonic=t0,
+            prompt_tokens=item.spec.prompt_len,
+            wanted_output_tokens=item.spec.wanted_output_tokens,
             output_length_forced=self.adapter.forces_output_length,
-            scheduled_s=scheduled - t0, start_s=raw.start - t0,
+            scheduled_s=scheduled - t0,
+            start_s=raw.start - t0,
             send_s=None if raw.send is None else raw.send - t0,
-            headers_s=None if raw.headers is None else raw.headers - t0, end_s=raw.end - t0,
-            events=[(t - t0, n, len(e.text))
-                    for t, n, e in zip(reading.times, reading.counts, events, strict=True)],
-            http_status=raw.status, finish_reason=reading.finish_reason,
-            usage_prompt_tokens=reading.usage_prompt_tokens, usage_completion_tokens=usage_completion,
+            headers_s=None if raw.headers is None else raw.headers - t0,
+            end_s=raw.end - t0,
+            events=[
+                (t - t0, n, len(e.text))
+                for t, n, e in zip(reading.times, reading.counts, events, strict=True)
+            ],
+            http_status=raw.status,
+            finish_reason=reading.finish_reason,
+            usage_prompt_tokens=reading.usage_prompt_tokens,
+            usage_completion_tokens=usage_completion,
             event_tokens=event_tokens,
             output_tokens=usage_completion if usage_completion is not None else event_tokens,
             output_tokens_source="usage" if usage_completion is not None else "events",
-            retokenized_tokens=retokenized, token_count_mismatch=len(known) > 1,
-            error_kind=None if error is None else error[0], error_message=None if error is None else error[1],
-            session_id=item.session_id, turn=item.turn,
+            retokenized_tokens=retokenized,
+            token_count_mismatch=len(known) > 1,
+            error_kind=None if error is None else error[0],
+            error_message=None if error is None else error[1],
+            session_id=item.session_id,
+            turn=item.turn,
             stale_retry_s=None if raw.stale_retry is None else raw.stale_retry - t0,
             server_timings=reading.server_timings,
         )
 
     # -- schedules -----------------------------------------------------------------------------------
 
-    async def closed_loop(self, warm: Iterator[_Prepared], units: Iterator[Any], concurrency: int,
-                          ramp_up_s: float, max_duration_s: float | None,
-                          run_unit: Callable[[Any, float], Awaitable[None]] | None = None) -> None:
+    async def closed_loop(
+        self,
+        warm: Iterator[_Prepared],
+        units: Iterator[Any],
+        concurrency: int,
+        ramp_up_s: float,
+        max_duration_s: float | None,
+        run_unit: Callable[[Any, float], Awaitable[None]] | None = None,
+    ) -> None:
         """`concurrency` workers, started `ramp_up_s / concurrency` apart, each sending its next unit of work
         when the last one ends: warm-up requests first, then the measured units, so the measured phase starts
         at full concurrency without a burst. A unit is a request, or with `run_unit` (`run_session`) a whole
@@ -420,8 +462,14 @@ class _Run:
             previous = spec
             when = self.t0 + (record.end_s or 0.0) + session.think_s[k + 1]
 
-    async def open_loop(self, items: Iterator[_Prepared], offsets: Iterator[float], start: float,
-                        deadline: float | None, max_concurrency: int | None) -> None:
+    async def open_loop(
+        self,
+        items: Iterator[_Prepared],
+        offsets: Iterator[float],
+        start: float,
+        deadline: float | None,
+        max_concurrency: int | None,
+    ) -> None:
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         inflight: set[asyncio.Task] = set()
 
@@ -496,8 +544,9 @@ async def _read_limited(content: aiohttp.StreamReader, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _stale_connection(exc: BaseException, stamps: dict[str, Any], headers_t: float | None,
-                      chunks: list[tuple[float, bytes]]) -> bool:
+def _stale_connection(
+    exc: BaseException, stamps: dict[str, Any], headers_t: float | None, chunks: list[tuple[float, bytes]]
+) -> bool:
     """Whether a failed try met the client's own stale keep-alive connection rather than a failing server:
     it went out on a pooled connection that had served an earlier response (`reuseconn` stamp), failed
     with a disconnect, reset or broken pipe, and no byte of a response had arrived. A server that closes a
@@ -507,12 +556,16 @@ def _stale_connection(exc: BaseException, stamps: dict[str, Any], headers_t: flo
         return False
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return True
-    return any(isinstance(c, ConnectionResetError | BrokenPipeError)
-               or getattr(c, "errno", None) in (errno.ECONNRESET, errno.EPIPE) for c in _chain(exc))
+    return any(
+        isinstance(c, ConnectionResetError | BrokenPipeError)
+        or getattr(c, "errno", None) in (errno.ECONNRESET, errno.EPIPE)
+        for c in _chain(exc)
+    )
 
 
-def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeouts: Timeouts
-              ) -> tuple[ErrorKind, str]:
+def _classify(
+    exc: BaseException, total_expired: bool, headers_seen: bool, timeouts: Timeouts
+) -> tuple[ErrorKind, str]:
     """Map an exception from the HTTP exchange to an error kind and a message."""
     text = f"{type(exc).__name__}: {exc}".strip()
     if total_expired:
@@ -528,8 +581,9 @@ def _classify(exc: BaseException, total_expired: bool, headers_seen: bool, timeo
             return ErrorKind.CONNECTION_REFUSED, text
         return ErrorKind.CONNECT_FAILED, text
     causes = list(_chain(exc))
-    if any(isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET
-           for c in causes):
+    if any(
+        isinstance(c, ConnectionResetError) or getattr(c, "errno", None) == errno.ECONNRESET for c in causes
+    ):
         return ErrorKind.CONNECTION_RESET, text
     if isinstance(exc, aiohttp.ClientPayloadError) and "ConnectionResetError" in str(exc):
         # aiohttp keeps the socket error of a body cut short only in the message of ClientPayloadError
@@ -598,8 +652,11 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
     _check(job)
     writer = RecordWriter(job.output_path) if job.output_path is not None else None
     run = _Run(job, writer, token_counter(job.tokenizer) if job.tokenizer is not None else None)
-    count = job.max_requests if job.max_requests is not None else (
-        None if job.max_duration_s is not None else len(job.specs))
+    count = (
+        job.max_requests
+        if job.max_requests is not None
+        else (None if job.max_duration_s is not None else len(job.specs))
+    )
     items: Iterator[_Prepared] = iter(())
     supply = units = None
     if job.spec_stream is not None:  # made as the point needs them (the first chunk now)
@@ -616,14 +673,19 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
     schedule, timeouts = job.schedule, job.timeouts
     pool = schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency or 0
     connector = StampingConnector(limit=pool, limit_per_host=0, keepalive_timeout=60.0, ttl_dns_cache=None)
-    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s,
-                                           sock_read=timeouts.read_s)
+    client_timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
+    )
     interrupted = False
     progress_task = None
     with _collection_paused():
-        async with aiohttp.ClientSession(connector=connector, timeout=client_timeout,
-                                         read_bufsize=READ_BUFFER, trace_configs=[_trace_config()],
-                                         raise_for_status=False) as session:
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=client_timeout,
+            read_bufsize=READ_BUFFER,
+            trace_configs=[_trace_config()],
+            raise_for_status=False,
+        ) as session:
             run.session = session
             if job.progress is not None:
                 progress_task = asyncio.create_task(run.report_progress(job.progress_interval_s))
@@ -695,8 +757,13 @@ def _collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
-                    items: Iterator[_Prepared], sessions: Iterator[Session] | None = None) -> None:
+async def _send_all(
+    run: _Run,
+    job: PointJob,
+    warm_items: list[_Prepared],
+    items: Iterator[_Prepared],
+    sessions: Iterator[Session] | None = None,
+) -> None:
     """The warm-up and the measured requests on the job's schedule (`sessions`: from `job.spec_stream`)."""
     schedule = job.schedule
     if isinstance(schedule, ClosedLoop):
@@ -705,9 +772,10 @@ async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
         ramp = min(schedule.concurrency * 1e-3, 5.0) if job.ramp_up_s is None else job.ramp_up_s
         if job.sessions:
             if sessions is None:
-                sessions = iter(job.sessions[:job.max_requests] if job.max_requests else job.sessions)
-            await run.closed_loop(iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s,
-                                  run.run_session)
+                sessions = iter(job.sessions[: job.max_requests] if job.max_requests else job.sessions)
+            await run.closed_loop(
+                iter(warm_items), sessions, schedule.concurrency, ramp, job.max_duration_s, run.run_session
+            )
         else:
             await run.closed_loop(iter(warm_items), items, schedule.concurrency, ramp, job.max_duration_s)
         return
@@ -720,13 +788,27 @@ async def _send_all(run: _Run, job: PointJob, warm_items: list[_Prepared],
 
 
 def _summary(run: _Run, job: PointJob, interrupted: bool) -> RunSummary:
-    return build_summary(run.records, job, t0=run.t0, measured_start=run.measured_start or run.t0,
-                         end=perf_counter(), interrupted=interrupted,
-                         describe=job.schedule.describe() | {"adapter": run.adapter.describe()})
+    return build_summary(
+        run.records,
+        job,
+        t0=run.t0,
+        measured_start=run.measured_start or run.t0,
+        end=perf_counter(),
+        interrupted=interrupted,
+        describe=job.schedule.describe() | {"adapter": run.adapter.describe()},
+    )
 
 
-def build_summary(records: Sequence[RequestRecord], job: PointJob, *, t0: float, measured_start: float,
-                  end: float, interrupted: bool, describe: dict) -> RunSummary:
+def build_summary(
+    records: Sequence[RequestRecord],
+    job: PointJob,
+    *,
+    t0: float,
+    measured_start: float,
+    end: float,
+    interrupted: bool,
+    describe: dict,
+) -> RunSummary:
     """The run summary of `records` of the resolved `job`, whose times are all relative to `t0` (one clock:
     several load generators' records must first be put on one timeline)."""
     assert job.run_id is not None and job.backend is not None and job.load_point is not None, "not resolved"
@@ -741,14 +823,25 @@ def build_summary(records: Sequence[RequestRecord], job: PointJob, *, t0: float,
     offered = schedule.rate if isinstance(schedule, OpenLoop | TraceReplay) else None
     achieved = (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 and sends[-1] > sends[0] else None
     return RunSummary(
-        run_id=job.run_id, backend=job.backend, variant=job.variant, load_point=job.load_point,
-        t0_monotonic=t0, schedule=describe,
-        measured_start_s=measured_start - t0, wall_s=end - t0,
-        n_warmup=len(records) - len(measured), n_measured=len(measured), n_sent=len(sends),
-        n_ok=sum(r.ok for r in measured), errors=errors, offered_rate=offered, achieved_rate=achieved,
+        run_id=job.run_id,
+        backend=job.backend,
+        variant=job.variant,
+        load_point=job.load_point,
+        t0_monotonic=t0,
+        schedule=describe,
+        measured_start_s=measured_start - t0,
+        wall_s=end - t0,
+        n_warmup=len(records) - len(measured),
+        n_measured=len(measured),
+        n_sent=len(sends),
+        n_ok=sum(r.ok for r in measured),
+        errors=errors,
+        offered_rate=offered,
+        achieved_rate=achieved,
         lag_p50_s=float(np.percentile(lags, 50)) if lags.size else None,
         lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,
-        lag_max_s=float(lags.max()) if lags.size else None, interrupted=interrupted,
+        lag_max_s=float(lags.max()) if lags.size else None,
+        interrupted=interrupted,
     )
 
 

@@ -65,8 +65,12 @@ def run_to_end(steps: Generator[None, None, StreamReading]) -> StreamReading:
             return done.value
 
 
-def reading_steps(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], streaming: bool,
-                  pause_every_s: float | None = SLICE_S) -> Generator[None, None, StreamReading]:
+def reading_steps(
+    adapter: Adapter,
+    chunks: Sequence[tuple[float, bytes]],
+    streaming: bool,
+    pause_every_s: float | None = SLICE_S,
+) -> Generator[None, None, StreamReading]:
     """`read_stream`, pausing every `pause_every_s` of work; returns the `StreamReading`."""
     out = StreamReading()
     malformed: str | None = None
@@ -103,7 +107,7 @@ def reading_steps(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], strea
                 malformed = str(exc)
     except Exception as exc:  # a bug in reading must not lose the record
         log.exception("reading a response body failed")
-        del out.events[len(out.times):]
+        del out.events[len(out.times) :]
         out.problem = (ErrorKind.CLIENT_ERROR, f"reading the response failed: {exc!r}")
 
     out.counts = adapter.count_tokens(out.events) if out.events else []
@@ -124,6 +128,9 @@ def reading_steps(adapter: Adapter, chunks: Sequence[tuple[float, bytes]], strea
         elif leftover:
             out.problem = (ErrorKind.INCOMPLETE_STREAM, "the body ended in the middle of an event")
         elif not adapter.is_complete(out.events):
-            out.problem = (ErrorKind.INCOMPLETE_STREAM, f"the stream ended without its final event "
-                           f"({adapter.final_event}) after {len(out.events)} events")
+            out.problem = (
+                ErrorKind.INCOMPLETE_STREAM,
+                f"the stream ended without its final event "
+                f"({adapter.final_event}) after {len(out.events)} events",
+            )
     return out

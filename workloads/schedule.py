@@ -82,8 +82,11 @@ class OpenLoop:
         t = 0.0
         yield t
         while True:
-            gaps = (np.full(1024, mean) if self.arrival == "constant"
-                    else rng.gamma(shape, mean / shape, size=1024))
+            gaps = (
+                np.full(1024, mean)
+                if self.arrival == "constant"
+                else rng.gamma(shape, mean / shape, size=1024)
+            )
             for gap in gaps.tolist():
                 t += gap
                 yield t
@@ -114,8 +117,9 @@ class TraceReplay:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
 
     @classmethod
-    def from_file(cls, path: str | Path, time_scale: float = 1.0, max_concurrency: int | None = None
-                  ) -> TraceReplay:
+    def from_file(
+        cls, path: str | Path, time_scale: float = 1.0, max_concurrency: int | None = None
+    ) -> TraceReplay:
         times: list[float] = []
         for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
             line = line.strip()
@@ -125,8 +129,9 @@ class TraceReplay:
                 value = json.loads(line)
                 times.append(float(value["timestamp"] if isinstance(value, dict) else value))
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: expected a number or {{\"timestamp\": ...}}, got {line!r}"
-                                 ) from exc
+                raise ValueError(
+                    f'{path}:{number}: expected a number or {{"timestamp": ...}}, got {line!r}'
+                ) from exc
         return cls(tuple(times), time_scale, str(path), max_concurrency)
 
     @property
@@ -148,8 +153,13 @@ class TraceReplay:
         return (t - t[0]) * self.time_scale
 
     def describe(self) -> dict:
-        return {"kind": "trace", "source": self.source, "time_scale": self.time_scale, "n": len(self.times),
-                "max_concurrency": self.max_concurrency}
+        return {
+            "kind": "trace",
+            "source": self.source,
+            "time_scale": self.time_scale,
+            "n": len(self.times),
+            "max_concurrency": self.max_concurrency,
+        }
 
 
 Schedule = ClosedLoop | OpenLoop | TraceReplay

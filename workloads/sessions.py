@@ -100,22 +100,35 @@ class Session:
         return f"{self.session_id}-t{k}"
 
 
-def conversation_turn(session: Session, k: int, previous: RequestSpec | None, answer: str,
-                      tokenizer: Any) -> RequestSpec:
+def conversation_turn(
+    session: Session, k: int, previous: RequestSpec | None, answer: str, tokenizer: Any
+) -> RequestSpec:
     """Turn k's request: the previous turn's prompt, its answer's text and user turn k, tokenised as one
     text (see the module docstring for what that keeps exact). The first turn is the user turn alone."""
     user = session.turns[k]
     if previous is None:
-        return RequestSpec(session.turn_id(k), user.prompt_token_ids, user.prompt_text,
-                           user.wanted_output_tokens, group=session.session_id)
+        return RequestSpec(
+            session.turn_id(k),
+            user.prompt_token_ids,
+            user.prompt_text,
+            user.wanted_output_tokens,
+            group=session.session_id,
+        )
     text = previous.prompt_text + answer + user.prompt_text
     ids = tuple(encode_text(tokenizer, text))
     return RequestSpec(session.turn_id(k), ids, text, user.wanted_output_tokens, group=session.session_id)
 
 
-def synthetic_sessions(tokenizer: Any, n: int, turns: int, input_len: LengthDist | str | int,
-                       output_len: LengthDist | str | int, think_time: ThinkTime | str | float = 0.0,
-                       seed: int | Sequence[int] | Draw = 0, id_prefix: str = "session") -> list[Session]:
+def synthetic_sessions(
+    tokenizer: Any,
+    n: int,
+    turns: int,
+    input_len: LengthDist | str | int,
+    output_len: LengthDist | str | int,
+    think_time: ThinkTime | str | float = 0.0,
+    seed: int | Sequence[int] | Draw = 0,
+    id_prefix: str = "session",
+) -> list[Session]:
     """`n` sessions of `turns` user turns, each of random token-exact ids of a drawn length, numbered from
     the `Draw`'s first (a plain seed: from 0)."""
     if n < 1 or turns < 1:
@@ -134,14 +147,21 @@ def synthetic_sessions(tokenizer: Any, n: int, turns: int, input_len: LengthDist
         for k in range(turns):
             ids, text = token_exact_prompt(tokenizer, int(ins[i * turns + k]), rng, allowed)
             specs.append(RequestSpec(f"{name}-t{k}", tuple(ids), text, int(outs[i * turns + k]), group=name))
-        think = (0.0, *(float(t) for t in thinks[i * turns + 1:(i + 1) * turns]))
+        think = (0.0, *(float(t) for t in thinks[i * turns + 1 : (i + 1) * turns]))
         sessions.append(Session(name, tuple(specs), think))
     return sessions
 
 
-def sharegpt_sessions(path: str | Path, tokenizer: Any, n: int | None = None, turns: int | None = None,
-                      think_time: ThinkTime | str | float = 0.0, seed: int = 0, min_turns: int = 2,
-                      id_prefix: str = "sharegpt") -> list[Session]:
+def sharegpt_sessions(
+    path: str | Path,
+    tokenizer: Any,
+    n: int | None = None,
+    turns: int | None = None,
+    think_time: ThinkTime | str | float = 0.0,
+    seed: int = 0,
+    min_turns: int = 2,
+    id_prefix: str = "sharegpt",
+) -> list[Session]:
     """Conversations of a local ShareGPT file with at least `min_turns` human turns that have an answer:
     their first `turns` (None: all) human turns, each wanting its recorded answer's token count. Shuffled
     with `seed`; the first `n` kept."""

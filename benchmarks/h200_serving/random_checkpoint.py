@@ -23,16 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from reference_engine.model_config import named_shape
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("shape", help="a named shape, e.g. llama-3.2-1b, llama-2-7b")
-    p.add_argument("--tokenizer", type=Path, required=True,
-                   help="a directory with tokenizer.json and its config")
+    p.add_argument(
+        "--tokenizer", type=Path, required=True, help="a directory with tokenizer.json and its config"
+    )
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -44,18 +49,30 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.out)
     s = named_shape(args.shape)
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
-        head_dim=s.head_dim, rms_norm_eps=s.rms_norm_eps, rope_theta=s.rope_theta,
-        max_position_embeddings=args.max_len, tie_word_embeddings=False, torch_dtype="bfloat16",
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        vocab_size=len(tok),
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_kv_heads,
+        head_dim=s.head_dim,
+        rms_norm_eps=s.rms_norm_eps,
+        rope_theta=s.rope_theta,
+        max_position_embeddings=args.max_len,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(args.seed)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(args.out, safe_serialization=True)
     params = sum(t.numel() for t in model.parameters())
-    print(f"{args.out}: {args.shape}, {params / 1e9:.2f} B parameters, vocab {len(tok)}, "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"{args.out}: {args.shape}, {params / 1e9:.2f} B parameters, vocab {len(tok)}, "
+        f"{time.perf_counter() - start:.1f} s"
+    )
 
 
 if __name__ == "__main__":

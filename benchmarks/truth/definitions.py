@@ -78,7 +78,7 @@ def truth_from_log(entry: Mapping[str, Any], schedule: ScriptedSchedule) -> Trut
     for t, n, kind in raw:
         empty = False
         if kind == "token":
-            empty = "".join(texts[done:done + n]) == ""
+            empty = "".join(texts[done : done + n]) == ""
             done += n
         events.append(Event(float(t), int(n), kind, empty))
     return Truth(entry["request_id"], float(entry["received_s"]), events)
@@ -145,8 +145,11 @@ class PointErrors:
         """p50/p99/max |error| in ms (own definition: paired per request or per gap), and against the declared
         definition: paired p99 where the pairing exists, and the difference of the reported distribution's
         p50/p99 from the declared truth's."""
-        out: dict[str, Any] = {"requests": self.matched, "missing": len(self.missing),
-                               "itl_mismatch": self.itl_mismatch}
+        out: dict[str, Any] = {
+            "requests": self.matched,
+            "missing": len(self.missing),
+            "itl_mismatch": self.itl_mismatch,
+        }
         for m in METRICS:
             own = np.abs(np.asarray(self.own[m], dtype=float)) * 1e3
             if own.size:

@@ -38,9 +38,16 @@ def vllm_bench(result_path: Path, request_id_prefix: str) -> Iterator[Measured]:
     """`vllm bench serve --save-result --save-detailed` JSON. TPOT as `serve.py` computes it:
     (latency - ttft) / (output_len - 1), output_len from the server's usage."""
     result = json.loads(result_path.read_text(encoding="utf-8"))
-    for i, (ttft, itl, latency, n, error) in enumerate(zip(
-            result["ttfts"], result["itls"], result["latencies"], result["output_lens"], result["errors"],
-            strict=True)):
+    for i, (ttft, itl, latency, n, error) in enumerate(
+        zip(
+            result["ttfts"],
+            result["itls"],
+            result["latencies"],
+            result["output_lens"],
+            result["errors"],
+            strict=True,
+        )
+    ):
         if error:
             continue
         tpot = (latency - ttft) / (n - 1) if n > 1 else None
@@ -56,9 +63,12 @@ def aiperf(jsonl_path: Path) -> Iterator[Measured]:
         meta, metrics = record.get("metadata", {}), record.get("metrics", {})
         if meta.get("benchmark_phase") not in (None, "profiling") or record.get("error"):
             continue
-        yield Measured(meta["x_request_id"], _ms(metrics.get("time_to_first_token")),
-                       _ms(metrics.get("inter_token_latency")),
-                       [v / 1e3 for v in (metrics.get("inter_chunk_latency") or {}).get("value", [])])
+        yield Measured(
+            meta["x_request_id"],
+            _ms(metrics.get("time_to_first_token")),
+            _ms(metrics.get("inter_token_latency")),
+            [v / 1e3 for v in (metrics.get("inter_chunk_latency") or {}).get("value", [])],
+        )
 
 
 def _ms(metric: dict[str, Any] | None) -> float | None:
@@ -82,8 +92,12 @@ def guidellm(report_path: Path) -> Iterator[Measured]:
             rid = req["response_id"] or ""
             rid = rid.removeprefix("chatcmpl-").removeprefix("cmpl-")
             itl = req.get("inter_token_latency_ms")
-            yield Measured(rid, _opt_ms(req.get("time_to_first_token_ms")),
-                           _opt_ms(req.get("time_per_output_token_ms")), [] if itl is None else [itl / 1e3])
+            yield Measured(
+                rid,
+                _opt_ms(req.get("time_to_first_token_ms")),
+                _opt_ms(req.get("time_per_output_token_ms")),
+                [] if itl is None else [itl / 1e3],
+            )
 
 
 def _opt_ms(value: float | None) -> float | None:

@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="scripted-model")
     parser.add_argument("--request-id-prefix", default="ours-")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--busy-poll", action="store_true",
-                        help="keep the client's CPU polling (workloads.loadgen.keep_awake)")
+    parser.add_argument(
+        "--busy-poll",
+        action="store_true",
+        help="keep the client's CPU polling (workloads.loadgen.keep_awake)",
+    )
     args = parser.parse_args(argv)
 
     def specs(prefix: str, n: int) -> list[RequestSpec]:
@@ -42,11 +45,18 @@ def main(argv: list[str] | None = None) -> None:
 
     adapter = get_adapter("vllm-chat" if args.chat else "vllm", model=args.model)
     args.out.unlink(missing_ok=True)
-    records = run_load_sync(PointJob(args.url, adapter, specs(args.request_id_prefix, args.requests),
-                                     ClosedLoop(args.concurrency),
-                                     warmup_specs=specs(f"{args.request_id_prefix}warm-", args.warmup),
-                                     output_path=args.out, summary_path=args.out.with_name("ours-runs.jsonl"),
-                                     busy_poll=args.busy_poll))
+    records = run_load_sync(
+        PointJob(
+            args.url,
+            adapter,
+            specs(args.request_id_prefix, args.requests),
+            ClosedLoop(args.concurrency),
+            warmup_specs=specs(f"{args.request_id_prefix}warm-", args.warmup),
+            output_path=args.out,
+            summary_path=args.out.with_name("ours-runs.jsonl"),
+            busy_poll=args.busy_poll,
+        )
+    )
     failed = sum(not r.ok for r in records)
     print(f"{len(records)} requests, {failed} failed", flush=True)
     sys.exit(1 if failed else 0)

@@ -20,8 +20,13 @@ import numpy as np
 CLIENTS = ("ours", "ours-poll", "vllm", "aiperf", "guidellm")  # ours-poll: ours with --busy-poll
 OURS = ("ours", "ours-poll")
 OTHERS = ("vllm", "aiperf", "guidellm")
-HEADERS = {"ours": "ours", "ours-poll": "ours, busy-poll", "vllm": "vLLM bench", "aiperf": "AIPerf",
-           "guidellm": "GuideLLM"}
+HEADERS = {
+    "ours": "ours",
+    "ours-poll": "ours, busy-poll",
+    "vllm": "vLLM bench",
+    "aiperf": "AIPerf",
+    "guidellm": "GuideLLM",
+}
 METRICS = ("ttft", "tpot", "itl")
 TARGET = 5.0
 
@@ -74,24 +79,27 @@ def ratios(runs: dict[str, dict[str, Any]], mine: str = "ours") -> dict[str, flo
 
 def best_other_p99(runs: dict[str, dict[str, Any]], metric: str) -> float | None:
     """The smallest p99 |error| of the other clients on `metric` (ITL: per-gap clients only), ms."""
-    values = [runs[c].get(f"{metric}_p99_ms") for c in OTHERS
-              if c in runs and (metric != "itl" or per_gap_itl(c))]
+    values = [
+        runs[c].get(f"{metric}_p99_ms") for c in OTHERS if c in runs and (metric != "itl" or per_gap_itl(c))
+    ]
     values = [v for v in values if v is not None]
     return min(values) if values else None
 
 
 def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> str:
-    lines = ["## p99 |error| in ms, each client against the truth under its own definitions",
-             "",
-             "Cells: TTFT / TPOT / ITL. ITL is per gap (ours: per token; vLLM, AIPerf: per chunk); GuideLLM "
-             "keeps no per-gap times, its ITL is one mean per request (marked *) and is left out of the "
-             "ratio. Ratio: the best other client's p99 over ours, by default and with --busy-poll (x5 is "
-             "the target). CPU: client CPU time per request while the measured requests ran, ms (all its "
-             "processes; busy-poll keeps one CPU busy for the whole run).",
-             "",
-             f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | ratio TTFT / TPOT / ITL | "
-             "ratio, busy-poll | CPU ms/req: " + " / ".join(HEADERS[c] for c in CLIENTS) + " |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "## p99 |error| in ms, each client against the truth under its own definitions",
+        "",
+        "Cells: TTFT / TPOT / ITL. ITL is per gap (ours: per token; vLLM, AIPerf: per chunk); GuideLLM "
+        "keeps no per-gap times, its ITL is one mean per request (marked *) and is left out of the "
+        "ratio. Ratio: the best other client's p99 over ours, by default and with --busy-poll (x5 is "
+        "the target). CPU: client CPU time per request while the measured requests ran, ms (all its "
+        "processes; busy-poll keeps one CPU busy for the whole run).",
+        "",
+        f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | ratio TTFT / TPOT / ITL | "
+        "ratio, busy-poll | CPU ms/req: " + " / ".join(HEADERS[c] for c in CLIENTS) + " |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (schedule, conc), runs in points.items():
         cells = []
         for c in CLIENTS:
@@ -102,22 +110,34 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
             itl = _f(r.get("itl_p99_ms")) + ("*" if not per_gap_itl(c) else "")
             cells.append(f"{_f(r.get('ttft_p99_ms'))} / {_f(r.get('tpot_p99_ms'), 3)} / {itl}")
         cpu = " / ".join(_f(runs.get(c, {}).get("client_cpu_ms_per_request"), 1) for c in CLIENTS)
-        lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} | {_ratio_cell(runs, 'ours')} | "
-                     f"{_ratio_cell(runs, 'ours-poll')} | {cpu} |")
-    for q, why in ((50,
-                    "the median shows what the definitions do (role chunk as first token, TPOT with TTFT, "
-                    "ITL per "
-                        "chunk or per request)"),
-                   (99,
-                    "the tail adds each client's timing error to that, and a per-request mean ITL hides the "
-                    "tail "
-                        "of the gaps")):
-        lines += ["",
-                  f"## What a user would read: each client's reported p{q} minus the true p{q} under the "
-                  "declared definitions (docs/design.md), ms", "",
-                  f"Cells: TTFT / TPOT / ITL, signed; {why}.", "",
-                  f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {schedule} | {conc} | {' | '.join(cells)} | {_ratio_cell(runs, 'ours')} | "
+            f"{_ratio_cell(runs, 'ours-poll')} | {cpu} |"
+        )
+    for q, why in (
+        (
+            50,
+            "the median shows what the definitions do (role chunk as first token, TPOT with TTFT, "
+            "ITL per "
+            "chunk or per request)",
+        ),
+        (
+            99,
+            "the tail adds each client's timing error to that, and a per-request mean ITL hides the "
+            "tail "
+            "of the gaps",
+        ),
+    ):
+        lines += [
+            "",
+            f"## What a user would read: each client's reported p{q} minus the true p{q} under the "
+            "declared definitions (docs/design.md), ms",
+            "",
+            f"Cells: TTFT / TPOT / ITL, signed; {why}.",
+            "",
+            f"| schedule | streams | {' | '.join(HEADERS[c] for c in CLIENTS)} |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for (schedule, conc), runs in points.items():
             cells = []
             for c in CLIENTS:
@@ -125,26 +145,34 @@ def tables(meta: dict[str, Any], points: dict[tuple[str, int], dict[str, dict[st
                 if r is None or not r.get("requests"):
                     cells.append("–")
                     continue
-                cells.append(" / ".join(_f(r.get(f"{m}_declared_p{q}_diff_ms"), 3 if m == "tpot" else 2)
-                                        for m in METRICS))
+                cells.append(
+                    " / ".join(
+                        _f(r.get(f"{m}_declared_p{q}_diff_ms"), 3 if m == "tpot" else 2) for m in METRICS
+                    )
+                )
             lines.append(f"| {schedule} | {conc} | {' | '.join(cells)} |")
-    lines += ["", "## Runs", "",
-              "Requests matched to the server's log (measured, successful), tries, other tenants' CPU use "
-              "during the kept try (cores), CPU pressure (share of time some task waited for a CPU; includes "
-              "the client's own processes competing for their one CPU), client CPU for the whole process "
-              "incl. start-up (s).",
-              "",
-              "| schedule | streams | client | requests | tries | others' CPU | pressure | client CPU s | "
-              "wall s |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "Requests matched to the server's log (measured, successful), tries, other tenants' CPU use "
+        "during the kept try (cores), CPU pressure (share of time some task waited for a CPU; includes "
+        "the client's own processes competing for their one CPU), client CPU for the whole process "
+        "incl. start-up (s).",
+        "",
+        "| schedule | streams | client | requests | tries | others' CPU | pressure | client CPU s | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (schedule, conc), runs in points.items():
         for c in CLIENTS:
             r = runs.get(c)
             if r is None:
                 continue
-            lines.append(f"| {schedule} | {conc} | {c} | {r.get('requests', 0)} | {r.get('tries', 1)} | "
-                         f"{r['foreign_cpu_cores']} | {r['cpu_pressure']} | {r['client_cpu_s']} | "
-                         f"{r['wall_s']} |")
+            lines.append(
+                f"| {schedule} | {conc} | {c} | {r.get('requests', 0)} | {r.get('tries', 1)} | "
+                f"{r['foreign_cpu_cores']} | {r['cpu_pressure']} | {r['client_cpu_s']} | "
+                f"{r['wall_s']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -153,12 +181,18 @@ def ttft_split(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, A
     vLLM bench): start stamp -> the server's `received_s` (loopback and the server's wake-up, plus whatever
     the client does between its stamp and the bytes leaving), and the first token's write -> the arrival
     stamp."""
-    lines = ["", "## TTFT error, split", "",
-             "start -> received: the client's start stamp (ours: bytes handed to the socket; vLLM bench: "
-             "before `session.post`) to the server's `received_s`. write -> arrival: the first counted "
-             "chunk's write to the client's stamp. p50 / p99, ms.", "",
-             "| schedule | streams | ours start -> received | ours write -> arrival | vLLM start -> received "
-             "| vLLM write -> arrival |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "## TTFT error, split",
+        "",
+        "start -> received: the client's start stamp (ours: bytes handed to the socket; vLLM bench: "
+        "before `session.post`) to the server's `received_s`. write -> arrival: the first counted "
+        "chunk's write to the client's stamp. p50 / p99, ms.",
+        "",
+        "| schedule | streams | ours start -> received | ours write -> arrival | vLLM start -> received "
+        "| vLLM write -> arrival |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for (schedule, conc), runs in points.items():
         cells = []
         for client in ("ours", "vllm"):
@@ -173,13 +207,19 @@ def delivery_floor(folder: Path, points: dict[tuple[str, int], dict[str, dict[st
     stamp, and the change of that delay between consecutive events of a request, which is the ITL error a
     reader of the socket makes however exactly it stamps; x5 below the best other client's ITL p99 needs the
     best other at least 5x above this floor."""
-    lines = ["", "## The loopback's delivery under our errors", "",
-             "Per event: the server's kernel send stamp to our client's kernel receive stamp (p50 / p99, "
-             "us), and the p99 of its change between consecutive events of a request (us): the ITL error of "
-             "a perfect reader of the socket. Last column: the best other client's ITL p99 over that floor "
-             "(x5 needs 5).", "",
-             "| schedule | streams | ours: delivery | ours: ITL floor | busy-poll: delivery | busy-poll: ITL "
-             "floor | best other ITL p99 / busy-poll floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "## The loopback's delivery under our errors",
+        "",
+        "Per event: the server's kernel send stamp to our client's kernel receive stamp (p50 / p99, "
+        "us), and the p99 of its change between consecutive events of a request (us): the ITL error of "
+        "a perfect reader of the socket. Last column: the best other client's ITL p99 over that floor "
+        "(x5 needs 5).",
+        "",
+        "| schedule | streams | ours: delivery | ours: ITL floor | busy-poll: delivery | busy-poll: ITL "
+        "floor | best other ITL p99 / busy-poll floor |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (schedule, conc), runs in points.items():
         cells, floor = [], None
         for client in OURS:  # ours-poll last: its floor is the one the ratio uses
@@ -235,14 +275,19 @@ def _split(folder: Path, run: dict[str, Any] | None, client: str) -> tuple[list[
             for r in _jsonl(raw / "ours.requests.jsonl.gz"):
                 first = next((e for e in r["events"] if e[1] > 0), None)
                 if not r["warmup"] and first is not None and r["send_s"] is not None:
-                    starts.append((r["request_id"], r["t0_monotonic"] + r["send_s"],
-                                   r["t0_monotonic"] + first[0]))
+                    starts.append(
+                        (r["request_id"], r["t0_monotonic"] + r["send_s"], r["t0_monotonic"] + first[0])
+                    )
         else:
             with gzip.open(raw / "vllm.result.json.gz", "rt", encoding="utf-8") as f:
                 result = json.load(f)
-            starts = [(f"truth-{i}", st, st + ttft) for i, (st, ttft, err) in
-                      enumerate(zip(result["start_times"], result["ttfts"], result["errors"], strict=True))
-                      if not err]
+            starts = [
+                (f"truth-{i}", st, st + ttft)
+                for i, (st, ttft, err) in enumerate(
+                    zip(result["start_times"], result["ttfts"], result["errors"], strict=True)
+                )
+                if not err
+            ]
     except OSError:
         return [], []
     up, down = [], []
@@ -272,9 +317,12 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def prune(folder: Path, points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> None:
-    kept = {(f"{s}-c{c}", run["raw"], client) for (s, c), runs in points.items()
-            for client, run in runs.items()
-            if "raw" in run}
+    kept = {
+        (f"{s}-c{c}", run["raw"], client)
+        for (s, c), runs in points.items()
+        for client, run in runs.items()
+        if "raw" in run
+    }
     for point_dir in sorted((folder / "raw").glob("*")):
         for stamp_dir in sorted(point_dir.glob("*")):
             rel = str(stamp_dir.relative_to(folder))
@@ -302,8 +350,11 @@ def summary_table(points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> s
     """One short table: per stream count, each client's largest p99 |error| over the schedules (own
     definitions), and on how many schedules ours (by default, and with --busy-poll) is at least 5x below the
     best other client on all three."""
-    lines = [f"| streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | schedules with x5 on TTFT, TPOT and "
-             "ITL: ours / with busy-poll |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"| streams | {' | '.join(HEADERS[c] for c in CLIENTS)} | schedules with x5 on TTFT, TPOT and "
+        "ITL: ours / with busy-poll |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for conc in sorted({c for _, c in points}):
         rows = {k: v for k, v in points.items() if k[1] == conc}
         cells = []
@@ -322,17 +373,23 @@ def summary_table(points: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folder", type=Path, nargs="?",
-                        default=Path(__file__).resolve().parents[1] / "results/truth")
+    parser.add_argument(
+        "folder", type=Path, nargs="?", default=Path(__file__).resolve().parents[1] / "results/truth"
+    )
     parser.add_argument("--prune", action="store_true", help="delete raw outputs of runs that were not kept")
     args = parser.parse_args()
     folder = args.folder
     meta, points = load(folder)
     if args.prune:
         prune(folder, points)
-    text = ("## Summary: largest p99 |error| over the six schedules, ms (TTFT / TPOT / ITL)\n\n"
-            + summary_table(points) + "\n" + tables(meta, points) + ttft_split(folder, points)
-            + delivery_floor(folder, points))
+    text = (
+        "## Summary: largest p99 |error| over the six schedules, ms (TTFT / TPOT / ITL)\n\n"
+        + summary_table(points)
+        + "\n"
+        + tables(meta, points)
+        + ttft_split(folder, points)
+        + delivery_floor(folder, points)
+    )
     (folder / "tables.md").write_text(text)
     readme = folder / "README.md"
     if readme.exists():  # the generated part of the README sits between two markers
@@ -341,14 +398,24 @@ def main() -> None:
         if start in body and end in body:
             head, rest = body.split(start, 1)
             nested = text.replace("\n## ", "\n### ").replace("## Summary", "### Summary", 1)
-            readme.write_text(head + start + "\n\n" + nested
-                              + "\n" + end + rest.split(end, 1)[1])
-    summary = {**meta, "target_ratio": TARGET, "results": [
-        {"schedule": s, "concurrency": c, "ratio_best_other_over_ours": ratios(runs),
-         "ratio_best_other_over_ours_busy_poll": ratios(runs, "ours-poll") if "ours-poll" in runs else None,
-         "clients": {k: {kk: vv for kk, vv in v.items() if kk != "command"} for k, v in runs.items()},
-         "commands": {k: v.get("command") for k, v in runs.items()}}
-        for (s, c), runs in points.items()]}
+            readme.write_text(head + start + "\n\n" + nested + "\n" + end + rest.split(end, 1)[1])
+    summary = {
+        **meta,
+        "target_ratio": TARGET,
+        "results": [
+            {
+                "schedule": s,
+                "concurrency": c,
+                "ratio_best_other_over_ours": ratios(runs),
+                "ratio_best_other_over_ours_busy_poll": ratios(runs, "ours-poll")
+                if "ours-poll" in runs
+                else None,
+                "clients": {k: {kk: vv for kk, vv in v.items() if kk != "command"} for k, v in runs.items()},
+                "commands": {k: v.get("command") for k, v in runs.items()},
+            }
+            for (s, c), runs in points.items()
+        ],
+    }
     (folder / "truth_errors.json").write_text(json.dumps(summary, indent=1) + "\n")
     print((folder / "tables.md").read_text())
 

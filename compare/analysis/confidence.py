@@ -140,8 +140,10 @@ def verdict(
             "; ".join([f"ahead in each of {plural(len(values), 'launch', 'launches')}: {per}", *bits]),
         )
     return Verdict(
-        Confidence.NOT_ESTABLISHED, "; ".join([f"not ahead in every launch ({per}): the launches differ as "
-                                              "much as the candidates do", *bits])
+        Confidence.NOT_ESTABLISHED,
+        "; ".join(
+            [f"not ahead in every launch ({per}): the launches differ as much as the candidates do", *bits]
+        ),
     )
 
 
@@ -205,9 +207,7 @@ class Qualifier:
         return len(hit) >= 2 if self.between else bool(hit)
 
 
-def qualifiers_for(
-    found: list[Qualifier], workload: str, points: dict[str, str | None]
-) -> list[Qualifier]:
+def qualifiers_for(found: list[Qualifier], workload: str, points: dict[str, str | None]) -> list[Qualifier]:
     """The qualifiers touching the compared candidates `points` (key -> the load point it was compared at,
     None for all its points) in `workload`, one per (kind, text), in the order found."""
     out: dict[tuple[str, str], Qualifier] = {}
@@ -218,7 +218,7 @@ def qualifiers_for(
 
 
 def qualifier_sentence(found: list[Qualifier]) -> str:
-    """"Qualified by: kind (text; text); kind (text)." for the Decision."""
+    """ "Qualified by: kind (text; text); kind (text)." for the Decision."""
     if not found:
         return ""
     kinds: dict[str, list[str]] = {}

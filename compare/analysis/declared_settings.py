@@ -114,7 +114,8 @@ def declared_settings(
             *_default_api_servers(setup, cls, log, named),
         ),
         "max_num_seqs": _first(
-            ("log", _int(log.get("max_num_seqs"))), ("props", _int(props.get("max_num_seqs"))),
+            ("log", _int(log.get("max_num_seqs"))),
+            ("props", _int(props.get("max_num_seqs"))),
             ("command", _int(named.get("max_num_seqs"))),
         ),
         "max_batched_tokens": _first(
@@ -136,6 +137,25 @@ def declared_settings(
             ("command", _lower(named.get("kv_cache_dtype"))),
             ("default", defaults.get("kv_cache_dtype")),
         ),
+        **_placement_settings(setup, cls, log, named, info, defaults),
+    }
+    values = {name: value for name, (value, _) in found.items()}
+    sources = {name: source for name, (value, source) in found.items() if value is not None}
+    unknown = {name: _why_unknown(setup, name, log) for name, value in values.items() if value is None}
+    return Declared(**values, sources=sources, unknown={k: v for k, v in unknown.items() if v})
+
+
+def _placement_settings(
+    setup: SetupReport,
+    cls: type[Adapter],
+    log: dict[str, str],
+    named: dict[str, str],
+    info: dict[str, str],
+    defaults: Any,
+) -> dict[str, tuple[Any, str]]:
+    """How the model is laid over the devices and their memory: parallelism, memory fraction, KV block
+    size, each from the first source that states it (as `declared_settings`)."""
+    return {
         "tensor_parallel": _first(
             ("log", _int(log.get("tensor_parallel"))),
             ("command", _int(named.get("tensor_parallel"))),
@@ -158,10 +178,6 @@ def declared_settings(
             ("command", _int(named.get("block_size"))),
         ),
     }
-    values = {name: value for name, (value, _) in found.items()}
-    sources = {name: source for name, (value, source) in found.items() if value is not None}
-    unknown = {name: _why_unknown(setup, name, log) for name, value in values.items() if value is None}
-    return Declared(**values, sources=sources, unknown={k: v for k, v in unknown.items() if v})
 
 
 def _default_api_servers(

@@ -89,8 +89,13 @@ def import_parity(summary: pd.DataFrame, manifest: dict[str, Any]) -> ImportPari
         loads = list(dict.fromkeys(mine["load_point"]))
         load = row["load_point"] + ("" if row["load_point"] in loads else f" (ours: {', '.join(loads)})")
         out.rows.append(
-            [name, f"{model or 'unknown'} against {ours_model or 'unknown'}", *lengths, load,
-             "no" if reasons else "yes"]
+            [
+                name,
+                f"{model or 'unknown'} against {ours_model or 'unknown'}",
+                *lengths,
+                load,
+                "no" if reasons else "yes",
+            ]
         )
         if reasons:
             out.excluded.append(index)

@@ -119,8 +119,9 @@ class Sweep(_Proposer):
     def open_loop(self, rate: float) -> OpenLoop:
         """The next point at `rate` (a short label, r=12.35), its arrivals a draw of their own: seeded from
         the template's (the run's) seed and the point's place in the sweep's order."""
-        return replace(self.template, rate=float(f"{rate:.4g}"),
-                       seed=point_seed(self.template.seed, len(self.measured)))
+        return replace(
+            self.template, rate=float(f"{rate:.4g}"), seed=point_seed(self.template.seed, len(self.measured))
+        )
 
     def _propose(self) -> Proposals:
         sync = yield ClosedLoop(1)
@@ -176,8 +177,11 @@ class SweepPoints:
         assert plan.sweep_open is not None
         self.slo = dict(plan.slo or {})
         self.sweep = Sweep(plan.sweep_points, plan.sweep_spacing, plan.sweep_concurrency, plan.sweep_open)
-        self.search = (CapacitySearch(self.sweep, self.slo, plan.capacity_percentile, plan.capacity_precision)
-                       if plan.capacity else None)
+        self.search = (
+            CapacitySearch(self.sweep, self.slo, plan.capacity_percentile, plan.capacity_precision)
+            if plan.capacity
+            else None
+        )
         # a capacity search decides each rate by the percentile's one-sided bound, which needs this many
         self.needed = min_n_for_bound(plan.capacity_percentile / 100) if plan.capacity else None
         self.current: _Proposer = self.sweep

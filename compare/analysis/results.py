@@ -80,8 +80,9 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         # the capacity is the throughput within the SLO: a goodput read off one point (an open loop's own
         # draw of arrivals can run ahead of its rate) is not set beside it to claim a rate beyond its bracket
         searched = {p.workload for p in found}
-        results.picks = found + [p for p in results.picks
-                                 if not (p.slo_class == "throughput" and p.workload in searched)]
+        results.picks = found + [
+            p for p in results.picks if not (p.slo_class == "throughput" and p.workload in searched)
+        ]
     forced = forced_lengths(requests)
     results.declared = {key: declared_settings(st, forced.get(key), run.path) for key, st in setups.items()}
     results.parity = findings(results.declared)

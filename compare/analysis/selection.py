@@ -159,7 +159,7 @@ def interactive_pick(
 
 
 def _times(ratio: float, better: str = "faster", worse: str = "slower") -> str:
-    """"1.18x faster" for a ratio above 1, "1.47x slower" (the inverse) below: a ratio below 1 is never
+    """ "1.18x faster" for a ratio above 1, "1.47x slower" (the inverse) below: a ratio below 1 is never
     printed as faster."""
     if not np.isfinite(ratio) or ratio <= 0:
         return f"n/a times {better}"
@@ -275,8 +275,9 @@ def compare_throughput(
         else "no interval: the window is too short to see the rate vary"
     )
     found = verdict(olo, ohi, (len(a), len(b)), olaunches, nan, shown)
-    hinted = _with_size_hint(found, max(ratio, 1 / ratio), olo, min(len(a), len(b)),
-                             "a longer run would not make it a win")
+    hinted = _with_size_hint(
+        found, max(ratio, 1 / ratio), olo, min(len(a), len(b)), "a longer run would not make it a win"
+    )
     return Comparison(ratio, lo, hi, nan, hinted, launches)
 
 
@@ -311,8 +312,11 @@ def _with_size_hint(found: Verdict, ratio: float, lo: float, n: int, otherwise: 
     if found.level is not Confidence.NOT_ESTABLISHED or not found.reason.endswith("the interval holds 1"):
         return found
     need = requests_needed(ratio, lo, n)
-    hint = f"about {plural(need, 'request')} each would find a difference this size in most runs" if need \
+    hint = (
+        f"about {plural(need, 'request')} each would find a difference this size in most runs"
+        if need
         else otherwise
+    )
     return found if hint is None else Verdict(found.level, f"{found.reason}; {hint}")
 
 
@@ -397,8 +401,9 @@ def throughput_pick(
     if slo and "offered_rps" in rows:  # an open-loop point serves at most what is offered to it
         rows[metric] = [
             min(g, f * o) if m in ARRIVAL_DRIVEN and np.isfinite(o) and np.isfinite(f) else g
-            for g, f, o, m in zip(rows[metric], rows["goodput_frac"], rows["offered_rps"], rows["mode"],
-                                  strict=True)
+            for g, f, o, m in zip(
+                rows[metric], rows["goodput_frac"], rows["offered_rps"], rows["mode"], strict=True
+            )
         ]
     rows["_fail"] = rows["requests_failed"] / rows["requests"].clip(lower=1)
     best = []
@@ -563,8 +568,9 @@ def setup_gap(first: SetupReport, other: SetupReport) -> Verdict:
     if not a or not b:
         return Verdict(Confidence.NOT_ESTABLISHED, "a time to ready is missing")
     if min(len(a), len(b)) < 2:
-        return Verdict(Confidence.INDICATED, "from one launch each: a process's start varies from launch to "
-                       "launch")
+        return Verdict(
+            Confidence.INDICATED, "from one launch each: a process's start varies from launch to launch"
+        )
     ranges = (
         f"{min(a):.1f}-{max(a):.1f} s against {min(b):.1f}-{max(b):.1f} s over {len(a)} and {len(b)} launches"
     )
@@ -788,12 +794,11 @@ def capacity_picks(
         if not ranked:
             continue
         pick = Pick("capacity", workload, winner=ranked[0][0], value=ranked[0][1].lo, metric="capacity_rps")
-        pick.ranking = [{"key": k, "capacity_rps": c.lo, "bracket_hi_rps": c.hi, "decided": c.decided}
-                        for k, c in ranked]
+        pick.ranking = [
+            {"key": k, "capacity_rps": c.lo, "bracket_hi_rps": c.hi, "decided": c.decided} for k, c in ranked
+        ]
         names = ", ".join(f"{k} {_fmt_bracket(c.lo, c.hi, c.decided)}" for k, c in ranked)
-        pick.sentences.append(
-            f"**Capacity under the SLO** (p{percentile}; {workload}): {names}."
-        )
+        pick.sentences.append(f"**Capacity under the SLO** (p{percentile}; {workload}): {names}.")
         (first, a) = ranked[0]
         if not a.decided:
             pick.winner, pick.value = None, math.nan
@@ -821,5 +826,8 @@ def capacity_picks(
 def _fmt_bracket(lo: float, hi: float | None, decided: bool = True) -> str:
     if not decided:
         return "undetermined" + ("" if hi is None else f" (missed at {hi:.4g} requests/s)")
-    return (f">= {lo:.4g} requests/s (every rate decided held it)" if hi is None
-            else f"[{lo:.4g}, {hi:.4g}) requests/s")
+    return (
+        f">= {lo:.4g} requests/s (every rate decided held it)"
+        if hi is None
+        else f"[{lo:.4g}, {hi:.4g}) requests/s"
+    )

@@ -97,8 +97,11 @@ def point_facts(row: Mapping[str, Any], requests: pd.DataFrame) -> PointFacts:
     sends = np.sort(sent["send_s"].to_numpy(dtype=float))
     rate = row.get("rate")
     open_loop = rate is not None and np.isfinite(rate)
-    planned = (sent["scheduled_s"].dropna().to_numpy(dtype=float)
-               if open_loop and "scheduled_s" in sent else np.array([]))
+    planned = (
+        sent["scheduled_s"].dropna().to_numpy(dtype=float)
+        if open_loop and "scheduled_s" in sent
+        else np.array([])
+    )
     values = {}
     for key in SLO_METRICS:
         column = f"{key}_intended_s" if intended and key in ("ttft", "e2e") else f"{key}_s"
@@ -143,8 +146,9 @@ def completion_shortfall_p(completed: int, end_span_s: float, sent: int, send_sp
     if k_end < 0 or k_send < 1 or not (end_span_s > 0 and send_span_s > 0):
         return math.nan
     exposure = (1 - RATE_SHORTFALL) * end_span_s
-    return float(stats.binomtest(k_end, k_end + k_send, exposure / (exposure + send_span_s),
-                                 alternative="less").pvalue)
+    return float(
+        stats.binomtest(k_end, k_end + k_send, exposure / (exposure + send_span_s), alternative="less").pvalue
+    )
 
 
 def send_shortfall_p(sent: int, span_s: float, rate: float, arrival: str) -> float:
@@ -222,8 +226,11 @@ def sweep_of(summary: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple[str, s
             & (measured["workload"] == row["workload"])
             & (measured["load_point"] == row["load_point"])
         ]
-        key = (str(row["backend"]), str(row["variant"]) if isinstance(row["variant"], str) else "",
-               str(row["workload"]))
+        key = (
+            str(row["backend"]),
+            str(row["variant"]) if isinstance(row["variant"], str) else "",
+            str(row["workload"]),
+        )
         out.setdefault(key, []).append(point_facts(summary_row(row), mine))
     for points in out.values():
         points.sort(key=lambda p: (p.offered_rps is not None, p.concurrency or 0, p.offered_rps or 0.0))

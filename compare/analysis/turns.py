@@ -20,8 +20,16 @@ from compare.analysis.metrics import GROUP_KEYS
 
 TURNS_CSV = "turns.csv"
 TURN = "turn_number"  # 1-based: 1 is a session's first turn
-COLUMNS = [*GROUP_KEYS, TURN, "n", "prompt_tokens_mean", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms",
-           "e2e_p50_ms"]
+COLUMNS = [
+    *GROUP_KEYS,
+    TURN,
+    "n",
+    "prompt_tokens_mean",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_mean_ms",
+    "e2e_p50_ms",
+]
 
 
 def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
@@ -37,16 +45,18 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
         assert isinstance(turn, numbers.Real)  # the turn column's numbers (its empty rows dropped)
         ttft = group["ttft_s"].dropna().to_numpy() * 1e3
         e2e = group["e2e_s"].dropna().to_numpy() * 1e3
-        out.append({
-            **dict(zip(GROUP_KEYS, key[:-1], strict=True)),
-            TURN: int(turn) + 1,
-            "n": len(group),
-            "prompt_tokens_mean": float(group["prompt_tokens"].mean()),
-            "ttft_p50_ms": _percentile(ttft, 50),
-            "ttft_p90_ms": _percentile(ttft, 90),
-            "ttft_mean_ms": float(ttft.mean()) if ttft.size else np.nan,
-            "e2e_p50_ms": _percentile(e2e, 50),
-        })
+        out.append(
+            {
+                **dict(zip(GROUP_KEYS, key[:-1], strict=True)),
+                TURN: int(turn) + 1,
+                "n": len(group),
+                "prompt_tokens_mean": float(group["prompt_tokens"].mean()),
+                "ttft_p50_ms": _percentile(ttft, 50),
+                "ttft_p90_ms": _percentile(ttft, 90),
+                "ttft_mean_ms": float(ttft.mean()) if ttft.size else np.nan,
+                "e2e_p50_ms": _percentile(e2e, 50),
+            }
+        )
     table = pd.DataFrame(out, columns=COLUMNS)
     return table.astype({TURN: int}) if not table.empty else table
 

@@ -70,7 +70,7 @@ COLLAPSED = {  # what a kind of note that changes no number says, once for all i
 
 
 def _counts(found: list[Qualifier]) -> str:
-    """"3 on vllm (c=1, c=16, r=85), 1 on reference:graphs (c=1)"."""
+    """ "3 on vllm (c=1, c=16, r=85), 1 on reference:graphs (c=1)"."""
     per: dict[str, list[str]] = {}
     for q in found:
         for key in q.keys or ("all backends",):

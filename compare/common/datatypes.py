@@ -48,7 +48,7 @@ def describe_phases(phases: list[Phase], digits: int = 1, unit: str = " s") -> s
     tokenizer while its engine starts) says so, so that the list does not read as a sum."""
     parts = []
     for k, p in enumerate(phases):
-        beside = [q.name for q in phases[k + 1:] if p.overlap_s(q) > OVERLAP_S]
+        beside = [q.name for q in phases[k + 1 :] if p.overlap_s(q) > OVERLAP_S]
         text = f"{p.name} {p.seconds:.{digits}f}{unit}"
         parts.append(text + (f" (beside {', '.join(beside)})" if beside else ""))
     return ", ".join(parts)

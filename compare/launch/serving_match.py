@@ -156,4 +156,3 @@ def serving_match_lines(manifest: dict[str, Any], declared: dict[str, Declared])
             text += " Could not be matched: " + "; ".join(f"{k} ({why})" for k, why in cannot.items()) + "."
         lines.append(text)
     return lines
-

@@ -50,8 +50,17 @@ TELEMETRY = "telemetry.jsonl"
 DEFAULT_INTERVAL_S = 0.1
 COUNTER, INTEGRAL = "counter", "power integral"
 STOP_WAIT_S = 5.0  # the longest a point waits for the sampler's last sample after its load ended
-SAMPLE_FIELDS = ("run_id", "tick", "gpu", "t", "power_w", "energy_j", "energy_source", "mem_used_bytes",
-                 "util_pct")
+SAMPLE_FIELDS = (
+    "run_id",
+    "tick",
+    "gpu",
+    "t",
+    "power_w",
+    "energy_j",
+    "energy_source",
+    "mem_used_bytes",
+    "util_pct",
+)
 
 
 # -- sampling ------------------------------------------------------------------------------------------------
@@ -115,8 +124,9 @@ class GpuWatch:
     def sample(self, run_dir: RunDir, run_id: str) -> Iterator[None]:
         """Sample from before the body starts to after it ends (Ctrl-C included); the point's summary goes
         into the manifest."""
-        sampler = Sampler(self.telemetry.nvml, self.gpus, run_dir.telemetry_path, run_id,
-                          self.telemetry.interval_s)
+        sampler = Sampler(
+            self.telemetry.nvml, self.gpus, run_dir.telemetry_path, run_id, self.telemetry.interval_s
+        )
         try:
             sampler.start()  # inside: a Ctrl-C while it waits for the first sample stops it too
             yield
@@ -265,8 +275,13 @@ class Sampler:
         lines = []
         for gpu in self.gpus:
             t = time.perf_counter()
-            sample: dict[str, Any] = {"run_id": self.run_id, "tick": self.ticks, "gpu": gpu.index, "t": t,
-                                      "energy_source": _source(gpu)}
+            sample: dict[str, Any] = {
+                "run_id": self.run_id,
+                "tick": self.ticks,
+                "gpu": gpu.index,
+                "t": t,
+                "energy_source": _source(gpu),
+            }
             for name, read in READS.items():
                 skip = name == "energy_j" and not gpu.counter
                 sample[name] = None if skip else self._read(name, read, gpu.handle)

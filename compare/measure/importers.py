@@ -217,9 +217,7 @@ def import_vllm_bench(
     )
     first = min(starts) if starts else 0.0
     latencies = (
-        data["latencies"]
-        if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n
-        else None
+        data["latencies"] if isinstance(data.get("latencies"), list) and len(data["latencies"]) == n else None
     )
     records = []
     for i in range(n):

@@ -66,8 +66,10 @@ class FixedPoints:
 
     def __init__(self, plan: RunPlan) -> None:
         if plan.sweep:
-            raise ValueError("a sweep chooses its points as it measures them: give measure its PointSource "
-                             "(compare.analysis.load_search.SweepPoints)")
+            raise ValueError(
+                "a sweep chooses its points as it measures them: give measure its PointSource "
+                "(compare.analysis.load_search.SweepPoints)"
+            )
         self.left = list(plan.load_points)
 
     @classmethod

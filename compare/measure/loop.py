@@ -149,10 +149,20 @@ class Launch:
         k = 0
         while (proposed := source.next_point()) is not None:
             index = self.repeat * prompts.points + k  # the slice of launch and point
-            point = Point(self.plan, self.backend, adapter, url, workload, proposed.schedule, self.repeat,
-                          gpu=gpu, min_requests=proposed.min_requests)
-            measured = point.run(self.run_dir, per_point[index], prompts.warm[index], load, tokenizer,
-                                 self.watcher)
+            point = Point(
+                self.plan,
+                self.backend,
+                adapter,
+                url,
+                workload,
+                proposed.schedule,
+                self.repeat,
+                gpu=gpu,
+                min_requests=proposed.min_requests,
+            )
+            measured = point.run(
+                self.run_dir, per_point[index], prompts.warm[index], load, tokenizer, self.watcher
+            )
             if measured.interrupted:
                 raise KeyboardInterrupt
             source.measured(measured)
@@ -260,10 +270,12 @@ class Blocks:
                     for b, (launch, (adapter, url, gpu)) in block_order(reached, blocks, repeat):
                         label = repeat * blocks + b
                         index = label * prompts.points + k
-                        point = Point(plan, launch.backend, adapter, url, w, schedule, label, gpu=gpu,
-                                       block=(b, blocks))
-                        if point.run(self.run_dir, per_point[index], prompts.warm[index], load, tokenizer,
-                                     self.watcher).interrupted:
+                        point = Point(
+                            plan, launch.backend, adapter, url, w, schedule, label, gpu=gpu, block=(b, blocks)
+                        )
+                        if point.run(
+                            self.run_dir, per_point[index], prompts.warm[index], load, tokenizer, self.watcher
+                        ).interrupted:
                             raise KeyboardInterrupt
         return code
 

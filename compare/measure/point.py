@@ -81,8 +81,9 @@ class Point:
             self.repeat,
         )
         entry = run_dir.manifest["points"][-1]
-        requests, duration = block_budget(plan, self.block[0]) if self.block else (plan.num_requests,
-                                                                                    plan.duration)
+        requests, duration = (
+            block_budget(plan, self.block[0]) if self.block else (plan.num_requests, plan.duration)
+        )
         if self.block:  # and its own bounds, a share of the point's (block_budget)
             entry["block"], entry["blocks"] = self.block
             entry["num_requests"], entry["duration_s"] = requests, duration
@@ -90,15 +91,19 @@ class Point:
             requests, duration, source = self._sized(requests, duration, source)
             entry["num_requests"], entry["duration_s"] = requests, duration
             least = plural(self.min_requests, "request")
-            watcher.say(f"{backend.key} {schedule.label}: {least} at least, so that its "
-                        f"p{plan.capacity_percentile} can be decided"
-                        + (f" (up to {duration:.0f} s)" if duration is not None else ""))
+            watcher.say(
+                f"{backend.key} {schedule.label}: {least} at least, so that its "
+                f"p{plan.capacity_percentile} can be decided"
+                + (f" (up to {duration:.0f} s)" if duration is not None else "")
+            )
         specs, stream, entry["prompts"] = self._prompts(source)
         run_dir.save()
         launch = self.repeat // self.block[1] if self.block else self.repeat
-        title = f"{backend.key} {self.workload.label} {schedule.label}" + (
-            f" (launch {launch + 1})" if plan.repeats > 1 else ""
-        ) + (f" block {self.block[0] + 1}/{self.block[1]}" if self.block else "")
+        title = (
+            f"{backend.key} {self.workload.label} {schedule.label}"
+            + (f" (launch {launch + 1})" if plan.repeats > 1 else "")
+            + (f" block {self.block[0] + 1}/{self.block[1]}" if self.block else "")
+        )
         sessions = specs if self.workload.sessions else []  # multi-turn: Sessions, one request per turn
         if sessions:
             from workloads.sessions import session_requests
@@ -147,8 +152,9 @@ class Point:
         info = run_dir.points()[run_id]  # the manifest's entry with the summary the load generator wrote
         return MeasuredPoint(run_id, info, [r for r in records if not r.warmup], info.interrupted)
 
-    def _sized(self, requests: int | None, duration: float | None, source: Source
-               ) -> tuple[int | None, float | None, Source]:
+    def _sized(
+        self, requests: int | None, duration: float | None, source: Source
+    ) -> tuple[int | None, float | None, Source]:
         """The point's bounds and prompts raised to `min_requests`: its request bound to at least that many,
         its duration to what its rate takes to send them (with a tenth more, and a second, for the
         arrivals' spread), and a prompt stream bounded by the request count to as many prompts."""
@@ -161,8 +167,9 @@ class Point:
         if duration is not None and rate and math.isfinite(rate):
             duration = max(duration, 1.1 * need / rate + 1.0)
         if isinstance(source, PromptStream) and source.limit is not None and requests is not None:
-            source = PromptStream(source.make_chunk, source.chunk_size, max(source.limit, requests),
-                                  source.reserve)
+            source = PromptStream(
+                source.make_chunk, source.chunk_size, max(source.limit, requests), source.reserve
+            )
         return requests, duration, source
 
     def _prompts(self, source: Source) -> tuple[list[Any], PromptStream[Any] | None, dict[str, Any]]:

@@ -46,10 +46,13 @@ class Prompts:
         for i, w in enumerate(plan.workloads):
             dataset = dataset_named(w.dataset)
             if isinstance(dataset, Generated):  # as many as a point needs: a stream per slice
-                sizes = [plan.prompt_pool or block_budget(plan, s // self.points % self.blocks)[0]
-                         for s in range(slices)]
-                streams = [dataset.stream(w, tokenizer, plan.seed + i, k, sizes[k], allowed)
-                           for k in range(slices)]
+                sizes = [
+                    plan.prompt_pool or block_budget(plan, s // self.points % self.blocks)[0]
+                    for s in range(slices)
+                ]
+                streams = [
+                    dataset.stream(w, tokenizer, plan.seed + i, k, sizes[k], allowed) for k in range(slices)
+                ]
                 self.workloads.append((w, streams))
             else:  # what its file holds: a list per slice
                 n = plan.prompt_pool or plan.num_requests or DURATION_BOUND_PROMPTS

@@ -279,10 +279,16 @@ class _Gather:
         for run_id, started in lost.values():
             t0 = self.t0.get(run_id, started.start)
             b = cell.plan.backends[0]
-            labels = RecordLabels(run_id=run_id, backend=b.name, variant=b.variant,
-                                  load_point=cell.plan.load_points[0].label, output_length_forced=False)
-            record = lost_record(started, labels, t0=t0, offset_s=0.0, host=f"cell-{cell.index}",
-                                 reason=reason)
+            labels = RecordLabels(
+                run_id=run_id,
+                backend=b.name,
+                variant=b.variant,
+                load_point=cell.plan.load_points[0].label,
+                output_length_forced=False,
+            )
+            record = lost_record(
+                started, labels, t0=t0, offset_s=0.0, host=f"cell-{cell.index}", reason=reason
+            )
             if cancelled:
                 record = record.model_copy(update={"error_kind": ErrorKind.CANCELLED})
             self.requests.append(record)

@@ -159,8 +159,10 @@ def build_plan(options: dict[str, Any], run_file: str | Path | None = None) -> R
     schedules = sweep[0] if sweep else _load_points(merged, options, file_data, values["seed"])
     _check_sessions(workloads, schedules, values["ray"] is not None)
     if sweep and any(w.sessions for w in workloads):
-        raise PlanError("--sweep and --capacity send open-loop points; the multi-turn workloads run in a "
-                        "closed loop (--concurrency counts sessions): run them apart")
+        raise PlanError(
+            "--sweep and --capacity send open-loop points; the multi-turn workloads run in a "
+            "closed loop (--concurrency counts sessions): run them apart"
+        )
     backends, reason = _backends(merged, file_data, options)
     if values["num_requests"] is None and values["duration"] is None:
         raise PlanError("give --num-requests or --duration (or both) to bound each load point")
@@ -185,11 +187,13 @@ def _blocks(values: dict[str, Any], backends: list[BackendSpec]) -> int:
     if asked is None:
         return 2 if len(endpoints) == len(backends) >= 2 and not alone else 1
     if asked > 1 and len(endpoints) < len(backends):
-        raise PlanError("--blocks alternates running endpoints within a point; launched backends alternate "
-                        "by --repeats")
+        raise PlanError(
+            "--blocks alternates running endpoints within a point; launched backends alternate by --repeats"
+        )
     if asked > 1 and alone:
-        raise PlanError("--blocks does not apply with --sweep or --ray-cells (each point is chosen or run "
-                        "on its own)")
+        raise PlanError(
+            "--blocks does not apply with --sweep or --ray-cells (each point is chosen or run on its own)"
+        )
     return asked
 
 
@@ -362,8 +366,16 @@ def _workloads(
     return out
 
 
-WORKLOAD_OPTIONS = ("dataset", "input_len", "output_len", "dataset_path", "prefix_len", "prefix_groups",
-                    "turns", "think_time")
+WORKLOAD_OPTIONS = (
+    "dataset",
+    "input_len",
+    "output_len",
+    "dataset_path",
+    "prefix_len",
+    "prefix_groups",
+    "turns",
+    "think_time",
+)
 WORKLOAD_KEYS = {"path", "name", *WORKLOAD_OPTIONS}
 #: the shape options a dataset may read (its declaration's `options`; any other given is refused)
 SHAPE_OPTIONS = ("input_len", "output_len", "prefix_len", "prefix_groups", "turns", "think_time")

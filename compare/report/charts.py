@@ -132,8 +132,10 @@ def power_plots(res: Results) -> list[str]:
             continue
         ticks = gpu_energy.tick_totals(samples)
         ticks = ticks.iloc[:: max(1, math.ceil(len(ticks) / MAX_PLOTTED_SAMPLES))]
-        label = p["load_point"] + (f" {p['workload']}" if several["workload"] else "") + (
-            f" (launch {int(p.get('repeat', 0)) + 1})" if several["repeat"] else ""
+        label = (
+            p["load_point"]
+            + (f" {p['workload']}" if several["workload"] else "")
+            + (f" (launch {int(p.get('repeat', 0)) + 1})" if several["repeat"] else "")
         )
         mine = lines.setdefault(key_of(p["backend"], p["variant"]), [])
         color = plots.PALETTE[len(mine) % len(plots.PALETTE)]
@@ -141,7 +143,11 @@ def power_plots(res: Results) -> list[str]:
         seconds = (ticks["t"] - ticks["t"].iloc[0]).tolist()
         mine.append(plots.Series(label, seconds, ticks["power_w"].tolist(), color, dash, markers=False))
     return [
-        plots.line_chart(series, f"{POWER_TITLE}: {key}", "seconds since the load point started",
-                         "power (W), summed over its GPUs")
+        plots.line_chart(
+            series,
+            f"{POWER_TITLE}: {key}",
+            "seconds since the load point started",
+            "power (W), summed over its GPUs",
+        )
         for key, series in lines.items()
     ]

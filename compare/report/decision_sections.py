@@ -64,11 +64,7 @@ def decision_section(res: Results) -> list[Block]:
         blocks.append(("p", config["candidates_reason"]))
     if res.summary.empty:
         blocks.append(("p", "No request was measured: there is nothing to decide."))
-    blocks += [
-        ("p", " ".join(pick.sentences))
-        for pick in res.picks
-        if pick.sentences
-    ]
+    blocks += [("p", " ".join(pick.sentences)) for pick in res.picks if pick.sentences]
     if any(pick.confidence for pick in res.picks):
         blocks += [("p", "Confidence, one ladder for every comparison above:"), ("ul", legend())]
     blocks += [("p", note) for note in res.memory_notes]
@@ -123,8 +119,11 @@ def parity_section(res: Results) -> list[Block]:
     blocks += [("p", "Serving settings matched at launch:"), ("ul", matching)] if matching else []
     if res.imports.rows:
         blocks += [
-            ("p", "Imported points against this run's (mean lengths: theirs against ours); one that measured "
-             "another model or other lengths is never ranked against ours:"),
+            (
+                "p",
+                "Imported points against this run's (mean lengths: theirs against ours); one that measured "
+                "another model or other lengths is never ranked against ours:",
+            ),
             ("table", (res.imports.header, res.imports.rows)),
         ]
     return blocks

@@ -202,8 +202,17 @@ def turns_section(res: Results) -> list[Block]:
     t = res.turns
     if t.empty:
         return []
-    header = ["backend", "workload", "load", "turn (1 = first)", "n", "prompt tokens", "TTFT p50", "TTFT p90",
-              "E2E p50"]
+    header = [
+        "backend",
+        "workload",
+        "load",
+        "turn (1 = first)",
+        "n",
+        "prompt tokens",
+        "TTFT p50",
+        "TTFT p90",
+        "E2E p50",
+    ]
     rows = [
         [
             key_of(r["backend"], r["variant"]),

@@ -36,17 +36,30 @@ def sweep_capacity_section(res: Results) -> list[Block]:
         found = sweep.first_saturated(points, sync)
         most = sweep.most_served(points)
         served = f"{number(most.throughput_rps, 2)} at {most.label}"
-        rows.append([key, workload, number(sync.ttft_p50_s * 1e3), served,
-                     "none" if bend is None else f"{bend.offered_rps:.4g}",
-                     "not reached" if found is None else f"{found[0].offered_rps:.4g}",
-                     "" if found is None else found[1]])
+        rows.append(
+            [
+                key,
+                workload,
+                number(sync.ttft_p50_s * 1e3),
+                served,
+                "none" if bend is None else f"{bend.offered_rps:.4g}",
+                "not reached" if found is None else f"{found[0].offered_rps:.4g}",
+                "" if found is None else found[1],
+            ]
+        )
         top = max(p.offered_rps or 0.0 for p in points)
-        saturated = (f"saturated at {found[0].offered_rps:.4g} requests/s" if found is not None
-                     else f"not saturated up to {top:.4g} requests/s offered" if top
-                     else "no open-loop point")
-        sentence = (f"{key} ({workload}): knee at "
-                    f"{'no rate' if bend is None else f'{bend.offered_rps:.4g} requests/s'}, {saturated}; "
-                    f"most served {most.throughput_rps:.3g} requests/s (at {most.label})")
+        saturated = (
+            f"saturated at {found[0].offered_rps:.4g} requests/s"
+            if found is not None
+            else f"not saturated up to {top:.4g} requests/s offered"
+            if top
+            else "no open-loop point"
+        )
+        sentence = (
+            f"{key} ({workload}): knee at "
+            f"{'no rate' if bend is None else f'{bend.offered_rps:.4g} requests/s'}, {saturated}; "
+            f"most served {most.throughput_rps:.3g} requests/s (at {most.label})"
+        )
         cap = capacity.capacity_of(points, slo, q) if searched else None
         if cap is not None:
             cap_rows.append(capacity_row(key, workload, cap, slo))
@@ -66,21 +79,32 @@ def sweep_capacity_section(res: Results) -> list[Block]:
     if searched:
         limits = ", ".join(f"{k} p{q} <= {v * 1e3:g} ms" for k, v in slo.items())
         blocks += [
-            ("p", f"Capacity: the highest open-loop rate at which the SLO ({limits}; TTFT and E2E from the "
-                  "intended send; a failed request misses it; an unsaturated point) holds, bracketed by the "
-                  "lowest rate that misses it, found by bisection. A rate holds when the one-sided 95 % "
-                  f"distribution-free bound of each p{q} (from the order statistics of the point's requests) "
-                  f"is within its limit, misses when the other bound is beyond it, and is undetermined "
-                  f"otherwise: fewer than {capacity.min_n_for_bound(q / 100)} requests a point can never "
-                  f"show that a p{q} holds. The intervals are two-sided 95 % distribution-free intervals, n "
-                  "the requests."),
+            (
+                "p",
+                f"Capacity: the highest open-loop rate at which the SLO ({limits}; TTFT and E2E from the "
+                "intended send; a failed request misses it; an unsaturated point) holds, bracketed by the "
+                "lowest rate that misses it, found by bisection. A rate holds when the one-sided 95 % "
+                f"distribution-free bound of each p{q} (from the order statistics of the point's requests) "
+                f"is within its limit, misses when the other bound is beyond it, and is undetermined "
+                f"otherwise: fewer than {capacity.min_n_for_bound(q / 100)} requests a point can never "
+                f"show that a p{q} holds. The intervals are two-sided 95 % distribution-free intervals, n "
+                "the requests.",
+            ),
             ("table", (CAPACITY_COLUMNS, cap_rows)),
         ]
     return [*blocks, ("ul", sentences)]
 
 
-CAPACITY_COLUMNS = ["backend", "workload", "capacity (req/s)", "bracket (req/s)", "width", "at lower end",
-                    "at upper end", "undetermined (req/s)"]
+CAPACITY_COLUMNS = [
+    "backend",
+    "workload",
+    "capacity (req/s)",
+    "bracket (req/s)",
+    "width",
+    "at lower end",
+    "at upper end",
+    "undetermined (req/s)",
+]
 
 
 def capacity_row(key: str, workload: str, cap: capacity.Capacity, slo: dict[str, float]) -> list[str]:
@@ -90,9 +114,16 @@ def capacity_row(key: str, workload: str, cap: capacity.Capacity, slo: dict[str,
         return "; ".join(cells) or "-"
 
     hi = "open" if cap.hi is None else f"{cap.hi:.4g}"
-    return [key, workload, f"{cap.lo:.4g}" if cap.decided else "undetermined", f"[{cap.lo:.4g}, {hi})",
-            number(cap.width, 2), ends("lo"), ends("hi"),
-            ", ".join(f"{r:.4g}" for r in cap.undetermined) or "-"]
+    return [
+        key,
+        workload,
+        f"{cap.lo:.4g}" if cap.decided else "undetermined",
+        f"[{cap.lo:.4g}, {hi})",
+        number(cap.width, 2),
+        ends("lo"),
+        ends("hi"),
+        ", ".join(f"{r:.4g}" for r in cap.undetermined) or "-",
+    ]
 
 
 def capacity_sentence(cap: capacity.Capacity, slo: dict[str, float]) -> str:
@@ -100,19 +131,29 @@ def capacity_sentence(cap: capacity.Capacity, slo: dict[str, float]) -> str:
         return "the SLO is missed even at one request at a time: no capacity"
     short = cap.smallest_n < cap.needed_n
     if not cap.decided:
-        why = (f"a point of {cap.smallest_n} requests cannot show a p{cap.percentile} holds (it takes "
-               f"{cap.needed_n}; raise --num-requests or --duration)" if short
-               else "no rate measured was shown to hold it")
-        return "capacity under the SLO undetermined: " + why + (
-            "" if cap.hi is None else f"; it missed at {cap.hi:.4g} requests/s")
+        why = (
+            f"a point of {cap.smallest_n} requests cannot show a p{cap.percentile} holds (it takes "
+            f"{cap.needed_n}; raise --num-requests or --duration)"
+            if short
+            else "no rate measured was shown to hold it"
+        )
+        return (
+            "capacity under the SLO undetermined: "
+            + why
+            + ("" if cap.hi is None else f"; it missed at {cap.hi:.4g} requests/s")
+        )
     if cap.hi is None:
         text = f"the SLO held at every rate decided, up to {cap.lo:.4g} requests/s (capacity at least that)"
     else:
-        text = (f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} (the SLO holds "
-                f"there with 95 % confidence and was missed at {cap.hi:.4g})")
+        text = (
+            f"capacity under the SLO {cap.lo:.4g} requests/s, within {cap.width:.3g} (the SLO holds "
+            f"there with 95 % confidence and was missed at {cap.hi:.4g})"
+        )
     if cap.undetermined:
-        text += (f"; undetermined at {', '.join(f'{r:.4g}' for r in cap.undetermined)} requests/s, so the "
-                 "capacity may be higher")
+        text += (
+            f"; undetermined at {', '.join(f'{r:.4g}' for r in cap.undetermined)} requests/s, so the "
+            "capacity may be higher"
+        )
     if cap.met_above:
         text += (
             f"; {', '.join(f'{r:.4g}' for r in cap.met_above)} requests/s, above the bracket, held it: the "

@@ -44,17 +44,20 @@ class PrefillBatch:
     max_context: int  # the longest context (host int)
 
 
-def prefill_batch_lists(prefills: list[tuple[int, int, int, list[int]]], tile_tokens: int
-                        ) -> tuple[list[int], list[int], list[int], int]:
+def prefill_batch_lists(
+    prefills: list[tuple[int, int, int, list[int]]], tile_tokens: int
+) -> tuple[list[int], list[int], list[int], int]:
     """`PrefillBatch`'s chunks, padded tables and tiles as flat host lists, from (start row, new tokens,
     context, block table) per chunk; returns them and the tables' width. Tiles with the most keys to read
     come first."""
     width = max(len(table) for *_, table in prefills)
     chunks = [value for start, n, ctx, _ in prefills for value in (start, n, ctx)]
     tables = [block for *_, table in prefills for block in table + [0] * (width - len(table))]
-    tiles = sorted(((i, first) for i, (_, n, _, _) in enumerate(prefills)
-                    for first in range(0, n, tile_tokens)),
-                   key=lambda tile: prefills[tile[0]][2] - prefills[tile[0]][1] + tile[1], reverse=True)
+    tiles = sorted(
+        ((i, first) for i, (_, n, _, _) in enumerate(prefills) for first in range(0, n, tile_tokens)),
+        key=lambda tile: prefills[tile[0]][2] - prefills[tile[0]][1] + tile[1],
+        reverse=True,
+    )
     return chunks, tables, [value for tile in tiles for value in tile], width
 
 
@@ -75,8 +78,9 @@ class AttentionBatch:
     prefill_batch: PrefillBatch | None = None  # the same chunks, for ops with a one-launch kernel
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store each token's key and value at its slot; caches are [num_blocks, block_size, kv_heads,
     head_dim]. A slot below 0 (a padded row of a graph's bucket) is written nowhere, as in the kernels; the
     check reads the slots on the host, which this reference path may do."""
@@ -102,10 +106,16 @@ def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
     return (positions[None, :] < context_lens[:, None])[:, None, None, :]
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                    scale: float, decode: Callable[..., torch.Tensor] | None = None,
-                    prefill: Callable[..., torch.Tensor] | None = None, out: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+    decode: Callable[..., torch.Tensor] | None = None,
+    prefill: Callable[..., torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of every query in the flat batch over its cached context (already written), into `out` if
     given; `decode` and `prefill` replace the torch paths (same arguments as `decode_attention` and
     `prefill_attention`)."""
@@ -119,8 +129,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float
+) -> torch.Tensor:
     tables = batch.decode_block_tables
     nd, kvh, hd = q.shape[0], k_cache.shape[2], k_cache.shape[3]
     # index_select on the flat block list, not k_cache[tables]: the same rows, copied about 6x faster on a CPU
@@ -128,13 +139,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     blocks = tables.reshape(-1)
     keys = k_cache.index_select(0, blocks).view(nd, -1, kvh, hd).transpose(1, 2)
     values = v_cache.index_select(0, blocks).view(nd, -1, kvh, hd).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask,
-                                         scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask, scale=scale, enable_gqa=True
+    )
     return out.squeeze(2)
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk,
-                      scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk, scale: float
+) -> torch.Tensor:
     """One sequence's chunk of queries over its whole context read back from the cache (prefix included)."""
     n, ctx = chunk.num_tokens, chunk.context_len
     keys = gather_context(k_cache, chunk.block_table, ctx).transpose(0, 1).unsqueeze(0)
@@ -142,15 +155,19 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     query = q.transpose(0, 1).unsqueeze(0)
     with sdpa_kernel(PREFILL_BACKENDS) if q.is_cuda else contextlib.nullcontext():
         if n == ctx:
-            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                query, keys, values, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             # Query i sits at absolute position ctx - n + i and sees every key up to it.
-            allowed = (torch.arange(ctx, device=q.device)[None, :]
-                       <= torch.arange(ctx - n, ctx, device=q.device)[:, None])
+            allowed = (
+                torch.arange(ctx, device=q.device)[None, :]
+                <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+            )
             if q.is_cuda:  # the memory-efficient kernel takes the mask, but not grouped K/V heads
                 group = q.shape[1] // keys.shape[1]
                 keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=scale,
-                                                 enable_gqa=not q.is_cuda)
+            out = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=allowed, scale=scale, enable_gqa=not q.is_cuda
+            )
     return out.squeeze(0).transpose(0, 1)

@@ -45,8 +45,18 @@ SIGNATURES = {  # every exported function returns int or nothing; arguments as i
 }
 # Reassociation lets the head_dim reductions vectorise and contraction makes multiply-adds FMAs (ISO C modes
 # turn it off); no -ffast-math: it would assume no infinities.
-CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math",
-          "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-std=c11"]
+CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-shared",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-ffp-contract=fast",
+    "-std=c11",
+]
 
 
 def _compiler() -> str | None:
@@ -75,14 +85,16 @@ def load_kernel() -> ctypes.CDLL | None:
         log.info("CPU attention: torch path (%s)", "no C compiler" if compiler is None else "no source")
         return None
     # -march=native: a library built on another CPU (a shared cache directory) must not be loaded here
-    key = (b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode()
-           + _cpu_identity())
+    key = (
+        b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode() + _cpu_identity()
+    )
     target = cache_root() / "kernels" / f"cpu_attention-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
-        result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [compiler, *CFLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"], capture_output=True, text=True
+        )
         if result.returncode != 0:
             log.warning("CPU attention: torch path (%s failed: %s)", compiler, result.stderr.strip()[-500:])
             return None
@@ -95,29 +107,54 @@ def load_kernel() -> ctypes.CDLL | None:
     return lib
 
 
-def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     batch: AttentionBatch, scale: float) -> torch.Tensor:
+def decode_attention(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
     """Float32 decode attention of `q` [num_decode, heads, head_dim] over the paged cache."""
     q = q.contiguous()
     tables = batch.decode_block_tables
     lens = batch.decode_context_lens
-    assert (tables is not None and lens is not None and tables.dtype == torch.int32
-            and lens.dtype == torch.int32)
+    assert (
+        tables is not None and lens is not None and tables.dtype == torch.int32 and lens.dtype == torch.int32
+    )
     tables, lens = tables.contiguous(), lens.contiguous()
     out = torch.empty_like(q)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     _require_plain("decode", q=q, k_cache=k_cache, v_cache=v_cache)
     status = lib.paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale)
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        tables.shape[1],
+        scale,
+    )
     if status != 0:
         raise MemoryError("CPU decode attention could not allocate its score buffer")
     return out
 
 
-def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      chunk: PrefillChunk, scale: float) -> torch.Tensor:
+def prefill_attention(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
     """Float32 causal attention of one sequence's chunk `q` [n, heads, head_dim] (rows may sit apart, as in
     the fused qkv buffer) over its context in the paged cache; returns [n, heads, head_dim]."""
     n, num_heads, head_dim = q.shape
@@ -128,13 +165,26 @@ def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, 
     _require_plain("prefill", q=q[0], k_cache=k_cache, v_cache=v_cache)  # q: each row; rows may sit apart
     out = torch.empty(n, num_heads, head_dim)
     status = lib.prefill_attention_f32(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), out.data_ptr(),
-        n, chunk.context_len, num_heads, num_kv_heads, head_dim, block_size, scale)
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        table.data_ptr(),
+        out.data_ptr(),
+        n,
+        chunk.context_len,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+    )
     if status == -1:
         raise MemoryError("CPU prefill attention could not allocate its buffers")
     if status != 0:
-        raise ValueError(f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over "
-                         f"{chunk.context_len}")
+        raise ValueError(
+            f"CPU prefill attention cannot run head_dim {head_dim}, {n} queries over {chunk.context_len}"
+        )
     return out
 
 
@@ -170,35 +220,59 @@ class CPUOps(TorchOps):
         if not (_plain(x) and _plain(weight) and x.dim() == 2):
             return super().rms_norm(x, weight, eps)
         out = torch.empty_like(x)
-        self.lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
-                              eps)
+        self.lib.rms_norm_f32(
+            x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps
+        )
         return out
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
-        if not (_plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2
-                and x.shape == residual.shape):
+        if not (
+            _plain(x) and _plain(residual) and _plain(weight) and x.dim() == 2 and x.shape == residual.shape
+        ):
             return super().add_rms_norm(x, residual, weight, eps)
         out = torch.empty_like(x)
-        self.lib.rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                              x.shape[0], x.shape[1], eps)
+        self.lib.rms_norm_f32(
+            x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps
+        )
         return out, residual
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         """Rotates q and k inside `qkv` (in place) and returns q as a view of it [T, heads, head_dim]."""
         head_dim = k_cache.shape[-1]
         plain = all(map(_plain, (qkv, cos, sin, k_cache, v_cache)))
         indices_ok = all(t.dtype == torch.int64 and t.is_contiguous() for t in (positions, slot_mapping))
         if not (plain and indices_ok and qkv.dim() == 2 and head_dim % 2 == 0):
-            return super().rope_and_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                             num_heads, num_kv_heads)
+            return super().rope_and_write_kv(
+                qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads
+            )
         tokens = qkv.shape[0]
-        self.lib.rope_write_kv_f32(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                   k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), tokens,
-                                   num_heads, num_kv_heads, head_dim)
+        self.lib.rope_write_kv_f32(
+            qkv.data_ptr(),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slot_mapping.data_ptr(),
+            tokens,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
         return qkv.view(tokens, -1, head_dim)[:, :num_heads]
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -209,7 +283,14 @@ class CPUOps(TorchOps):
         self.lib.silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, double // 2)
         return out
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         prefill = self._prefill if prefill_kernel_fits(q.shape[-1]) else None
         return attention.paged_attention(q, k_cache, v_cache, batch, scale, self._decode, prefill, out)

@@ -38,15 +38,25 @@ class TorchOps:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(dtype)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
         summed = x + residual
         return self.rms_norm(summed, weight, eps), summed
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         """Split fused q/k/v, rotate q and k, store k and v in the cache; return rotated q [T, heads, dim]."""
         head_dim = k_cache.shape[-1]
         qk, v = qkv.split([(num_heads + num_kv_heads) * head_dim, num_kv_heads * head_dim], dim=-1)
@@ -58,16 +68,27 @@ class TorchOps:
         attention.write_kv(k_cache, v_cache, qk[:, num_heads:], v, slot_mapping)
         return qk[:, :num_heads]
 
-    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
-                                  num_kv_heads: int) -> torch.Tensor:
+    def project_rope_and_write_kv(
+        self,
+        qkv_proj: nn.Module,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         """The qkv projection, then `rope_and_write_kv` (one call so that a kernel may fuse the two)."""
-        return self.rope_and_write_kv(qkv_proj(x), positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                      num_heads, num_kv_heads)
+        return self.rope_and_write_kv(
+            qkv_proj(x), positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads
+        )
 
-    def _rope_rows_for(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_rows_for(
+        self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows of this step's positions, looked up once per step rather than once per layer."""
         cached = self._rope_rows
         if cached is None or cached[0] is not positions or cached[1] is not cos:  # first layer of the step
@@ -76,8 +97,15 @@ class TorchOps:
             cached = self._rope_rows = (positions, cos, c, s)
         return cached[2], cached[3]
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Paged attention of q [T, heads, dim] over the cache; into `out` (same shape) when given, so that a
         step captured in pieces finds it where the next piece reads."""
         return attention.paged_attention(q, k_cache, v_cache, batch, scale, out=out)
@@ -104,12 +132,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def replace_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module],
-                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
+def replace_linears(
+    model: nn.Module,
+    wrap: Callable[[nn.Linear], nn.Module],
+    where: Callable[[nn.Linear], bool] = lambda linear: True,
+) -> int:
     """Put wrap(linear) in place of each nn.Linear of `model` that `where` picks (a device's own linear
     kernels, loaded after the weights); returns how many."""
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and where(module)]
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and where(module)
+    ]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -72,13 +72,34 @@ def _prefetch_to_l2(ptr, nbytes):
     tl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+        "=r,l,r",
+        [ptr.to(tl.int64, bitcast=True), nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
-def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_offset, stride_cb, stride_ct,
-                   scale, m_i, l_i, acc, BLOCK_SIZE: tl.constexpr, offs_d, QUERY_ROWS: tl.constexpr,
-                   PRECISION: tl.constexpr):
+def _attend_tokens(
+    offs_n,
+    end,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    head_offset,
+    stride_cb,
+    stride_ct,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    BLOCK_SIZE: tl.constexpr,
+    offs_d,
+    QUERY_ROWS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Online-softmax update of (max, sum, weighted values) with one tile of context tokens."""
     n_mask = offs_n < end
     block = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
@@ -114,17 +135,40 @@ def _attend_tokens(offs_n, end, q, k_cache_ptr, v_cache_ptr, table_ptr, head_off
 # them.
 @triton.jit(do_not_specialize=["block_tables_ptr", "context_lens_ptr", "stride_bt", "stride_lt", "stride_lh"])
 def _decode_partition_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
     scale,
-    stride_qt, stride_qh,
-    stride_cb, stride_ct, stride_ch,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
     stride_bt,
-    stride_ot, stride_oh, stride_os,
-    stride_lt, stride_lh,
-    stride_yt, stride_yh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
-    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr, MERGE_EARLY: tl.constexpr,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_lh,
+    stride_yt,
+    stride_yh,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    QUERY_ROWS: tl.constexpr,
+    PARTITION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE: tl.constexpr,
+    DYNAMIC_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
+    PDL: tl.constexpr,
+    MERGE_EARLY: tl.constexpr,
 ):
     # Attention's programs run long: with PDL it waits here but lets the next kernel launch only at its end,
     # so that the merge's programs do not sit on the SMs, waiting, while this kernel still has programs to
@@ -156,8 +200,11 @@ def _decode_partition_kernel(
             offs_g = tl.arange(0, QUERY_ROWS)
             heads = kv_head * GROUP + offs_g
             g_mask = offs_g < GROUP
-            q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                        mask=g_mask[:, None], other=0.0)
+            q = tl.load(
+                q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None],
+                other=0.0,
+            )
             m_i = tl.full([QUERY_ROWS], float("-inf"), tl.float32)
             l_i = tl.zeros([QUERY_ROWS], tl.float32)
             acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
@@ -167,14 +214,45 @@ def _decode_partition_kernel(
         if DYNAMIC_LOOP:
             for n0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
-                    n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table, kv_head * stride_ch,
-                    stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d, QUERY_ROWS, PRECISION)
+                    n0 + tl.arange(0, BLOCK_N),
+                    end,
+                    q,
+                    k_cache_ptr,
+                    v_cache_ptr,
+                    table,
+                    kv_head * stride_ch,
+                    stride_cb,
+                    stride_ct,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    BLOCK_SIZE,
+                    offs_d,
+                    QUERY_ROWS,
+                    PRECISION,
+                )
         else:
             for n0 in range(0, PARTITION, BLOCK_N):
                 m_i, l_i, acc = _attend_tokens(
-                    start + n0 + tl.arange(0, BLOCK_N), end, q, k_cache_ptr, v_cache_ptr, table,
-                    kv_head * stride_ch, stride_cb, stride_ct, scale, m_i, l_i, acc, BLOCK_SIZE, offs_d,
-                    QUERY_ROWS, PRECISION)
+                    start + n0 + tl.arange(0, BLOCK_N),
+                    end,
+                    q,
+                    k_cache_ptr,
+                    v_cache_ptr,
+                    table,
+                    kv_head * stride_ch,
+                    stride_cb,
+                    stride_ct,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    BLOCK_SIZE,
+                    offs_d,
+                    QUERY_ROWS,
+                    PRECISION,
+                )
         if QUERY_ROWS == 1:
             out = acc / l_i
             o_rows = heads * stride_yh + offs_d
@@ -189,16 +267,29 @@ def _decode_partition_kernel(
             tl.store(out_ptr + seq * stride_yt + o_rows, out.to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
             tl.store(part_out_ptr + seq * stride_ot + part * stride_os + p_rows, out, mask=o_mask)
-            tl.store(part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i),
-                     mask=g_mask)
+            tl.store(
+                part_lse_ptr + seq * stride_lt + heads * stride_lh + part, m_i + tl.log(l_i), mask=g_mask
+            )
     _let_next_kernel_launch(PDL)
 
 
 @triton.jit(do_not_specialize=["context_lens_ptr", "stride_lt", "stride_lh"])
 def _merge_partitions_kernel(
-    part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
-    stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_yt, stride_yh,
-    HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, MAX_PARTS: tl.constexpr, PDL: tl.constexpr,
+    part_out_ptr,
+    part_lse_ptr,
+    context_lens_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_lh,
+    stride_yt,
+    stride_yh,
+    HEAD_DIM: tl.constexpr,
+    PARTITION: tl.constexpr,
+    MAX_PARTS: tl.constexpr,
+    PDL: tl.constexpr,
     NEXT_EARLY: tl.constexpr,
 ):
     # With PDL it waits here, and lets the next kernel launch at its end, or with NEXT_EARLY at once.
@@ -211,13 +302,17 @@ def _merge_partitions_kernel(
     offs_p = tl.arange(0, MAX_PARTS)
     offs_d = tl.arange(0, HEAD_DIM)
     p_mask = offs_p < n_parts
-    lse = tl.load(part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask,
-                  other=float("-inf"))
+    lse = tl.load(
+        part_lse_ptr + seq * stride_lt + head * stride_lh + offs_p, mask=p_mask, other=float("-inf")
+    )
     weight = tl.exp(lse - tl.max(lse, axis=0))
     weight = tl.where(p_mask, weight, 0.0)
     weight = weight / tl.sum(weight, axis=0)
-    parts = tl.load(part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os
-                    + offs_d[None, :], mask=p_mask[:, None], other=0.0)
+    parts = tl.load(
+        part_out_ptr + seq * stride_ot + head * stride_oh + offs_p[:, None] * stride_os + offs_d[None, :],
+        mask=p_mask[:, None],
+        other=0.0,
+    )
     out = tl.sum(parts * weight[:, None], axis=0)
     tl.store(out_ptr + seq * stride_yt + head * stride_yh + offs_d, out.to(out_ptr.dtype.element_ty))
     _let_next_kernel_launch(PDL and not NEXT_EARLY)
@@ -229,14 +324,31 @@ def _merge_partitions_kernel(
 # mid-traffic.
 @triton.jit(do_not_specialize=["tables_ptr", "chunks_ptr", "tiles_ptr", "stride_bt", "max_context"])
 def _prefill_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, chunks_ptr, tiles_ptr,
-    scale, max_context,
-    stride_qt, stride_qh,
-    stride_cb, stride_ct, stride_ch,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    tables_ptr,
+    chunks_ptr,
+    tiles_ptr,
+    scale,
+    max_context,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
     stride_bt,
-    stride_yt, stride_yh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr,
-    TILE_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, DYNAMIC_LOOP: tl.constexpr, PRECISION: tl.constexpr,
+    stride_yt,
+    stride_yh,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_ROWS: tl.constexpr,
+    TILE_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DYNAMIC_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # One program: TILE_TOKENS consecutive new tokens of one prefill chunk, times the GQA group's query heads
     # of one KV head (GROUP padded to GROUP_ROWS), as the rows of one query tile, so that every row reads the
@@ -283,8 +395,9 @@ def _prefill_attention_kernel(
         m_i = m_new
     out = acc / l_i[:, None]
     y_rows = (row0 + token).to(tl.int64) * stride_yt + heads * stride_yh
-    tl.store(out_ptr + y_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None])
+    tl.store(
+        out_ptr + y_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None]
+    )
 
 
 @triton.jit
@@ -305,10 +418,28 @@ def _slot_offset(slot, BLOCK_SIZE: tl.constexpr, stride_cb, stride_ct):
 
 @triton.jit
 def _rope_write_kv_kernel(
-    qkv_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    stride_qkv, stride_cos, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr,
+    qkv_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    stride_qkv,
+    stride_cos,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEADS_P2: tl.constexpr,
+    KV_HEADS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     _after_earlier_kernels(PDL)
     t = tl.program_id(0)
@@ -339,15 +470,26 @@ def _rope_write_kv_kernel(
         k_new = _rotary(k, (k_rot * sign[None, :]).to(dtype), cos[None, :], sin[None, :])
         cache_off = dest + offs_k[:, None] * stride_ch + offs_d[None, :]
         tl.store(k_cache_ptr + cache_off, k_new, mask=k_mask)
-        v = tl.load(k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask,
-                    other=0.0)
+        v = tl.load(
+            k_base + (NUM_KV_HEADS + offs_k[:, None]) * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0
+        )
         tl.store(v_cache_ptr + cache_off, v, mask=k_mask)
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_r, stride_o, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     _after_earlier_kernels(PDL)
     row = tl.program_id(0)
@@ -424,8 +566,19 @@ def _gemv_add(w, x_ptr, k0, acc, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
+def _gemv_rows(
+    w_ptr,
+    x_ptr,
+    rows,
+    row_mask,
+    stride_w,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PDL: tl.constexpr,
+    PRELOAD: tl.constexpr,
+):
     """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0), once the
     kernels before this one have finished (they write x). PRELOAD loads the first step's tile of W before that
     wait (no kernel writes W), so that its memory latency overlaps the previous kernel's tail; the sums are
@@ -450,9 +603,22 @@ def _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr, PRELOAD: tl.constexpr):
+def _gemv_kernel(
+    w_ptr,
+    x_ptr,
+    bias_ptr,
+    y_ptr,
+    n,
+    stride_w,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PRELOAD: tl.constexpr,
+):
     """y = W x (+ b): BLOCK_N rows of W per program."""
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
@@ -465,9 +631,20 @@ def _gemv_kernel(w_ptr, x_ptr, bias_ptr, y_ptr, n, stride_w, K: tl.constexpr, HA
 
 
 @triton.jit
-def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                              PREFETCH: tl.constexpr, PRELOAD: tl.constexpr):
+def _gemv_silu_and_mul_kernel(
+    w_ptr,
+    x_ptr,
+    y_ptr,
+    n,
+    stride_w,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PRELOAD: tl.constexpr,
+):
     """y = SiLU(W[:n] x) * (W[n:] x) for the gate/up weight W (2n, K): each program takes BLOCK_N gate rows
     and the BLOCK_N up rows that pair with them."""
     first = tl.program_id(0) * BLOCK_N
@@ -484,11 +661,34 @@ def _gemv_silu_and_mul_kernel(w_ptr, x_ptr, y_ptr, n, stride_w, K: tl.constexpr,
 
 @triton.jit
 def _gemv_rope_write_kv_kernel(
-    w_ptr, x_ptr, bias_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    stride_w, stride_cos, stride_qh, stride_cb, stride_ct, stride_ch,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRELOAD: tl.constexpr,
+    w_ptr,
+    x_ptr,
+    bias_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    stride_w,
+    stride_cos,
+    stride_qh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PAIRS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     """The qkv projection of one token, then what `_rope_write_kv_kernel` does with it: each program takes
     elements d .. d + PAIRS - 1 of one head and their rotary partners d + HEAD_DIM / 2 .., rotates q and k,

@@ -69,8 +69,14 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
     """The launch arguments for a kernel over tensors on t's device: programmatic dependent launch on Hopper
     or later, compiled (not under Triton's interpreter). Every kernel here takes the PDL flag; launch_pdl is
     Triton's launch option."""
-    on = allowed and USE_PDL and triton_kernels.HAS_PDL and t.is_cuda and not INTERPRETED and _has_pdl(
-        t.device.index if t.device.index is not None else torch.cuda.current_device())
+    on = (
+        allowed
+        and USE_PDL
+        and triton_kernels.HAS_PDL
+        and t.is_cuda
+        and not INTERPRETED
+        and _has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    )
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
@@ -96,43 +102,108 @@ class TritonOps(TorchOps):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
         rows, cols = x.shape
-        triton_kernels._rms_norm_kernel[(rows,)](x, x, weight, out, x.stride(0), x.stride(0), out.stride(0),
-                                                 cols, eps, HAS_RESIDUAL=False,
-                                                 BLOCK=triton.next_power_of_2(cols), **_pdl(x))
+        triton_kernels._rms_norm_kernel[(rows,)](
+            x,
+            x,
+            weight,
+            out,
+            x.stride(0),
+            x.stride(0),
+            out.stride(0),
+            cols,
+            eps,
+            HAS_RESIDUAL=False,
+            BLOCK=triton.next_power_of_2(cols),
+            **_pdl(x),
+        )
         return out
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes x + residual into `residual` (in place) and returns (its norm, residual)."""
         out = torch.empty_like(x)
         rows, cols = x.shape
-        triton_kernels._rms_norm_kernel[(rows,)](x, residual, weight, out, x.stride(0), residual.stride(0),
-                                                 out.stride(0), cols, eps, HAS_RESIDUAL=True,
-                                                 BLOCK=triton.next_power_of_2(cols), **_pdl(x))
+        triton_kernels._rms_norm_kernel[(rows,)](
+            x,
+            residual,
+            weight,
+            out,
+            x.stride(0),
+            residual.stride(0),
+            out.stride(0),
+            cols,
+            eps,
+            HAS_RESIDUAL=True,
+            BLOCK=triton.next_power_of_2(cols),
+            **_pdl(x),
+        )
         return out, residual
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         tokens = qkv.shape[0]
         head_dim = k_cache.shape[-1]
         q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
         triton_kernels._rope_write_kv_kernel[(tokens,)](
-            qkv, positions, cos, sin, q, k_cache, v_cache, slot_mapping,
-            qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
-            HEADS_P2=triton.next_power_of_2(num_heads), KV_HEADS_P2=triton.next_power_of_2(num_kv_heads),
-            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], **_pdl(qkv))
+            qkv,
+            positions,
+            cos,
+            sin,
+            q,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            qkv.stride(0),
+            cos.stride(0),
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEADS_P2=triton.next_power_of_2(num_heads),
+            KV_HEADS_P2=triton.next_power_of_2(num_kv_heads),
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=k_cache.shape[1],
+            **_pdl(qkv),
+        )
         return q
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         out = torch.empty_like(q) if out is None else out
         nd = batch.num_decode
         if nd:
-            self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
-                                  batch.decode_context_lens, batch.decode_max_context, scale, out[:nd],
-                                  split_context=batch.decode_split_context)
+            self.decode_attention(
+                q[:nd],
+                k_cache,
+                v_cache,
+                batch.decode_block_tables,
+                batch.decode_context_lens,
+                batch.decode_max_context,
+                scale,
+                out[:nd],
+                split_context=batch.decode_split_context,
+            )
         if batch.prefill_batch is not None:
             self.prefill_attention(q, k_cache, v_cache, batch.prefill_batch, scale, out)
         else:
@@ -144,27 +215,62 @@ class TritonOps(TorchOps):
     def prefill_tile_tokens(self, group: int) -> int | None:
         return max(1, PREFILL_TILE_ROWS // triton.next_power_of_2(group)) if BATCHED_PREFILL else None
 
-    def prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          prefills: attention.PrefillBatch, scale: float, out: torch.Tensor) -> None:
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        prefills: attention.PrefillBatch,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
         """Every prefill chunk's queries over their paged contexts in one launch, into their rows of `out`."""
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = q.shape[1] // kv_heads
         tile_tokens = self.prefill_tile_tokens(group)
         tables = prefills.block_tables
         triton_kernels._prefill_attention_kernel[(prefills.tiles.shape[0], kv_heads)](
-            q, k_cache, v_cache, out, tables, prefills.chunks, prefills.tiles, scale, prefills.max_context,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            tables.stride(0), out.stride(0), out.stride(1),
-            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            tables,
+            prefills.chunks,
+            prefills.tiles,
+            scale,
+            prefills.max_context,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            tables.stride(0),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim,
+            GROUP=group,
             GROUP_ROWS=triton.next_power_of_2(group),
-            TILE_TOKENS=tile_tokens, BLOCK_N=PREFILL_BLOCK_N, DYNAMIC_LOOP=not INTERPRETED,
+            TILE_TOKENS=tile_tokens,
+            BLOCK_N=PREFILL_BLOCK_N,
+            DYNAMIC_LOOP=not INTERPRETED,
             PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-            num_warps=PREFILL_NUM_WARPS, num_stages=PREFILL_NUM_STAGES)
+            num_warps=PREFILL_NUM_WARPS,
+            num_stages=PREFILL_NUM_STAGES,
+        )
 
     @staticmethod
-    def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int,
-                         scale: float, out: torch.Tensor, split_context: int = 0) -> None:
+    def decode_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        max_context: int,
+        scale: float,
+        out: torch.Tensor,
+        split_context: int = 0,
+    ) -> None:
         """One query token per sequence over its paged context; `max_context` bounds the partitions launched
         (a CUDA graph passes the bound it was captured for); `split_context`, if given, sets the partition
         size in its place (graphs pass max_model_len, so that every capture cuts a sequence alike)."""
@@ -175,8 +281,9 @@ class TritonOps(TorchOps):
         partition = decode_partition(split_context or max_context)
         parts = triton.cdiv(max_context, partition)
         single = parts == 1
-        part_out = torch.empty(seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32,
-                               device=q.device)
+        part_out = torch.empty(
+            seqs, heads, 1 if single else parts, head_dim, dtype=torch.float32, device=q.device
+        )
         part_lse = torch.empty(seqs, heads, 1 if single else parts, dtype=torch.float32, device=q.device)
         launch = _pdl(q, ATTENTION_PDL)
         merge_launch = _pdl(q, ATTENTION_PDL or (MERGE_PDL and seqs == 1 and group > 1 and not single))
@@ -184,34 +291,91 @@ class TritonOps(TorchOps):
         merge_early = merge_launch["PDL"] and not launch["PDL"]
         grid = (kv_heads, seqs, parts) if DECODE_HEADS_FIRST else (seqs, kv_heads, parts)
         triton_kernels._decode_partition_kernel[grid](
-            q, k_cache, v_cache, block_tables, context_lens, part_out, part_lse, out, scale,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, GROUP=group, QUERY_ROWS=_query_rows(group),
-            PARTITION=partition, BLOCK_N=min(block_n, partition), SINGLE=single, DYNAMIC_LOOP=not INTERPRETED,
-            PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", HEADS_FIRST=DECODE_HEADS_FIRST,
-            MERGE_EARLY=merge_early, num_warps=DECODE_NUM_WARPS, num_stages=DECODE_NUM_STAGES, **launch)
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            part_out,
+            part_lse,
+            out,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_tables.stride(0),
+            part_out.stride(0),
+            part_out.stride(1),
+            part_out.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim,
+            GROUP=group,
+            QUERY_ROWS=_query_rows(group),
+            PARTITION=partition,
+            BLOCK_N=min(block_n, partition),
+            SINGLE=single,
+            DYNAMIC_LOOP=not INTERPRETED,
+            PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+            HEADS_FIRST=DECODE_HEADS_FIRST,
+            MERGE_EARLY=merge_early,
+            num_warps=DECODE_NUM_WARPS,
+            num_stages=DECODE_NUM_STAGES,
+            **launch,
+        )
         if not single:
             triton_kernels._merge_partitions_kernel[(seqs, heads)](
-                part_out, part_lse, context_lens, out, part_out.stride(0), part_out.stride(1),
-                part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, PARTITION=partition, MAX_PARTS=triton.next_power_of_2(parts),
-                NEXT_EARLY=merge_launch["PDL"] and MERGE_LETS_NEXT_START, **merge_launch)
+                part_out,
+                part_lse,
+                context_lens,
+                out,
+                part_out.stride(0),
+                part_out.stride(1),
+                part_out.stride(2),
+                part_lse.stride(0),
+                part_lse.stride(1),
+                out.stride(0),
+                out.stride(1),
+                HEAD_DIM=head_dim,
+                PARTITION=partition,
+                MAX_PARTS=triton.next_power_of_2(parts),
+                NEXT_EARLY=merge_launch["PDL"] and MERGE_LETS_NEXT_START,
+                **merge_launch,
+            )
 
-    def project_rope_and_write_kv(self, qkv_proj: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-                                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
-                                  num_kv_heads: int) -> torch.Tensor:
+    def project_rope_and_write_kv(
+        self,
+        qkv_proj: nn.Module,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         if GEMV_EPILOGUES and isinstance(qkv_proj, GemvLinear) and qkv_proj.takes(x):
-            return qkv_proj.rope_and_write_kv(x, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                              num_heads, num_kv_heads)
-        return super().project_rope_and_write_kv(qkv_proj, x, positions, cos, sin, k_cache, v_cache,
-                                                 slot_mapping, num_heads, num_kv_heads)
+            return qkv_proj.rope_and_write_kv(
+                x, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads
+            )
+        return super().project_rope_and_write_kv(
+            qkv_proj, x, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads
+        )
 
     def project_silu_and_mul(self, gate_up_proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if GEMV_EPILOGUES and isinstance(gate_up_proj, GemvLinear) and gate_up_proj.takes(x) and (
-                gate_up_proj.bias is None):
+        if (
+            GEMV_EPILOGUES
+            and isinstance(gate_up_proj, GemvLinear)
+            and gate_up_proj.takes(x)
+            and (gate_up_proj.bias is None)
+        ):
             return gate_up_proj.silu_and_mul(x)
         return super().project_silu_and_mul(gate_up_proj, x)
 
@@ -221,7 +385,8 @@ class TritonOps(TorchOps):
         out = torch.empty(rows, cols, dtype=gate_up.dtype, device=gate_up.device)
         block = 1024
         triton_kernels._silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block, **_pdl(gate_up))
+            gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=block, **_pdl(gate_up)
+        )
         return out
 
 
@@ -272,9 +437,16 @@ class GemvLinear(nn.Module):
         first tile's early load, PDL."""
         pdl = _pdl(x)
         preload = self.in_features * self.weight.element_size() >= GEMV_PRELOAD_MIN_ROW_BYTES
-        return dict(K=self.in_features, BLOCK_K=self.block_k, UNROLL=GEMV_UNROLL,
-                    PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0, PRELOAD=preload,
-                    num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, **pdl)
+        return dict(
+            K=self.in_features,
+            BLOCK_K=self.block_k,
+            UNROLL=GEMV_UNROLL,
+            PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
+            PRELOAD=preload,
+            num_warps=GEMV_NUM_WARPS,
+            num_stages=GEMV_NUM_STAGES,
+            **pdl,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.takes(x):
@@ -283,8 +455,16 @@ class GemvLinear(nn.Module):
         y = torch.empty(1, self.out_features, dtype=x.dtype, device=x.device)
         bias = self.bias if self.bias is not None else y
         triton_kernels._gemv_kernel[(triton.cdiv(self.out_features, self.block_n),)](
-            self.weight, x, bias, y, self.out_features, self.weight.stride(0), HAS_BIAS=self.bias is not None,
-            BLOCK_N=self.block_n, **self._launch(x))
+            self.weight,
+            x,
+            bias,
+            y,
+            self.out_features,
+            self.weight.stride(0),
+            HAS_BIAS=self.bias is not None,
+            BLOCK_N=self.block_n,
+            **self._launch(x),
+        )
         return y
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -293,12 +473,22 @@ class GemvLinear(nn.Module):
         x = x.contiguous()
         y = torch.empty(1, n, dtype=x.dtype, device=x.device)
         triton_kernels._gemv_silu_and_mul_kernel[(triton.cdiv(n, self.pairs),)](
-            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=self.pairs, **self._launch(x))
+            self.weight, x, y, n, self.weight.stride(0), BLOCK_N=self.pairs, **self._launch(x)
+        )
         return y
 
-    def rope_and_write_kv(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    def rope_and_write_kv(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         """This qkv projection of one token x, then `TritonOps.rope_and_write_kv`, in one kernel; returns
         q."""
         head_dim = k_cache.shape[-1]
@@ -308,15 +498,37 @@ class GemvLinear(nn.Module):
         bias = self.bias if self.bias is not None else q
         grid = ((num_heads + 2 * num_kv_heads) * (head_dim // 2) // pairs,)
         triton_kernels._gemv_rope_write_kv_kernel[grid](
-            self.weight, x, bias, positions, cos, sin, q, k_cache, v_cache, slot_mapping,
-            self.weight.stride(0), cos.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), HAS_BIAS=self.bias is not None, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
-            HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], PAIRS=pairs, **self._launch(x))
+            self.weight,
+            x,
+            bias,
+            positions,
+            cos,
+            sin,
+            q,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            self.weight.stride(0),
+            cos.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            HAS_BIAS=self.bias is not None,
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=k_cache.shape[1],
+            PAIRS=pairs,
+            **self._launch(x),
+        )
         return q
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row "
-                f"({self.block_n} x {self.block_k})")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, Triton GEMV for one row "
+            f"({self.block_n} x {self.block_k})"
+        )
 
 
 def choose_blas_library(hidden_size: int) -> str:

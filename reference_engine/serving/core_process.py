@@ -40,8 +40,13 @@ class StartedCore:
     links: list[FrontLink]
 
 
-def start_engine_core(config: EngineConfig, threads: int | None, log_level: str, log_format: str = LOG_FORMAT,
-                      num_frontends: int = 1) -> StartedCore:
+def start_engine_core(
+    config: EngineConfig,
+    threads: int | None,
+    log_level: str,
+    log_format: str = LOG_FORMAT,
+    num_frontends: int = 1,
+) -> StartedCore:
     """Spawn the engine core; it reports `Ready` or `Failed` (`core_messages.py`) on every link."""
     ctx = multiprocessing.get_context("spawn")
     core_ends, front_ends = [], []
@@ -50,8 +55,12 @@ def start_engine_core(config: EngineConfig, threads: int | None, log_level: str,
         results_recv, results_send = ctx.Pipe(duplex=False)
         core_ends.append((commands_recv, results_send))
         front_ends.append(FrontLink(commands_send, results_recv))
-    process = ctx.Process(target=_run_core, name="engine-core", daemon=True,
-                          args=(config, core_ends, threads, log_level, log_format))
+    process = ctx.Process(
+        target=_run_core,
+        name="engine-core",
+        daemon=True,
+        args=(config, core_ends, threads, log_level, log_format),
+    )
     process.start()
     for commands, results in core_ends:  # the child's ends: ours closed, each side sees the other go as EOF
         commands.close()

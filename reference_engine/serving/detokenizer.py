@@ -14,12 +14,18 @@ PROMPT_CONTEXT_TOKENS = 6  # prompt tokens fed first, so a first output token's 
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int],
-                 stop: list[str] | None = None, skip_special_tokens: bool = True,
-                 include_stop_str_in_output: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: list[int],
+        stop: list[str] | None = None,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
         self._backend = tokenizer.backend_tokenizer
-        self._stream = DecodeStream(ids=prompt_ids[-PROMPT_CONTEXT_TOKENS:],
-                                    skip_special_tokens=skip_special_tokens)
+        self._stream = DecodeStream(
+            ids=prompt_ids[-PROMPT_CONTEXT_TOKENS:], skip_special_tokens=skip_special_tokens
+        )
         self._stops = [s for s in (stop or []) if s]
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._include_stop = include_stop_str_in_output
@@ -39,14 +45,17 @@ class IncrementalDetokenizer:
         for stop in self._stops:
             at = self.text.find(stop, search_from)
             if at != -1:
-                self.text = self.text[:at + len(stop)] if self._include_stop else self.text[:at]
+                self.text = self.text[: at + len(stop)] if self._include_stop else self.text[:at]
                 self.stop_string = stop
                 break
 
     def delta(self, finished: bool) -> str:
         """Text not yet returned, minus what a stop string might still claim (unless the request finished)."""
-        end = (len(self.text) if finished or self.stop_string is not None
-               else max(self._sent, len(self.text) - self._hold))
-        out = self.text[self._sent:end]
+        end = (
+            len(self.text)
+            if finished or self.stop_string is not None
+            else max(self._sent, len(self.text) - self._hold)
+        )
+        out = self.text[self._sent : end]
         self._sent = end
         return out

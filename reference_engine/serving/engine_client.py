@@ -37,16 +37,22 @@ log = logging.getLogger("reference_engine.client")
 STOP_TIMEOUT_S = 30.0
 
 
-async def launch_engine_core(config: EngineConfig, cpu_threads: int | None, log_level: str, log_format: str,
-                             max_waiting: int | None = None) -> EngineClient:
+async def launch_engine_core(
+    config: EngineConfig,
+    cpu_threads: int | None,
+    log_level: str,
+    log_format: str,
+    max_waiting: int | None = None,
+) -> EngineClient:
     """Start the engine core and wait until its engine is built (`start_engine_core`, then
     `connect_engine_core`)."""
     core = start_engine_core(config, cpu_threads, log_level, log_format)
     return await connect_engine_core(core.links[0], core.process, max_waiting)
 
 
-async def connect_engine_core(link: FrontLink, process: BaseProcess | None, max_waiting: int | None = None
-                              ) -> EngineClient:
+async def connect_engine_core(
+    link: FrontLink, process: BaseProcess | None, max_waiting: int | None = None
+) -> EngineClient:
     """Wait until a started engine core's engine is built, and return the client (not yet started).
 
     `process`: the core's process where this front end started it and owns it (its close stops the core);
@@ -59,8 +65,9 @@ async def connect_engine_core(link: FrontLink, process: BaseProcess | None, max_
         if process is None:
             raise RuntimeError("the engine core exited before it was ready") from None
         await asyncio.to_thread(process.join)
-        raise RuntimeError(f"the engine core exited with code {process.exitcode} before it was ready"
-                           ) from None
+        raise RuntimeError(
+            f"the engine core exited with code {process.exitcode} before it was ready"
+        ) from None
     if isinstance(reply, Failed):
         if process is not None:
             await asyncio.to_thread(process.join)
@@ -73,8 +80,9 @@ async def connect_engine_core(link: FrontLink, process: BaseProcess | None, max_
 
 
 class EngineClient(RequestStreams):
-    def __init__(self, process: BaseProcess | None, link: FrontLink, info: EngineInfo,
-                 max_waiting: int | None = None) -> None:
+    def __init__(
+        self, process: BaseProcess | None, link: FrontLink, info: EngineInfo, max_waiting: int | None = None
+    ) -> None:
         super().__init__(max_waiting)
         self.process = process  # None: the core belongs to another front end
         self.info = info
@@ -88,9 +96,10 @@ class EngineClient(RequestStreams):
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._threads = [threading.Thread(target=self._write, name="engine-core-writer", daemon=True),
-                         threading.Thread(target=self._read, args=(loop,), name="engine-core-reader",
-                                          daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._write, name="engine-core-writer", daemon=True),
+            threading.Thread(target=self._read, args=(loop,), name="engine-core-reader", daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
 

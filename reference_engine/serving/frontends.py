@@ -66,8 +66,12 @@ class ExtraFrontends:
         self.members: list[ExtraFrontend] = []
         for index, link in enumerate(links, start=1):
             status_recv, status_send = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=_run_frontend, name=f"front-end-{index}", daemon=True,
-                                  args=(args, index, link, status_send))
+            process = ctx.Process(
+                target=_run_frontend,
+                name=f"front-end-{index}",
+                daemon=True,
+                args=(args, index, link, status_send),
+            )
             process.start()
             status_send.close()  # the child's ends: ours closed, so the child's exit reads as EOF
             link.close()
@@ -83,8 +87,9 @@ class ExtraFrontends:
                 message = await asyncio.to_thread(member.status.recv)
             except EOFError:
                 await asyncio.to_thread(member.process.join, STOP_GRACE_S)
-                raise RuntimeError(f"front end {member.index} exited with code {member.process.exitcode} "
-                                   "before it listened") from None
+                raise RuntimeError(
+                    f"front end {member.index} exited with code {member.process.exitcode} before it listened"
+                ) from None
             if message[0] != "listening":
                 raise RuntimeError(f"front end {member.index} failed to start: {message[1]}")
 
@@ -95,8 +100,12 @@ class ExtraFrontends:
         async def watch_one(member: ExtraFrontend) -> None:
             await asyncio.to_thread(member.process.join)
             if not stopping.is_set():
-                log.error("front end %d (process %d) exited unexpectedly with code %s", member.index,
-                          member.process.pid, member.process.exitcode)
+                log.error(
+                    "front end %d (process %d) exited unexpectedly with code %s",
+                    member.index,
+                    member.process.pid,
+                    member.process.exitcode,
+                )
 
         return [asyncio.ensure_future(watch_one(member)) for member in self.members]
 

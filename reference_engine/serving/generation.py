@@ -44,19 +44,38 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-def generate_tokens(async_engine: RequestStreams, tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics,
-                    request_id: str, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+def generate_tokens(
+    async_engine: RequestStreams,
+    tokenizer: PreTrainedTokenizerBase,
+    metrics: ServerMetrics,
+    request_id: str,
+    req: GenerationRequest,
+) -> AsyncIterator[TokenEvent]:
     """One event per generated token of a request the caller has submitted. Its output stream is taken now,
     not when the caller first reads, so a request that finishes in between still has its outputs."""
-    return _token_events(async_engine, async_engine.stream(request_id), tokenizer, metrics, request_id, req,
-                         time.perf_counter())
+    return _token_events(
+        async_engine,
+        async_engine.stream(request_id),
+        tokenizer,
+        metrics,
+        request_id,
+        req,
+        time.perf_counter(),
+    )
 
 
-async def _token_events(async_engine: RequestStreams, stream: RequestStream,
-                        tokenizer: PreTrainedTokenizerBase, metrics: ServerMetrics, request_id: str,
-                        req: GenerationRequest, arrival: float) -> AsyncIterator[TokenEvent]:
-    detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens,
-                                   req.include_stop_str_in_output)
+async def _token_events(
+    async_engine: RequestStreams,
+    stream: RequestStream,
+    tokenizer: PreTrainedTokenizerBase,
+    metrics: ServerMetrics,
+    request_id: str,
+    req: GenerationRequest,
+    arrival: float,
+) -> AsyncIterator[TokenEvent]:
+    detok = IncrementalDetokenizer(
+        tokenizer, req.prompt_ids, req.stop, req.skip_special_tokens, req.include_stop_str_in_output
+    )
     last = arrival
     model = metrics.model
     metrics.prompt_tokens.labels(model).inc(len(req.prompt_ids))

@@ -36,8 +36,9 @@ class RequestStream:
     """One request's outputs until it finishes; closing it early (disconnect, stop string, error in the
     reader) aborts the request."""
 
-    def __init__(self, streams: RequestStreams, request_id: str,
-                 queue: asyncio.Queue[StepOutput | BaseException]) -> None:
+    def __init__(
+        self, streams: RequestStreams, request_id: str, queue: asyncio.Queue[StepOutput | BaseException]
+    ) -> None:
         self._streams = streams
         self.request_id = request_id
         self._queue = queue
@@ -122,8 +123,9 @@ class RequestStreams(abc.ABC):
             raise EngineDeadError(f"the engine failed and is not serving: {self.error}")
         self._validate(prompt, params)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
-            raise OverloadedError(f"{self.num_waiting} requests are already waiting "
-                                  f"(--max-waiting {self.max_waiting})")
+            raise OverloadedError(
+                f"{self.num_waiting} requests are already waiting (--max-waiting {self.max_waiting})"
+            )
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._queues[request_id] = asyncio.Queue()

@@ -66,8 +66,16 @@ if TYPE_CHECKING:  # started by the command line's module, never imported from h
 log = logging.getLogger("reference_engine.server")
 STATE_KEY = web.AppKey("state", object)
 RETRY_AFTER_SECONDS = 1
-_TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
-                    413: "validation", 422: "validation", 503: "overloaded", 500: "generation"}
+_TGI_ERROR_TYPES = {
+    400: "validation",
+    401: "authentication",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "validation",
+    422: "validation",
+    503: "overloaded",
+    500: "generation",
+}
 _OPEN_PATHS = {"/health", "/version", "/metrics", "/ping"}
 PARENT_CHECK_S = 0.5  # how often an extra front end checks that the first is still there
 
@@ -131,12 +139,16 @@ class ServerState:
             messages.append({"role": m.role, "content": content or ""})
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=req.add_generation_prompt and not
-                req.continue_final_message, continue_final_message=req.continue_final_message,
-                **(req.chat_template_kwargs or {}))
+                messages,
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                **(req.chat_template_kwargs or {}),
+            )
         except Exception as exc:  # jinja raises many kinds; all mean this request's messages don't fit
-            raise ApiError(400, f"the chat template could not render these messages: {exc}",
-                           "messages") from exc
+            raise ApiError(
+                400, f"the chat template could not render these messages: {exc}", "messages"
+            ) from exc
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -161,8 +173,9 @@ async def errors_and_auth(request: web.Request, handler) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else ""
         if not hmac.compare_digest(given.encode(), state.api_key.encode()):
-            return render_error(request, 401, "Unauthorized: a valid API key is required "
-                                              "(Authorization: Bearer <key>)")
+            return render_error(
+                request, 401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)"
+            )
     try:
         return await handler(request)
     except ApiError as exc:
@@ -202,8 +215,14 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_and_auth])
     app[STATE_KEY] = state
-    app.add_routes([web.get("/health", health), web.get("/ping", health), web.get("/version", version),
-                    web.get("/metrics", metrics)])
+    app.add_routes(
+        [
+            web.get("/health", health),
+            web.get("/ping", health),
+            web.get("/version", version),
+            web.get("/metrics", metrics),
+        ]
+    )
     app.add_routes(OpenAIRoutes(state).routes())
     app.add_routes(TGIRoutes(state).routes())
 
@@ -218,15 +237,20 @@ def build_app(state: ServerState, max_body_bytes: int = 4 * 1024**2) -> web.Appl
     return app
 
 
-async def serve(args: argparse.Namespace, started: float, core: StartedCore | None = None,
-                extra: ExtraFrontends | None = None) -> int:
+async def serve(
+    args: argparse.Namespace,
+    started: float,
+    core: StartedCore | None = None,
+    extra: ExtraFrontends | None = None,
+) -> int:
     """The first (or only) front end: start the engine core unless given, serve until SIGTERM or SIGINT, then
     stop the extra front ends (`extra`, started by `python -m reference_engine.server` beside the core),
     drain, and stop the core."""
     config = engine_config(args)
     if (args.api_server_count > 1) != (extra is not None and core is not None):
-        raise ValueError("extra front ends are started, with the engine core, by python -m "
-                         "reference_engine.server")
+        raise ValueError(
+            "extra front ends are started, with the engine core, by python -m reference_engine.server"
+        )
     if args.engine_process:
         if core is None:
             core = start_engine_core(config, args.cpu_threads, args.log_level.upper(), LOG_FORMAT)
@@ -248,8 +272,14 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
             torch.set_num_threads(threads)
         engine = await asyncio.to_thread(Engine, config)
         tokenizer = timed_tokenizer_load(lambda: engine.tokenizer)
-        state = ServerState(EngineInfo.of(engine), tokenizer, AsyncEngine(engine, args.max_waiting),
-                            args.served_model_name or args.model, args.model, args.api_key)
+        state = ServerState(
+            EngineInfo.of(engine),
+            tokenizer,
+            AsyncEngine(engine, args.max_waiting),
+            args.served_model_name or args.model,
+            args.model,
+            args.api_key,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -278,8 +308,7 @@ async def serve(args: argparse.Namespace, started: float, core: StartedCore | No
     return 0
 
 
-async def serve_extra(args: argparse.Namespace, index: int, link: FrontLink, status: Connection
-                      ) -> int:
+async def serve_extra(args: argparse.Namespace, index: int, link: FrontLink, status: Connection) -> int:
     """An extra front end (`frontends.py`): serve the port beside the first until told to stop or the first
     has gone."""
     parent = os.getppid()
@@ -300,14 +329,18 @@ async def serve_extra(args: argparse.Namespace, index: int, link: FrontLink, sta
     return 0
 
 
-async def engine_core_state(args: argparse.Namespace, link: FrontLink, process: BaseProcess | None,
-                            log_phases: bool = True) -> ServerState:
+async def engine_core_state(
+    args: argparse.Namespace, link: FrontLink, process: BaseProcess | None, log_phases: bool = True
+) -> ServerState:
     """Connect to the engine core on `link` and load the tokenizer, early (while the core builds) where the
     command line says where it is. `process`: the core's, where this front end owns it."""
     early = early_tokenizer_source(args)
     load = timed_tokenizer_load if log_phases else untimed_tokenizer_load
-    early_load = asyncio.ensure_future(asyncio.to_thread(load, partial(checkpoint_tokenizer, early))
-                                       ) if early else None
+    early_load = (
+        asyncio.ensure_future(asyncio.to_thread(load, partial(checkpoint_tokenizer, early)))
+        if early
+        else None
+    )
     if early_load is not None:  # its error, if any, is raised below only when its tokenizer is the one
         early_load.add_done_callback(lambda done: done.cancelled() or done.exception())
     connecting = asyncio.ensure_future(connect_engine_core(link, process, args.max_waiting))
@@ -328,14 +361,19 @@ async def engine_core_state(args: argparse.Namespace, link: FrontLink, process: 
     except Exception:
         await client.close()  # the core is up: stop it (or leave it) before the error ends this process
         raise
-    return ServerState(client.info, tokenizer, client, args.served_model_name or args.model, args.model,
-                       args.api_key)
+    return ServerState(
+        client.info, tokenizer, client, args.served_model_name or args.model, args.model, args.api_key
+    )
 
 
 async def listen(state: ServerState, args: argparse.Namespace, shared_port: bool) -> web.AppRunner:
     """Build the app and listen; `shared_port`: with SO_REUSEPORT, beside the other front ends."""
-    runner = web.AppRunner(build_app(state, args.max_body_bytes), handle_signals=False,
-                           handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        build_app(state, args.max_body_bytes),
+        handle_signals=False,
+        handler_cancellation=True,
+        access_log=None,
+    )
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, reuse_port=shared_port or None)
     try:
@@ -353,8 +391,12 @@ async def drain(state: ServerState, timeout: float) -> None:
         log.info("aborted %d requests still running at the deadline", aborted)
 
 
-def run(args: argparse.Namespace, started: float, core: StartedCore | None = None,
-        extra: ExtraFrontends | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    started: float,
+    core: StartedCore | None = None,
+    extra: ExtraFrontends | None = None,
+) -> int:
     """Serve until SIGTERM or SIGINT; `core`, `extra`: an engine core and extra front ends already started for
     these options."""
     try:
@@ -408,4 +450,3 @@ def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
 def log_start(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     log.info("starting llm-compare reference server %s, model %s", package_version(), args.model)
-

@@ -20,8 +20,29 @@ from prometheus_client.registry import Collector
 from reference_engine.engine_info import EngineStartup
 from reference_engine.serving.request_streams import RequestStreams
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -41,20 +62,43 @@ class ServerMetrics:
             MultiProcessCollector(self.registry)
         self._engine_collected = False
         labels = ["model_name"]
-        self.aborted = Counter("reference:num_aborted_requests", "Requests abandoned before finishing "
-                               "(client disconnect, stop string, shutdown).", labels, registry=r)
+        self.aborted = Counter(
+            "reference:num_aborted_requests",
+            "Requests abandoned before finishing (client disconnect, stop string, shutdown).",
+            labels,
+            registry=r,
+        )
         self.prompt_tokens = Counter("reference:prompt_tokens", "Prompt tokens received.", labels, registry=r)
-        self.generation_tokens = Counter("reference:generation_tokens", "Tokens generated.", labels,
-                                         registry=r)
-        self.request_success = Counter("reference:request_success", "Requests finished, by reason.",
-                                       [*labels, "finished_reason"], registry=r)
-        self.ttft = Histogram("reference:time_to_first_token_seconds", "Arrival to first generated token.",
-                              labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("reference:inter_token_latency_seconds",
-                             "Gap between consecutive generated tokens.", labels, buckets=_LATENCY_BUCKETS,
-                             registry=r)
-        self.e2e = Histogram("reference:e2e_request_latency_seconds", "Arrival to last generated token.",
-                             labels, buckets=(*_LATENCY_BUCKETS, 160.0, 320.0), registry=r)
+        self.generation_tokens = Counter(
+            "reference:generation_tokens", "Tokens generated.", labels, registry=r
+        )
+        self.request_success = Counter(
+            "reference:request_success",
+            "Requests finished, by reason.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "reference:time_to_first_token_seconds",
+            "Arrival to first generated token.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "reference:inter_token_latency_seconds",
+            "Gap between consecutive generated tokens.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "reference:e2e_request_latency_seconds",
+            "Arrival to last generated token.",
+            labels,
+            buckets=(*_LATENCY_BUCKETS, 160.0, 320.0),
+            registry=r,
+        )
         self.model = model_name
         # The per-token series, bound once: `labels()` takes a lock and builds a key on every call (about 5 us
         # a token in all, at 256 streams).
@@ -96,34 +140,54 @@ class EngineCollector(Collector):
 
         yield gauge("reference:num_requests_running", "Requests in the running batch.", stats.running)
         yield gauge("reference:num_requests_waiting", "Requests waiting to be scheduled.", engine.num_waiting)
-        yield gauge("reference:kv_cache_blocks_used", "KV-cache blocks held by requests.",
-                    stats.kv_blocks_used)
-        yield gauge("reference:kv_cache_blocks_free", "KV-cache blocks on the free list.",
-                    stats.kv_blocks_free)
-        yield gauge("reference:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
-                    stats.kv_blocks_used / max(1, stats.kv_blocks_total))
-        yield gauge("reference:cuda_graph_buckets", "Decode batch sizes captured as CUDA graphs.",
-                    len(setup.cuda_graph_buckets))
-        yield gauge("reference:cuda_graph_pool_bytes",
-                    "Device memory held by CUDA graphs (decode steps and the pieces of steps with prompts).",
-                    setup.cuda_graph_pool_bytes + setup.mixed_graph_pool_bytes)
-        yield gauge("reference:cuda_graph_warmup_seconds",
-                    "Start-up seconds of the eager step before capture (first use of kernels).",
-                    setup.cuda_graph_warmup_seconds)
-        capture = GaugeMetricFamily("reference:cuda_graph_capture_seconds",
-                                    "Start-up seconds of each CUDA-graph bucket "
-                                    "(its warm-up step and capture).", labels=["model_name", "batch_size"])
+        yield gauge(
+            "reference:kv_cache_blocks_used", "KV-cache blocks held by requests.", stats.kv_blocks_used
+        )
+        yield gauge(
+            "reference:kv_cache_blocks_free", "KV-cache blocks on the free list.", stats.kv_blocks_free
+        )
+        yield gauge(
+            "reference:kv_cache_usage_perc",
+            "Fraction of KV-cache blocks in use (0-1).",
+            stats.kv_blocks_used / max(1, stats.kv_blocks_total),
+        )
+        yield gauge(
+            "reference:cuda_graph_buckets",
+            "Decode batch sizes captured as CUDA graphs.",
+            len(setup.cuda_graph_buckets),
+        )
+        yield gauge(
+            "reference:cuda_graph_pool_bytes",
+            "Device memory held by CUDA graphs (decode steps and the pieces of steps with prompts).",
+            setup.cuda_graph_pool_bytes + setup.mixed_graph_pool_bytes,
+        )
+        yield gauge(
+            "reference:cuda_graph_warmup_seconds",
+            "Start-up seconds of the eager step before capture (first use of kernels).",
+            setup.cuda_graph_warmup_seconds,
+        )
+        capture = GaugeMetricFamily(
+            "reference:cuda_graph_capture_seconds",
+            "Start-up seconds of each CUDA-graph bucket (its warm-up step and capture).",
+            labels=["model_name", "batch_size"],
+        )
         for size, seconds in setup.cuda_graph_capture_seconds.items():
             capture.add_metric([self.model, str(size)], seconds)
         yield capture
-        yield counter("reference:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      stats.prefix_queried_tokens)
-        yield counter("reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                      stats.prefix_hit_tokens)
-        yield counter("reference:num_preemptions", "Sequences preempted for lack of KV blocks.",
-                      stats.preemptions)
+        yield counter(
+            "reference:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_queried_tokens,
+        )
+        yield counter(
+            "reference:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens
+        )
+        yield counter(
+            "reference:num_preemptions", "Sequences preempted for lack of KV blocks.", stats.preemptions
+        )
         yield counter("reference:engine_steps", "Engine steps run.", engine.num_steps)
-        yield counter("reference:engine_step_seconds",
-                      "Seconds spent inside engine steps (scheduling, the model's forward pass, sampling).",
-                      engine.step_seconds)
-
+        yield counter(
+            "reference:engine_step_seconds",
+            "Seconds spent inside engine steps (scheduling, the model's forward pass, sampling).",
+            engine.step_seconds,
+        )

@@ -69,20 +69,37 @@ class TGIRoutes:
         self.state = state
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/generate", self.generate), web.post("/generate_stream", self.generate_stream),
-                web.post("/", self.compat), web.get("/info", self.info)]
+        return [
+            web.post("/generate", self.generate),
+            web.post("/generate_stream", self.generate_stream),
+            web.post("/", self.compat),
+            web.get("/info", self.info),
+        ]
 
     async def info(self, request: web.Request) -> web.Response:
         s = self.state
         limit = s.info.max_model_len
-        return web.json_response({
-            "model_id": s.served_model_name, "model_sha": None, "model_dtype": s.info.setup.dtype,
-            "model_device_type": s.info.device_type, "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": s.info.max_num_seqs, "max_best_of": 1,
-            "max_stop_sequences": MAX_STOP_SEQUENCES, "max_input_tokens": limit - 1,
-            "max_total_tokens": limit,
-            "validation_workers": 1, "max_client_batch_size": 1, "router": "text-generation-router",
-            "version": s.version, "sha": None, "docker_label": None}, dumps=dumps)
+        return web.json_response(
+            {
+                "model_id": s.served_model_name,
+                "model_sha": None,
+                "model_dtype": s.info.setup.dtype,
+                "model_device_type": s.info.device_type,
+                "model_pipeline_tag": "text-generation",
+                "max_concurrent_requests": s.info.max_num_seqs,
+                "max_best_of": 1,
+                "max_stop_sequences": MAX_STOP_SEQUENCES,
+                "max_input_tokens": limit - 1,
+                "max_total_tokens": limit,
+                "validation_workers": 1,
+                "max_client_batch_size": 1,
+                "router": "text-generation-router",
+                "version": s.version,
+                "sha": None,
+                "docker_label": None,
+            },
+            dumps=dumps,
+        )
 
     def _prepare(self, req: TGIRequest) -> tuple[GenerationRequest, list[int]]:
         p = req.parameters
@@ -98,10 +115,14 @@ class TGIRoutes:
             (p.decoder_input_details, "`decoder_input_details` is not supported"),
             (p.top_n_tokens not in (None, 0), "`top_n_tokens` is not supported"),
             (p.grammar is not None, "`grammar` is not supported"),
-            (len(p.stop) > MAX_STOP_SEQUENCES,
-             f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(p.stop)}"),
-            (p.max_new_tokens is not None and p.max_new_tokens <= 0,
-             "`max_new_tokens` must be strictly positive"),
+            (
+                len(p.stop) > MAX_STOP_SEQUENCES,
+                f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(p.stop)}",
+            ),
+            (
+                p.max_new_tokens is not None and p.max_new_tokens <= 0,
+                "`max_new_tokens` must be strictly positive",
+            ),
             (p.truncate is not None and p.truncate <= 0, "`truncate` must be strictly positive"),
             (not req.inputs, "`inputs` cannot be empty"),
         ]
@@ -110,16 +131,25 @@ class TGIRoutes:
                 raise _invalid(message)
         ids = self.state.tokenizer.encode(req.inputs)
         if p.truncate is not None:
-            ids = ids[-p.truncate:]
+            ids = ids[-p.truncate :]
         limit = self.state.info.max_model_len
         max_new = p.max_new_tokens if p.max_new_tokens is not None else limit - len(ids)
         if len(ids) + max_new > limit:
-            raise _invalid(f"`inputs` tokens + `max_new_tokens` must be <= {limit}. "
-                           f"Given: {len(ids)} `inputs` tokens and {max_new} `max_new_tokens`")
-        sampling = (p.do_sample or (p.temperature not in (None, 1.0)) or bool(p.top_k)
-                    or (p.top_p not in (None, 1.0)))
-        params = SamplingParams(max_tokens=max_new, temperature=(p.temperature or 1.0) if sampling else 0.0,
-                                top_k=p.top_k or 0, top_p=p.top_p or 1.0, seed=p.seed, logprobs=True)
+            raise _invalid(
+                f"`inputs` tokens + `max_new_tokens` must be <= {limit}. "
+                f"Given: {len(ids)} `inputs` tokens and {max_new} `max_new_tokens`"
+            )
+        sampling = (
+            p.do_sample or (p.temperature not in (None, 1.0)) or bool(p.top_k) or (p.top_p not in (None, 1.0))
+        )
+        params = SamplingParams(
+            max_tokens=max_new,
+            temperature=(p.temperature or 1.0) if sampling else 0.0,
+            top_k=p.top_k or 0,
+            top_p=p.top_p or 1.0,
+            seed=p.seed,
+            logprobs=True,
+        )
         return GenerationRequest(ids, params, list(p.stop)), ids
 
     def _start(self, req: TGIRequest) -> tuple[str, GenerationRequest, Any]:
@@ -128,11 +158,16 @@ class TGIRoutes:
         return request_id, gen, events
 
     def _token(self, ev: TokenEvent) -> dict[str, Any]:
-        return {"id": ev.token_id, "text": ev.text, "logprob": ev.logprob,
-                "special": ev.token_id in self.state.special_ids}
+        return {
+            "id": ev.token_id,
+            "text": ev.text,
+            "logprob": ev.logprob,
+            "special": ev.token_id in self.state.special_ids,
+        }
 
-    async def generate(self, request: web.Request, wrap_in_list: bool = False,
-                       req: TGIRequest | None = None) -> web.Response:
+    async def generate(
+        self, request: web.Request, wrap_in_list: bool = False, req: TGIRequest | None = None
+    ) -> web.Response:
         req = req or parse_body(await read_json(request), TGIRequest, 422)
         start = time.perf_counter()
         _, gen, events = self._start(req)
@@ -145,44 +180,64 @@ class TGIRoutes:
             text = req.inputs + text
         body: dict[str, Any] = {"generated_text": text}
         if req.parameters.details:
-            body["details"] = {"finish_reason": _finish_reason(last, self.state.eos_ids),
-                               "generated_tokens": len(tokens), "seed": self._seed(gen), "prefill": [],
-                               "tokens": [self._token(t) for t in tokens]}
-        headers = {"x-compute-type": self.state.compute_type, "x-prompt-tokens": str(len(gen.prompt_ids)),
-                   "x-generated-tokens": str(len(tokens)),
-                   "x-total-time": str(int((time.perf_counter() - start) * 1000))}
+            body["details"] = {
+                "finish_reason": _finish_reason(last, self.state.eos_ids),
+                "generated_tokens": len(tokens),
+                "seed": self._seed(gen),
+                "prefill": [],
+                "tokens": [self._token(t) for t in tokens],
+            }
+        headers = {
+            "x-compute-type": self.state.compute_type,
+            "x-prompt-tokens": str(len(gen.prompt_ids)),
+            "x-generated-tokens": str(len(tokens)),
+            "x-total-time": str(int((time.perf_counter() - start) * 1000)),
+        }
         return web.json_response([body] if wrap_in_list else body, dumps=dumps, headers=headers)
 
     @staticmethod
     def _seed(gen: GenerationRequest) -> int | None:
         return gen.params.seed if not gen.params.greedy else None
 
-    async def generate_stream(self, request: web.Request, req: TGIRequest | None = None
-                              ) -> web.StreamResponse:
+    async def generate_stream(
+        self, request: web.Request, req: TGIRequest | None = None
+    ) -> web.StreamResponse:
         req = req or parse_body(await read_json(request), TGIRequest, 422)
         _, gen, events = self._start(req)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache",
-                                               "x-compute-type": self.state.compute_type,
-                                               "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-compute-type": self.state.compute_type,
+                "X-Accel-Buffering": "no",
+            }
+        )
         await response.prepare(request)
         writer = EventWriter(response, prefix="data:")
         parts: list[str] = []
         async for ev in events:
             parts.append(ev.text)
-            event: dict[str, Any] = {"index": ev.index, "token": self._token(ev), "generated_text": None,
-                                     "details": None}
+            event: dict[str, Any] = {
+                "index": ev.index,
+                "token": self._token(ev),
+                "generated_text": None,
+                "details": None,
+            }
             if ev.finished:
                 if ev.finish_reason == "abort":
-                    await writer.send({"error": "Request failed during generation: aborted",
-                                       "error_type": "generation"})
+                    await writer.send(
+                        {"error": "Request failed during generation: aborted", "error_type": "generation"}
+                    )
                     break
                 text = "".join(parts)
                 event["generated_text"] = req.inputs + text if req.parameters.return_full_text else text
                 if req.parameters.details:
-                    event["details"] = {"finish_reason": _finish_reason(ev, self.state.eos_ids),
-                                        "generated_tokens": ev.index, "seed": self._seed(gen),
-                                        "input_length": len(gen.prompt_ids)}
+                    event["details"] = {
+                        "finish_reason": _finish_reason(ev, self.state.eos_ids),
+                        "generated_tokens": ev.index,
+                        "seed": self._seed(gen),
+                        "input_length": len(gen.prompt_ids),
+                    }
             await writer.send(event, hold=ev.more)
         await response.write_eof()
         return response
