@@ -32,7 +32,6 @@ KNOBS = (
     "DECODE_BLOCK_N",
     "DECODE_NUM_WARPS",
     "DECODE_NUM_STAGES",
-    "MHA_TENSOR_CORES",
     "ATTENTION_PDL",
     "DECODE_HEADS_FIRST",
 )
@@ -43,7 +42,7 @@ def main() -> None:
     p.add_argument("--impl-root", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--sweep", default="full", choices=["full", "default", "launch", "order"])
+    p.add_argument("--sweep", default="full", choices=["full", "default", "order"])
     p.add_argument(
         "--layout",
         default="shuffled",
@@ -88,27 +87,9 @@ def main() -> None:
             (32, 32, 2, 2),
             (32, 32, 4, 2),
         ]
-        grid = [(*knobs, False, False, False) for knobs in grid]
-    elif args.sweep == "launch":  # MHA on the tensor cores, and programmatic dependent launch, on and off
-        grid = [
-            (64, 64, 2, 2, False, False),
-            (128, 64, 4, 2, True, False),
-            (128, 64, 4, 3, True, False),
-            (128, 128, 4, 2, True, False),
-            (256, 64, 4, 2, True, False),
-            (256, 64, 4, 3, True, False),
-            (128, 32, 4, 2, True, False),
-            (128, 64, 2, 2, True, False),
-            (64, 64, 4, 2, True, False),
-            (128, 64, 4, 2, False, False),
-            (128, 64, 4, 2, True, True),
-        ]
-        grid = [(*knobs, False) for knobs in grid]
+        grid = [(*knobs, False, False) for knobs in grid]
     elif args.sweep == "order":  # the grid's order (heads fastest or sequences), and PDL triggered at the end
-        grid = [
-            (64, 64, 2, 2, False, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)
-        ]
-        grid += [(256, 64, 4, 2, True, False, heads_first) for heads_first in (False, True)]
+        grid = [(64, 64, 2, 2, pdl, heads_first) for pdl in (False, True) for heads_first in (False, True)]
     else:  # every knob at the engine's setting
         grid = [(None,) * len(KNOBS)]
     defaults = {name: getattr(triton_ops, name, None) for name in KNOBS}  # None: a knob that version lacks

@@ -385,7 +385,6 @@ def _gemv_each(weights, x, y, bn, bk, warps, stages, launch_mode) -> None:
             HAS_BIAS=False,
             BLOCK_N=bn,
             BLOCK_K=bk,
-            UNROLL=False,
             PDL=pdl,
             PREFETCH=prefetch,
             PRELOAD=False,

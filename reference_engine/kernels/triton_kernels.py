@@ -575,16 +575,13 @@ def _gemv_rows(
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr,
     PDL: tl.constexpr,
     PRELOAD: tl.constexpr,
 ):
     """sum_k W[rows, k] * x[k] in float32, for a vector of BLOCK_N row indices (masked rows give 0), once the
     kernels before this one have finished (they write x). PRELOAD loads the first step's tile of W before that
     wait (no kernel writes W), so that its memory latency overlaps the previous kernel's tail; the sums are
-    the same in the same order. UNROLL writes out every step of the loop over K, so that the compiler may
-    issue the loads of several steps before the first one arrives (compiled as a loop, a long row keeps one
-    step of loads in flight per thread)."""
+    the same in the same order."""
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     first_step: tl.constexpr = BLOCK_K if PRELOAD else 0
@@ -593,12 +590,8 @@ def _gemv_rows(
     _after_earlier_kernels(PDL)
     if PRELOAD:
         acc = _gemv_add(w, x_ptr, 0, acc, K, BLOCK_K)
-    if UNROLL:
-        for k0 in tl.static_range(first_step, K, BLOCK_K):
-            acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
-    else:
-        for k0 in range(first_step, K, BLOCK_K):
-            acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
+    for k0 in range(first_step, K, BLOCK_K):
+        acc = _gemv_add(_gemv_load_w(w_rows, row_mask, k0, K, BLOCK_K), x_ptr, k0, acc, K, BLOCK_K)
     return tl.sum(acc, axis=1)
 
 
@@ -614,7 +607,6 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRELOAD: tl.constexpr,
@@ -624,7 +616,7 @@ def _gemv_kernel(
     rows = first + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
-    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, UNROLL, PDL, PRELOAD)
+    y = _gemv_rows(w_ptr, x_ptr, rows, row_mask, stride_w, K, BLOCK_N, BLOCK_K, PDL, PRELOAD)
     if HAS_BIAS:  # added before the one rounding, as cuBLAS's epilogue does
         y += tl.load(bias_ptr + rows, mask=row_mask).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
@@ -640,7 +632,6 @@ def _gemv_silu_and_mul_kernel(
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRELOAD: tl.constexpr,
@@ -653,7 +644,7 @@ def _gemv_silu_and_mul_kernel(
     rows = out_rows + (offs % 2) * n  # gate row i, up row i, gate row i + 1, ...
     _prefetch_rows(w_ptr, first, n, stride_w, BLOCK_N, PREFETCH)
     _prefetch_rows(w_ptr, n + first, 2 * n, stride_w, BLOCK_N, PREFETCH)
-    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, UNROLL, PDL, PRELOAD)
+    y = _gemv_rows(w_ptr, x_ptr, rows, out_rows < n, stride_w, K, 2 * BLOCK_N, BLOCK_K, PDL, PRELOAD)
     gate, up = tl.split(tl.reshape(y.to(y_ptr.dtype.element_ty), [BLOCK_N, 2]))
     mine = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + mine, _silu_times(gate, up), mask=mine < n)
@@ -685,7 +676,6 @@ def _gemv_rope_write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
     PAIRS: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRELOAD: tl.constexpr,
@@ -703,7 +693,7 @@ def _gemv_rope_write_kv_kernel(
     n = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
     _prefetch_rows(w_ptr, first, n, stride_w, PAIRS, PREFETCH)
     _prefetch_rows(w_ptr, first + half, n, stride_w, PAIRS, PREFETCH)
-    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, UNROLL, PDL, PRELOAD)
+    y = _gemv_rows(w_ptr, x_ptr, rows, rows < n, stride_w, K, 2 * PAIRS, BLOCK_K, PDL, PRELOAD)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty

@@ -28,7 +28,6 @@ BATCHED_PREFILL = True  # False: one torch SDPA call per chunk and layer, as bef
 PREFILL_TILE_ROWS = 64
 PREFILL_BLOCK_N = 64
 PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 4, 2
-MHA_TENSOR_CORES = False  # MHA too on tl.dot, its one query row padded to 16 (tried on the H200; not kept)
 GEMV_NUM_WARPS, GEMV_NUM_STAGES = 4, 3
 USE_PDL = True  # programmatic dependent launch where the GPU has it (Hopper or later)
 # Not for decode attention: PDL slowed its steps on the H200, both when it let the next kernel launch at its
@@ -49,10 +48,6 @@ GEMV_EPILOGUES = True  # at one row, SiLU * up and rotary + cache write run in t
 # wide: batch-64 steps on the H200 1.0% (7B) and 1.9% (13B) faster, the 1B's (hidden 2048) 1.5% slower
 # (cublaslt*.jsonl). torch's setting is the process's: `choose_blas_library` sets it for the model built last.
 CUBLASLT_MIN_HIDDEN = 4096
-# The GEMV's loop over the input written out step by step (the compiler keeps loops of over 5 steps rolled,
-# one step of loads in flight): batch-1 TPOT 1B -0.6%, 7B +4%, 13B +2.4% on the H200 (gemv-unroll.jsonl). Not
-# kept.
-GEMV_UNROLL = False
 # The GEMV loads its first step's tile of W before it waits for the kernel before it (with PDL, during that
 # kernel's tail) where its rows are at least this long: on the H200 (gemv-preload.jsonl) batch-1 TPOT fell
 # 0.5% for the 7B and 0.6% for the 13B (8-10 KB rows) and rose 0.5% for the 1B (4 KB rows, every product
@@ -83,7 +78,7 @@ def _pdl(t: torch.Tensor, allowed: bool = True) -> dict:
 def _query_rows(group: int) -> int:
     """Query rows per decode program: 1 for MHA (a vector kernel), else the GQA group padded to tl.dot's
     16."""
-    if group == 1 and not MHA_TENSOR_CORES:
+    if group == 1:
         return 1
     return max(16, triton.next_power_of_2(group))
 
@@ -440,7 +435,6 @@ class GemvLinear(nn.Module):
         return dict(
             K=self.in_features,
             BLOCK_K=self.block_k,
-            UNROLL=GEMV_UNROLL,
             PREFETCH=self.prefetch_bytes if pdl["PDL"] else 0,
             PRELOAD=preload,
             num_warps=GEMV_NUM_WARPS,
