@@ -70,10 +70,13 @@ def test_each_points_entry_carries_the_servers_counter_growth(llama_dir, tmp_pat
     for e in entries:
         point = [r for r in records if r.run_id == e["run_id"]]  # the warm-up requests fall inside the point
         assert len(point) == e["n_warmup"] + e["n_measured"] == 6
-        assert e["server_metrics"] == {
-            "requests_finished_total": len(point),
-            "generation_tokens_total": sum(r.output_tokens for r in point),
-        }
+        # the server counts a request once its stream is written, a moment after the client has read it: the
+        # read after the point may miss the last few (at most the point's concurrency), never count more
+        counted, window = e["server_metrics"], int(e["load_point"].removeprefix("c="))
+        assert set(counted) == {"requests_finished_total", "generation_tokens_total"}
+        assert len(point) - window <= counted["requests_finished_total"] <= len(point), counted
+        tokens = sum(r.output_tokens for r in point)
+        assert tokens - 6 * window <= counted["generation_tokens_total"] <= tokens, counted
 
 
 def _counters_run(
