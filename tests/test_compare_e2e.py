@@ -67,6 +67,14 @@ def test_run_reference_on_tiny_checkpoint_and_recompute(llama_dir, tmp_path):
     setup = manifest["setups"][0]
     assert setup["ready_s"] > 0 and {p["name"] for p in setup["phases"]} >= {"weights", "kv_cache"}
     assert setup["memory"]["weights"] > 0 and setup["exit_code"] == 0
+    # the server's own counters over each point (its /metrics read before and after), warm-up included
+    for entry in map(json.loads, (out / "runs.jsonl").read_text().splitlines()):
+        counters, sent = entry["server_metrics"], entry["n_warmup"] + entry["n_measured"]
+        # counted once the stream is written, a moment after the client read it: the last few may come late
+        late = sent - counters["requests_finished_total"]
+        assert 0 <= late <= int(entry["load_point"].removeprefix("c=")), counters
+        assert counters["e2e_seconds_count"] == counters["requests_finished_total"], counters
+        assert counters["preemptions_total"] == 0 and "prefix_cache_queries_total" in counters, counters
 
     # summary.csv agrees with a recomputation from requests.jsonl, done here independently
     summary = pd.read_csv(out / "summary.csv")

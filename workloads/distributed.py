@@ -46,7 +46,7 @@ from workloads.clocks import (
     lost_record,
     to_driver_clock,
 )
-from workloads.loadgen import PointJob, build_summary, new_runner, run_load
+from workloads.loadgen import PointJob, build_summary, new_runner, run_load, with_server_metrics
 from workloads.records import ErrorKind, RecordWriter, RequestRecord
 from workloads.schedule import ClosedLoop
 from workloads.split import Share, split_point
@@ -579,6 +579,7 @@ class _Point:
             interrupted=interrupted,
             describe=describe,
         )
+        summary = with_server_metrics(summary, self.job)
         if self.job.summary_path is not None:
             with RecordWriter(self.job.summary_path) as writer:
                 writer.append(summary)

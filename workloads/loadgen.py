@@ -157,6 +157,8 @@ class PointJob:
       background thread (`PromptStream.supply`; its stats are appended to `spec_stream.supplied` when the
       point ends); `specs` (`sessions`) then hold its first chunk, for whoever reads the job without it.
       `max_requests` still bounds the count.
+    - `server_metrics()` is called once the load has ended, just before the summary is written; what it
+      returns (the backend's counters' growth over the point, or None) is the summary's `server_metrics`.
     """
 
     url: str
@@ -184,6 +186,7 @@ class PointJob:
     on_start: StartHook | None = None
     sessions: Sequence[Session] = ()
     spec_stream: Any = None
+    server_metrics: Callable[[], dict[str, float] | None] | None = None
 
     def resolved(self) -> PointJob:
         """The job with its defaults filled in: labels, run id and summary path."""
@@ -713,7 +716,7 @@ async def run_load(job: PointJob) -> list[RequestRecord]:
                         await progress_task
                     with contextlib.suppress(Exception):
                         job.progress(run.records)  # type: ignore[misc]
-    summary = _summary(run, job, interrupted)
+    summary = with_server_metrics(_summary(run, job, interrupted), job)
     if writer is not None:
         writer.close()
     if job.summary_path is not None:
@@ -797,6 +800,18 @@ def _summary(run: _Run, job: PointJob, interrupted: bool) -> RunSummary:
         interrupted=interrupted,
         describe=job.schedule.describe() | {"adapter": run.adapter.describe()},
     )
+
+
+def with_server_metrics(summary: RunSummary, job: PointJob) -> RunSummary:
+    """`summary` with what the job's `server_metrics` says now; a failure there costs the point nothing."""
+    if job.server_metrics is None:
+        return summary
+    try:
+        found = job.server_metrics()
+    except Exception:
+        log.exception("reading the server's counters failed; the point keeps its summary without them")
+        return summary
+    return summary.model_copy(update={"server_metrics": found})
 
 
 def build_summary(

@@ -144,6 +144,9 @@ class RunSummary(BaseModel):
     lag_p99_s: float | None
     lag_max_s: float | None
     interrupted: bool = False
+    #: the growth of the backend's own counters over the point, warm-up included, under the common names of
+    #: its adapter's `metric_names` (`preemptions_total`, ...); None where its `/metrics` was not read
+    server_metrics: dict[str, float] | None = None
 
 
 class RecordWriter:

@@ -2,7 +2,8 @@
 interrupted requests, token-count mismatches, outputs shorter than forced, open-loop client lag, launch
 notes, load points that `--duration` ended before they reached `--num-requests` (their statistics rest
 on fewer requests than asked for, and the selection's confidence with them), load points that sent some of
-their prompts more than once (a prefix cache answers the repeats' prefill), and picks whose winner and
+their prompts more than once (a prefix cache answers the repeats' prefill), points where a backend's own
+counters show preemptions or prefix-cache hits among prompts that were all new, and picks whose winner and
 runner-up declare unequal settings (`compare.analysis.parity`).
 
 Each is a `compare.analysis.confidence.Qualifier` (`*_qualifiers`): a kind, the clause the Decision prints
@@ -12,6 +13,7 @@ concerns; the `*_warnings` functions give the lines alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -130,6 +132,96 @@ def _wanted_turns(config: dict[str, Any]) -> dict[str, int]:
         if turns:
             out[w.get("label") or w.get("name") or ""] = int(turns)
     return out
+
+
+PREFIX_HIT_SHARE = 0.10  # of the prompt tokens a prefix cache looked up: noticed where every prompt was new
+
+
+def server_counter_qualifiers(run: RunDir) -> list[Qualifier]:
+    """From the backends' own counters over each point (`RunSummary.server_metrics`, read from their
+    `/metrics` around it): one per point where the backend preempted sequences (their KV cache was dropped
+    and recomputed, so its latencies there count the recompute and rest on its KV-cache size), and one where
+    its prefix cache answered at least `PREFIX_HIT_SHARE` of the prompt tokens it looked up although every
+    request had a prompt of its own (the run's default; not a pool, a file, a dataset of shared prefixes or
+    multi-turn sessions, which are meant to hit): the prefix cache is then credited for part of its prefill.
+    Each line names the server's counter."""
+    config = run.manifest.get("config") or {}
+    points = {p["run_id"]: p for p in run.manifest.get("points", [])}
+    repeated = int(config.get("repeats") or 1) > 1
+    out = []
+    for s in run.run_summaries():
+        counters, point = s.server_metrics or {}, points.get(s.run_id) or {}
+        key, workload = key_of(s.backend, s.variant), point.get("workload") or ""
+        where = _where(f"{s.load_point} on {key}", point, repeated)
+        named = _counter_names(s.backend)
+        preempted = counters.get("preemptions_total", 0.0)
+        if preempted > 0:
+            n = plural(round(preempted), "sequence")
+            out.append(
+                Qualifier(
+                    "preemptions",
+                    f"{s.load_point} on {key}: {n} preempted",
+                    (key,),
+                    workload,
+                    s.load_point,
+                    detail=f"{where}: the server preempted {n} during the point "
+                    f"({named('preemptions_total')} grew by {preempted:g}); their KV cache was freed and "
+                    "recomputed, so its latencies there count the recompute and rest on its KV-cache size "
+                    "(more KV-cache memory, or a lower batch limit, avoids it).",
+                )
+            )
+        hits, queries = (
+            counters.get("prefix_cache_hits_total", 0.0),
+            counters.get("prefix_cache_queries_total"),
+        )
+        if queries and hits / queries >= PREFIX_HIT_SHARE and _own_prompts(point, config):
+            out.append(
+                Qualifier(
+                    "prefix-cache hits",
+                    f"{s.load_point} on {key}: prefix cache hit {hits / queries:.0%} of prompt tokens",
+                    (key,),
+                    workload,
+                    s.load_point,
+                    detail=f"{where}: its prefix cache answered {hits / queries:.0%} of the prompt tokens "
+                    f"it looked up ({named('prefix_cache_hits_total')} {hits:g} of "
+                    f"{named('prefix_cache_queries_total')} {queries:g}) although every request had a "
+                    "prompt of its own; the prefix cache is credited for part of its prefill (prompts "
+                    "sharing a template or a system prompt, or sent before), so its TTFT reads low.",
+                )
+            )
+    return out
+
+
+def _where(label: str, point: dict[str, Any], repeated: bool) -> str:
+    """`label` ("c=8 on vllm") with the point's workload, and its launch where the run had several."""
+    where = point.get("workload") or ""
+    if repeated:
+        where += f"{', ' if where else ''}launch {int(point.get('repeat', 0)) + 1}"
+    return f"{label} ({where})" if where else label
+
+
+def _counter_names(backend: str) -> Callable[[str], str]:
+    """common counter name -> the backend's own metric for it (its adapter's `metric_names`), or the common
+    name where it maps none."""
+    from adapters import ADAPTERS
+
+    cls = ADAPTERS.get(backend)
+    own: dict[str, str] = {}
+    for name, common in (cls.metric_names if cls is not None else {}).items():
+        own.setdefault(common, name)
+    return lambda common: own.get(common, common)
+
+
+def _own_prompts(point: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether every request of the point had a prompt of its own: made per request (the manifest's
+    `prompts` note), by a dataset that shares no prefix among its prompts and makes no sessions."""
+    if (point.get("prompts") or {}).get("kind") != "per_request":
+        return False
+    for w in config.get("workloads") or []:
+        if (w.get("label") or w.get("name")) == point.get("workload"):
+            declared = DATASETS.get(str(w.get("dataset")))
+            return declared is None or not (declared.sessions or "prefix_len" in declared.options)
+    return True
 
 
 def repeated_prompt_warnings(records: list[Any]) -> list[str]:

@@ -15,6 +15,7 @@ from compare.analysis.caveats import (
     parity_qualifiers,
     point_qualifiers,
     repeated_prompt_qualifiers,
+    server_counter_qualifiers,
     setup_qualifiers,
 )
 from compare.analysis.confidence import Qualifier
@@ -91,6 +92,7 @@ def analyze(run: RunDir, n_boot: int = 1000, seed: int = 0) -> Results:
         (point_qualifiers(summary) if not summary.empty else [])
         + duration_cut_qualifiers(run, records)
         + repeated_prompt_qualifiers(records, workloads)
+        + server_counter_qualifiers(run)
         + parity_qualifiers(results.parity)
         + setup_qualifiers(setups)
     )

@@ -1,5 +1,6 @@
 """One load point of one backend in one workload: its bounds and prompts, the load generator run with its
-progress shown and the GPUs sampled, its manifest entry, and what it measured (`MeasuredPoint`)."""
+progress shown, the GPUs sampled and the server's own counters read around it (`server_metrics.py`), its
+manifest entry, and what it measured (`MeasuredPoint`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ class Point:
         """Run the point with its progress shown; what it measured, its records kept in memory for the
         source that proposed it. `source`: its prompts, a list or a `PromptStream` (`Prompts`)."""
         from compare.common.throughput_window import running_output_rate
+        from compare.measure.server_metrics import ServerCounters
         from workloads.loadgen import PointJob, Timeouts
 
         plan, backend, schedule = self.plan, self.backend, self.schedule
@@ -121,6 +123,8 @@ class Point:
                 phase = f"warm-up {warm}/{warm_n}" if warm < warm_n and not measured else ""
                 show(len(measured), rate, sum(1 for r in measured if r.error_kind is not None), phase)
 
+            # the server's own counters, read now and once the load has ended (the summary's server_metrics)
+            counters = ServerCounters.read(self.url, self.adapter)
             job = PointJob(
                 self.url,
                 self.adapter,
@@ -142,6 +146,7 @@ class Point:
                 progress_interval_s=0.5,
                 sessions=sessions,
                 spec_stream=stream,
+                server_metrics=counters,
             )
             sampling = self.gpu.sample(run_dir, run_id) if self.gpu is not None else contextlib.nullcontext()
             with sampling:  # the GPUs are sampled from before the load starts to after it ends

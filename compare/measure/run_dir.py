@@ -3,7 +3,8 @@
 RUN_DIR/
   manifest.json        versions, machine, the plan, each load point's run id, set-up reports, status
   requests.jsonl       one RequestRecord per request (warm-up included, flagged), appended as each ends
-  runs.jsonl           one RunSummary per load point (offered vs achieved rate, lag, interrupted)
+  runs.jsonl           one RunSummary per load point (offered vs achieved rate, lag, interrupted, the
+                       growth of the backend's own /metrics counters)
   telemetry.jsonl      GPU samples during each load point (compare/measure/gpu_sampling.py; none without a
   GPU) logs/<backend>.log   the log of each server we launched
   imported/*.jsonl     records read from other tools (`compare import`), beside ours
