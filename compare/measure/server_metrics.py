@@ -18,12 +18,13 @@ SCRAPE_TIMEOUT_S = 2.0
 CUMULATIVE = ("_total", "_sum", "_count")
 
 
-def scrape(url: str, adapter: Adapter, timeout: float = SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
-    """The mapped cumulative metrics of the server at `url` under their common names; None where its adapter
-    maps none, or the server does not answer, or not in Prometheus text."""
+def scrape(url: str, adapter: Adapter | None, timeout: float = SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
+    """The mapped cumulative metrics of the server at `url` under their common names; None where there is
+    no adapter (a point driven without one) or it maps none, or the server does not answer, or not in
+    Prometheus text."""
     from adapters.prometheus import common_metrics
 
-    if not adapter.metric_names:
+    if adapter is None or not adapter.metric_names:
         return None
     try:
         with urllib.request.urlopen(url.rstrip("/") + adapter.metrics_path, timeout=timeout) as resp:
